@@ -1,0 +1,99 @@
+"""The three clocks: call timeout, the turn's own deadline, the queue's job timeout.
+
+Pure arithmetic with an injectable clock; no I/O. Every time is epoch seconds.
+
+    deadline     = job start + job timeout - margin
+    remaining    = max(0, deadline - now)
+    call timeout = min(cap, remaining), connect = min(connect cap, remaining)
+    no call starts when remaining < minimum
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Clock = Callable[[], float]
+
+BACKOFF_BASE_S = 0.5  # seconds before the first retry
+BACKOFF_MAX_S = 8.0  # seconds, the longest backoff without Retry-After
+
+
+@dataclass(frozen=True)
+class CallTimeout:
+    """The bound on one provider call: total covers connect, headers and body."""
+
+    total_s: float
+    connect_s: float
+
+
+@dataclass
+class Budget:
+    started_at: float
+    job_timeout_s: int
+    margin_s: float
+    cap_s: float
+    connect_cap_s: float
+    min_call_s: float
+    clock: Clock = field(default=time.time, repr=False)
+
+    @classmethod
+    def for_turn(cls, config, started_at: float, clock: Clock = time.time) -> Budget:
+        """A budget from a TurnConfig (anything with its clock fields)."""
+        return cls(
+            started_at=started_at,
+            job_timeout_s=config.job_timeout_s,
+            margin_s=config.deadline_margin_s,
+            cap_s=config.call_timeout_cap_s,
+            connect_cap_s=config.connect_timeout_s,
+            min_call_s=config.min_call_s,
+            clock=clock,
+        )
+
+    @property
+    def job_timeout_at(self) -> float:
+        return self.started_at + self.job_timeout_s
+
+    @property
+    def deadline_at(self) -> float:
+        return self.job_timeout_at - self.margin_s
+
+    def now(self) -> float:
+        return self.clock()
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.deadline_at - self.clock())
+
+    def can_call(self) -> bool:
+        return self.remaining_s() >= self.min_call_s
+
+    def call_timeout(self) -> CallTimeout | None:
+        """The timeout for a call starting now, or None when too little remains to start one."""
+        remaining = self.remaining_s()
+        if remaining < self.min_call_s:
+            return None
+        return CallTimeout(total_s=min(self.cap_s, remaining), connect_s=min(self.connect_cap_s, remaining))
+
+    def only_one_call_left(self) -> bool:
+        """True when a call fits now but a second one after it could not start."""
+        remaining = self.remaining_s()
+        return self.min_call_s <= remaining < 2 * self.min_call_s
+
+    def wait_fits(self, wait_s: float) -> bool:
+        """A wait (backoff, Retry-After) fits when a call can still start after it."""
+        return self.remaining_s() - wait_s >= self.min_call_s
+
+
+def backoff_s(attempt: int, rng: Callable[[], float] = random.random) -> float:
+    """Exponential backoff with full jitter for retry number `attempt` (1-based)."""
+    ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+    return ceiling / 2 + rng() * ceiling / 2
+
+
+def retry_wait_s(attempt: int, retry_after_s: float | None, rng: Callable[[], float] = random.random) -> float:
+    """How long to wait before retry `attempt`: the server's Retry-After when given, else backoff."""
+    if retry_after_s is not None:
+        return max(0.0, retry_after_s)
+    return backoff_s(attempt, rng)

@@ -1,0 +1,69 @@
+"""The provider interface: one method, and the error types everything above this layer sees.
+
+Nothing above agent/providers/ imports httpx: transport errors become ProviderError here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.deadline import CallTimeout
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One validated model response."""
+
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def as_message(self) -> dict:
+        """The assistant message in OpenAI chat format, for the history."""
+        message: dict = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return message
+
+
+class ProviderError(Exception):
+    """A call failed. `kind` is one of: timeout, connection, rate_limited, server, auth,
+    bad_request, not_found, malformed. `message` is for a person."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retryable(self) -> bool:
+        if self.status is not None:
+            return self.status in RETRYABLE_STATUSES or 500 <= self.status < 600
+        return self.kind in ("connection", "timeout")
+
+
+class Provider(Protocol):
+    def complete(self, messages: list[dict], tools: list[dict], timeout: CallTimeout) -> Completion:
+        """One model call, bounded as a whole by `timeout.total_s`. Raises ProviderError."""
+        ...

@@ -1,0 +1,179 @@
+"""Environment -> one validated settings object, with documented defaults and units."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+
+PROVIDERS = ("demo", "openai", "anthropic")
+
+DEFAULT_PROVIDER = "demo"
+DEFAULT_MODELS = {"demo": "demo", "openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
+DEFAULT_JOB_TIMEOUT_S = 120  # seconds; RQ enforces whole seconds
+DEFAULT_DEADLINE_MARGIN_S = 20.0  # seconds
+DEFAULT_CALL_TIMEOUT_CAP_S = 60.0  # seconds
+DEFAULT_CONNECT_TIMEOUT_S = 10.0  # seconds
+DEFAULT_MIN_CALL_S = 5.0  # seconds
+DEFAULT_MAX_STEPS = 8  # model round-trips per turn
+DEFAULT_STATE_TTL_S = 600  # seconds
+DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
+DEFAULT_WORKERS = 2
+
+API_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+
+class SettingsError(ValueError):
+    """A configuration value is missing or inconsistent; the message names the variable."""
+
+    def __init__(self, variable: str, problem: str):
+        self.variable = variable
+        super().__init__(f"{variable}: {problem}")
+
+
+@dataclass(frozen=True)
+class TurnConfig:
+    """What a turn runs with, fixed when it is enqueued and stored beside it (never secrets)."""
+
+    provider: str = DEFAULT_PROVIDER
+    model: str = DEFAULT_MODELS[DEFAULT_PROVIDER]
+    base_url: str | None = None
+    job_timeout_s: int = DEFAULT_JOB_TIMEOUT_S
+    deadline_margin_s: float = DEFAULT_DEADLINE_MARGIN_S
+    call_timeout_cap_s: float = DEFAULT_CALL_TIMEOUT_CAP_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    min_call_s: float = DEFAULT_MIN_CALL_S
+    max_steps: int = DEFAULT_MAX_STEPS
+    safeguards: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> TurnConfig:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def with_changes(self, **changes) -> TurnConfig:
+        config = replace(self, **changes)
+        validate_clocks(config)
+        return config
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str | None
+    turn: TurnConfig
+    state_ttl_s: int
+    poll_interval_ms: int
+    workers: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        provider = env.get("AGENT_PROVIDER", "").strip() or DEFAULT_PROVIDER
+        if provider not in PROVIDERS:
+            raise SettingsError("AGENT_PROVIDER", f"must be one of {', '.join(PROVIDERS)}, not {provider!r}")
+        model = env.get("AGENT_MODEL", "").strip() or DEFAULT_MODELS[provider]
+        base_url = None
+        if provider in BASE_URL_VARIABLES:
+            base_url = env.get(BASE_URL_VARIABLES[provider], "").strip() or DEFAULT_BASE_URLS[provider]
+            if not base_url.startswith(("http://", "https://")):
+                raise SettingsError(BASE_URL_VARIABLES[provider], "must start with http:// or https://")
+            key_var = API_KEY_VARIABLES[provider]
+            if not env.get(key_var, "").strip() and not _is_local(base_url):
+                raise SettingsError(key_var, f"is required for AGENT_PROVIDER={provider}")
+        turn = TurnConfig(
+            provider=provider,
+            model=model,
+            base_url=base_url,
+            job_timeout_s=_whole_seconds(env, "AGENT_JOB_TIMEOUT", DEFAULT_JOB_TIMEOUT_S),
+            deadline_margin_s=_seconds(env, "AGENT_DEADLINE_MARGIN", DEFAULT_DEADLINE_MARGIN_S),
+            call_timeout_cap_s=_seconds(env, "AGENT_CALL_TIMEOUT_CAP", DEFAULT_CALL_TIMEOUT_CAP_S),
+            connect_timeout_s=_seconds(env, "AGENT_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
+            min_call_s=_seconds(env, "AGENT_MIN_CALL_SECONDS", DEFAULT_MIN_CALL_S),
+            max_steps=_integer(env, "AGENT_MAX_STEPS", DEFAULT_MAX_STEPS, minimum=1),
+        )
+        validate_clocks(turn)
+        redis_url = env.get("REDIS_URL", "").strip() or None
+        if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError("REDIS_URL", "must start with redis://, rediss:// or unix://")
+        return cls(
+            redis_url=redis_url,
+            turn=turn,
+            state_ttl_s=_integer(env, "AGENT_STATE_TTL", DEFAULT_STATE_TTL_S, minimum=1),
+            poll_interval_ms=_integer(env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=50),
+            workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
+        )
+
+
+def validate_clocks(turn: TurnConfig) -> None:
+    """Refuse clock settings that could never let a call finish before the queue kills the job."""
+    if turn.job_timeout_s < 1:
+        raise SettingsError("AGENT_JOB_TIMEOUT", "must be at least 1 second")
+    if turn.deadline_margin_s <= 0:
+        raise SettingsError("AGENT_DEADLINE_MARGIN", "must be more than 0")
+    if turn.deadline_margin_s >= turn.job_timeout_s:
+        raise SettingsError(
+            "AGENT_DEADLINE_MARGIN",
+            f"must be less than AGENT_JOB_TIMEOUT ({turn.deadline_margin_s:g} >= {turn.job_timeout_s})",
+        )
+    if turn.call_timeout_cap_s <= 0:
+        raise SettingsError("AGENT_CALL_TIMEOUT_CAP", "must be more than 0")
+    if turn.connect_timeout_s <= 0:
+        raise SettingsError("AGENT_CONNECT_TIMEOUT", "must be more than 0")
+    if turn.min_call_s <= 0:
+        raise SettingsError("AGENT_MIN_CALL_SECONDS", "must be more than 0")
+    if turn.min_call_s > turn.call_timeout_cap_s:
+        raise SettingsError(
+            "AGENT_MIN_CALL_SECONDS",
+            f"must not exceed AGENT_CALL_TIMEOUT_CAP ({turn.min_call_s:g} > {turn.call_timeout_cap_s:g})",
+        )
+    if turn.max_steps < 1:
+        raise SettingsError("AGENT_MAX_STEPS", "must be at least 1")
+
+
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = _raw(env, name)
+    if raw is None:
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(name, f"must be a number of seconds, not {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError(name, f"must be a finite, non-negative number of seconds, not {raw!r}")
+    return value
+
+
+def _whole_seconds(env: Mapping[str, str], name: str, default: int) -> int:
+    # RQ enforces the job timeout in whole seconds (14.9 becomes 14), so the deadline is
+    # computed from the same whole number the queue will enforce.
+    return math.floor(_seconds(env, name, default))
+
+
+def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(name, f"must be a whole number, not {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(name, f"must be at least {minimum}, not {value}")
+    return value
+
+
+def _is_local(url: str) -> bool:
+    """A local OpenAI-compatible server (Ollama, llama.cpp, vLLM) usually needs no key."""
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "127.0.0.1", "::1")
