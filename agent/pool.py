@@ -1,0 +1,136 @@
+"""The worker pool: a small supervisor process that runs N workers and the demo provider.
+
+`python -m agent.pool --workers N [--parent-pid P]`. The app or CLI starts it as its own
+process (never a fork of the Streamlit process, which has threads). It restarts a worker that
+dies (a killed job takes its worker with it), stops every worker by its process group on
+SIGTERM/SIGINT, and stops by itself when the process that started it is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+log = logging.getLogger("agent.pool")
+
+WATCH_INTERVAL_S = 0.2  # seconds between checks of the parent and the workers
+WARM_STOP_S = 1.0  # seconds a worker gets to finish on its own before a cold stop
+COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before SIGKILL
+RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
+
+
+class Pool:
+    def __init__(self, workers: int, worker_class: str, env: dict[str, str]):
+        self.count = workers
+        self.worker_class = worker_class
+        self.env = env
+        self.procs: list[subprocess.Popen | None] = [None] * workers
+        self.started_at: list[float] = [0.0] * workers
+        self.stopping = threading.Event()
+
+    def spawn(self, index: int) -> None:
+        name = f"agent-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}"
+        self.procs[index] = subprocess.Popen(
+            [sys.executable, "-m", "agent.workers", "--with-parent", "--class", self.worker_class, "--name", name],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr,  # stdout is the pool's pipe to its parent; logs go to stderr
+            start_new_session=True,  # its own process group, stopped as a group
+        )
+        self.started_at[index] = time.monotonic()
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self.spawn(index)
+
+    def restart_dead(self) -> None:
+        for index, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is not None and not self.stopping.is_set():
+                if time.monotonic() - self.started_at[index] < RESTART_BACKOFF_S:
+                    continue
+                log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.returncode)
+                self.spawn(index)
+
+    def stop(self) -> None:
+        """Warm stop, then cold stop (the running job writes its ending), then SIGKILL, per group."""
+        self.stopping.set()
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for sig, grace in ((signal.SIGTERM, WARM_STOP_S), (signal.SIGTERM, COLD_STOP_S), (signal.SIGKILL, 2.0)):
+            for proc in live:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+            end = time.monotonic() + grace
+            while time.monotonic() < end and any(p.poll() is None for p in live):
+                time.sleep(0.05)
+            live = [p for p in live if p.poll() is None]
+            if not live:
+                return
+
+
+def parent_alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    if os.getppid() != pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.pool")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--class", dest="worker_class", default="simple")
+    parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")
+    parser.add_argument("--no-demo", action="store_true", help="do not start the demo provider")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not os.environ.get("REDIS_URL"):
+        print("REDIS_URL: is required for the worker pool", file=sys.stderr)
+        return 2
+
+    env = dict(os.environ)
+    demo = None
+    if not args.no_demo and not env.get("AGENT_DEMO_URL"):
+        from agent.demo.server import DemoServer
+
+        demo = DemoServer().start()
+        env["AGENT_DEMO_URL"] = demo.url
+        log.info("demo provider on %s", demo.url)
+
+    pool = Pool(args.workers, args.worker_class, env)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    pool.start()
+    log.info("%d %s workers started", args.workers, args.worker_class)
+    print(f"ready {env.get('AGENT_DEMO_URL', '')}", flush=True)
+    try:
+        while not stop.wait(WATCH_INTERVAL_S):
+            if not parent_alive(args.parent_pid):
+                log.info("parent %s is gone: stopping", args.parent_pid)
+                break
+            pool.restart_dead()
+    finally:
+        pool.stop()
+        if demo is not None:
+            demo.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""One bounded HTTP POST, and the mapping of HTTP statuses to ProviderError.
+
+The only module that touches httpx. `timeout.total_s` bounds the whole call (connect,
+send, headers and the full body): httpx's read timeout is per socket read (httpx#1450),
+so a server trickling one byte a second would otherwise hold a call for ever. The call
+runs as an AsyncClient request under `asyncio.timeout`, whose cancellation closes the
+socket, driven from sync code by one private event loop per process (and thread).
+
+No signals (RQ owns SIGALRM) and no threads (a thread would keep streaming after we gave up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import email.utils
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agent.deadline import CallTimeout
+from agent.providers.base import ProviderError
+
+log = logging.getLogger(__name__)
+
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # bytes; a larger reply is refused as malformed
+ERROR_TEXT_LIMIT = 300  # characters of a provider's error message kept in ours
+CLEANUP_TIMEOUT_S = 1.0  # seconds allowed for closing a discarded client
+
+
+@dataclass(frozen=True)
+class HTTPReply:
+    status: int
+    headers: dict[str, str]  # names lowercased
+    body: bytes
+
+
+class _Session:
+    """An event loop and the AsyncClient bound to it, reused across calls for keep-alive."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.client = httpx.AsyncClient(follow_redirects=False)
+
+    def close(self) -> None:
+        """Best effort: cancel what the interrupted call left running, close the client and the loop."""
+        loop = self.loop
+        try:
+            if loop.is_closed():
+                return
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(_bounded(asyncio.gather(*pending, return_exceptions=True)))
+            loop.run_until_complete(_bounded(self.client.aclose()))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except BaseException:  # noqa: B036 - cleanup after an interruption must never mask it
+            log.debug("closing a discarded HTTP session failed", exc_info=True)
+        finally:
+            try:
+                loop.close()
+            except BaseException:  # noqa: B036
+                log.debug("closing a discarded event loop failed", exc_info=True)
+
+
+async def _bounded(awaitable) -> None:
+    try:
+        async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+            await awaitable
+    except (TimeoutError, Exception):
+        pass
+
+
+# Per thread, because one loop cannot run twice at once; an RQ work horse has one thread,
+# so in practice this is one loop and one client per process.
+_local = threading.local()
+
+
+def _session() -> _Session:
+    session = getattr(_local, "session", None)
+    if session is not None and session.pid != os.getpid():
+        # Inherited across fork: its sockets and selector are shared with the parent,
+        # so abandon it untouched rather than close what the parent still uses.
+        session = None
+    if session is None or session.loop.is_closed():
+        session = _Session()
+        _local.session = session
+    return session
+
+
+def discard_session() -> None:
+    """Close this thread's loop and client; the next call starts clean."""
+    session = getattr(_local, "session", None)
+    _local.session = None
+    if session is not None and session.pid == os.getpid():
+        session.close()
+
+
+def post_json(url: str, *, headers: dict, body: dict, timeout: CallTimeout) -> HTTPReply:
+    """POST `body` as JSON; the whole call is bounded by `timeout.total_s`. Raises ProviderError."""
+    session = _session()
+    try:
+        return session.loop.run_until_complete(_post(session.client, url, headers, body, timeout))
+    except ProviderError:
+        raise
+    except BaseException:  # noqa: B036
+        # Anything else interrupted the call from outside (RQ's JobTimeoutException from its
+        # SIGALRM handler, KeyboardInterrupt): the loop may hold a half-done request, so drop it.
+        discard_session()
+        raise
+
+
+async def _post(client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout) -> HTTPReply:
+    try:
+        async with asyncio.timeout(timeout.total_s):
+            async with client.stream(
+                "POST",
+                url,
+                headers=headers,
+                json=body,
+                timeout=httpx.Timeout(timeout.total_s, connect=timeout.connect_s),
+            ) as response:
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+                    raise _too_large()
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():  # decoded, so a gzip bomb is bounded too
+                    size += len(chunk)
+                    if size > MAX_RESPONSE_BYTES:
+                        raise _too_large()
+                    chunks.append(chunk)
+                return HTTPReply(
+                    status=response.status_code,
+                    headers={name.lower(): value for name, value in response.headers.items()},
+                    body=b"".join(chunks),
+                )
+    except TimeoutError as exc:
+        raise _timed_out(timeout) from exc
+    except httpx.ConnectTimeout as exc:
+        raise ProviderError("timeout", f"could not connect to the provider within {timeout.connect_s:.1f} s") from exc
+    except httpx.TimeoutException as exc:
+        raise _timed_out(timeout) from exc
+    except httpx.DecodingError as exc:
+        raise ProviderError("malformed", "the provider sent a malformed response: undecodable body") from exc
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        raise ProviderError("connection", f"the provider URL is not usable: {_short(str(exc))}") from exc
+    except httpx.ConnectError as exc:
+        raise ProviderError("connection", f"could not connect to the provider: {_short(str(exc))}") from exc
+    except httpx.HTTPError as exc:
+        # Reset, closed mid-body, protocol errors: the connection failed after it was made.
+        reason = _short(str(exc)) or type(exc).__name__
+        raise ProviderError("connection", f"the connection to the provider failed: {reason}") from exc
+
+
+def _timed_out(timeout: CallTimeout) -> ProviderError:
+    return ProviderError("timeout", f"the provider did not answer within {timeout.total_s:.1f} s")
+
+
+def _too_large() -> ProviderError:
+    return ProviderError(
+        "malformed", f"the provider sent a malformed response: larger than {MAX_RESPONSE_BYTES // 2**20} MiB"
+    )
+
+
+def _short(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- statuses ---------------------------------------------------------------------------
+
+
+def check_status(reply: HTTPReply, *, secret: str | None = None) -> None:
+    """Raise the ProviderError an unsuccessful status means; return for 2xx.
+
+    `secret` is the API key that was sent (None: none was); it is scrubbed from any provider text we quote.
+    """
+    status = reply.status
+    if 200 <= status < 300:
+        return
+    retry_after_s = parse_retry_after(reply.headers)
+    if status in (401, 403):
+        if not secret:
+            raise ProviderError("auth", f"the provider requires an API key (HTTP {status})", status=status)
+        raise ProviderError("auth", f"the API key was rejected (HTTP {status})", status=status)
+    detail = error_text(reply.body, secret=secret)
+    suffix = f": {detail}" if detail else ""
+    if status == 404:
+        raise ProviderError("not_found", f"model or endpoint not found (HTTP 404){suffix}", status=status)
+    if status == 429:
+        raise ProviderError(
+            "rate_limited",
+            f"the provider is rate limiting requests (HTTP 429){suffix}",
+            status=status,
+            retry_after_s=retry_after_s,
+        )
+    if status == 529:
+        message = f"the provider is overloaded (HTTP 529){suffix}"
+        raise ProviderError("server", message, status=status, retry_after_s=retry_after_s)
+    if status in (408, 409) or 500 <= status < 600:
+        message = f"the provider failed (HTTP {status}){suffix}"
+        raise ProviderError("server", message, status=status, retry_after_s=retry_after_s)
+    if 400 <= status < 500:
+        raise ProviderError("bad_request", f"the provider refused the request (HTTP {status}){suffix}", status=status)
+    raise ProviderError("malformed", f"the provider sent a malformed response: unexpected HTTP {status}", status=status)
+
+
+def error_text(body: bytes, *, secret: str | None = None) -> str:
+    """The provider's own error message, if its body carries one, cut to a readable length."""
+    text = ""
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict):
+        # OpenAI and Anthropic: {"error": {"message": ...}}; Ollama: {"error": "..."};
+        # FastAPI-style servers: {"detail": ...}; others: {"message": ...}.
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            text = error["message"]
+        elif isinstance(error, str):
+            text = error
+        elif isinstance(data.get("message"), str):
+            text = data["message"]
+        elif isinstance(data.get("detail"), str):
+            text = data["detail"]
+        elif data.get("detail") is not None:
+            text = json.dumps(data["detail"])[:ERROR_TEXT_LIMIT]
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    return _short(text)
+
+
+def parse_retry_after(headers: dict[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `Retry-After` (seconds or an HTTP-date); None if absent."""
+    raw_ms = headers.get("retry-after-ms", "").strip()
+    if raw_ms:
+        value = _finite(raw_ms)
+        if value is not None:
+            return value / 1000.0
+    raw = headers.get("retry-after", "").strip()
+    if not raw:
+        return None
+    value = _finite(raw)
+    if value is not None:
+        return value
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:  # "-0000" means UTC with no claim about local time
+        when = when.replace(tzinfo=datetime.UTC)
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+def _finite(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return value

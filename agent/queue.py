@@ -1,0 +1,155 @@
+"""The queue: enqueue a turn (ids only), job status, the cooperative stop, and the one job
+function a worker will run.
+
+Even with the JSON serializer a job names a dotted path that the worker imports and calls,
+so anyone who can write to Redis could run code. SafeJob refuses every name but ours.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import redis
+from rq import Queue
+from rq.callbacks import Callback
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from agent.settings import TurnConfig
+from agent.store import Store
+
+QUEUE_NAME = "agent-turns"
+JOB_FUNCTION = "agent.turn.run_turn"
+FAILURE_CALLBACK = "agent.turn.on_failure"
+ALLOWED_FUNCTIONS = frozenset({JOB_FUNCTION})
+ALLOWED_CALLBACKS = frozenset({FAILURE_CALLBACK})
+FAILURE_CALLBACK_TIMEOUT_S = 10  # seconds
+RESULT_TTL_S = 600  # seconds a finished job's record is kept
+MAX_MESSAGE_CHARS = 8000  # longest user message accepted
+
+
+class UnsafeJobError(Exception):
+    """A job named a function this project does not run."""
+
+
+class SafeJob(Job):
+    @property
+    def func(self):
+        if self.func_name not in ALLOWED_FUNCTIONS:
+            raise UnsafeJobError(f"refused to run {self.func_name!r}: only {JOB_FUNCTION} may run")
+        return super().func
+
+    @property
+    def success_callback(self):
+        return super().success_callback if self._callback_allowed(self._success_callback_name) else None
+
+    @property
+    def failure_callback(self):
+        return super().failure_callback if self._callback_allowed(self._failure_callback_name) else None
+
+    @property
+    def stopped_callback(self):
+        return super().stopped_callback if self._callback_allowed(self._stopped_callback_name) else None
+
+    @staticmethod
+    def _callback_allowed(name) -> bool:
+        # Checked before the parent imports anything by that name.
+        return not name or name in ALLOWED_CALLBACKS
+
+
+def get_queue(connection: redis.Redis) -> Queue:
+    return Queue(QUEUE_NAME, connection=connection, serializer=JSONSerializer, job_class=SafeJob)
+
+
+class BadMessage(ValueError):
+    """The user's message cannot be sent as it is; the text says why."""
+
+
+def clean_message(text: str | None) -> str:
+    """Validate a user's message: not empty, not over the limit, no control characters."""
+    if text is None:
+        raise BadMessage("Type a message first.")
+    text = "".join(ch for ch in text if ch in "\n\t" or (ord(ch) >= 32 and ord(ch) != 127))
+    text = text.strip()
+    if not text:
+        raise BadMessage("Type a message first: an empty message was not sent.")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise BadMessage(f"The message is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Nothing was sent.")
+    return text
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def job_id_for(turn_id: str) -> str:
+    return f"turn-{turn_id}"
+
+
+def submit_turn(
+    store: Store,
+    queue: Queue,
+    conversation_id: str,
+    text: str,
+    config: TurnConfig,
+    *,
+    turn_id: str | None = None,
+) -> str:
+    """Append the user's message, mark the turn queued, and enqueue it. Returns the turn id.
+
+    Raises BadMessage for bad input and TurnInFlight when a turn is still running; in both
+    cases nothing is enqueued. The same turn id twice (a double submit) enqueues once.
+    """
+    text = clean_message(text)
+    turn_id = turn_id or new_id()
+    job_id = job_id_for(turn_id)
+    doc = {
+        "status": "queued",
+        "error": None,
+        "config": config.to_dict(),
+        "job_id": job_id,
+        "enqueued_at": time.time(),
+        "deadline_at": None,
+        "job_timeout_at": None,
+        "started_at": None,
+        "current_step": None,
+    }
+    new, _ = store.begin_turn(conversation_id, turn_id, {"role": "user", "content": text}, doc)
+    if new:
+        queue.enqueue(
+            JOB_FUNCTION,
+            conversation_id,
+            turn_id,
+            job_id=job_id,
+            job_timeout=config.job_timeout_s,
+            result_ttl=RESULT_TTL_S,
+            failure_ttl=RESULT_TTL_S,
+            ttl=store.ttl_s,
+            on_failure=Callback(FAILURE_CALLBACK, timeout=FAILURE_CALLBACK_TIMEOUT_S),
+            description=f"agent turn {turn_id}",
+        )
+    return turn_id
+
+
+def job_status(connection: redis.Redis, job_id: str) -> str | None:
+    """RQ's status for a job ('queued', 'started', 'finished', 'failed', 'stopped', ...) or None if gone."""
+    try:
+        job = SafeJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:
+        return None
+    status = job.get_status(refresh=False)
+    return status.value if hasattr(status, "value") else status
+
+
+def queue_position(queue: Queue, job_id: str) -> int | None:
+    """1-based place of a waiting job, or None when it is not waiting."""
+    position = queue.get_job_position(job_id)
+    return None if position is None else position + 1
+
+
+def running_count(queue: Queue) -> int:
+    # cleanup=False: a cleanup from a non-main thread (a Streamlit script) can raise (rq#2135).
+    return StartedJobRegistry(queue=queue).get_job_count(cleanup=False)

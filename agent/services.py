@@ -1,0 +1,164 @@
+"""The embedded services a process needs: Redis (shared per machine) and the worker pool
+(one per process that needs workers), started once and stopped when the process exits.
+
+Streamlit reruns the script, opens a session per browser tab, and re-imports edited modules
+on a hot reload, so the process-wide record lives on the `sys` module, guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from agent.connection import describe, queue_client, state_client
+from agent.embedded_redis import EmbeddedRedis, data_dir
+from agent.settings import Settings
+from agent.store import Store
+
+log = logging.getLogger(__name__)
+
+POOL_START_TIMEOUT_S = 30.0  # seconds for the pool to report ready
+POOL_STOP_TIMEOUT_S = 10.0  # seconds for the pool to stop its workers
+_RECORD = "_agent_services"
+
+
+class ServiceError(RuntimeError):
+    """A service could not be reached or started; the message is for a person."""
+
+
+@dataclass
+class Services:
+    redis_url: str
+    embedded: EmbeddedRedis | None = None
+    pool: subprocess.Popen | None = None
+    demo_url: str | None = None
+    workers: int = 0
+    owner_pid: int = field(default_factory=os.getpid)
+
+    def store(self, settings: Settings) -> Store:
+        return Store(state_client(self.redis_url), settings.state_ttl_s)
+
+    def queue_connection(self) -> redis.Redis:
+        return queue_client(self.redis_url)
+
+    def stop(self) -> None:
+        if self.owner_pid != os.getpid():
+            return
+        if self.pool is not None and self.pool.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pool.pid, signal.SIGTERM)
+            try:
+                self.pool.wait(POOL_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pool.pid, signal.SIGKILL)
+                self.pool.wait(5)
+        self.pool = None
+        if self.embedded is not None:
+            self.embedded.release()
+            self.embedded = None
+
+
+def _record() -> dict:
+    record = getattr(sys, _RECORD, None)
+    if record is None:
+        record = {"lock": threading.Lock(), "services": None}
+        setattr(sys, _RECORD, record)
+    return record
+
+
+def ensure(settings: Settings, *, workers: int | None = None) -> Services:
+    """Start (once per process) what this process needs, and return it."""
+    record = _record()
+    with record["lock"]:
+        services = record["services"]
+        if services is not None and services.owner_pid == os.getpid():
+            return services
+        services = _start(settings, settings.workers if workers is None else workers)
+        record["services"] = services
+        atexit.register(shutdown)
+        return services
+
+
+def shutdown() -> None:
+    """Stop what this process started (also registered with atexit)."""
+    record = _record()
+    with record["lock"]:
+        services = record["services"]
+        record["services"] = None
+    if services is not None:
+        services.stop()
+
+
+def _start(settings: Settings, workers: int) -> Services:
+    embedded = None
+    if settings.redis_url:
+        url = settings.redis_url
+    else:
+        embedded = EmbeddedRedis()
+        try:
+            url = embedded.acquire()
+        except (OSError, RuntimeError) as exc:
+            raise ServiceError(f"could not start the embedded Redis: {exc}") from exc
+    check_redis(url)
+    services = Services(redis_url=url, embedded=embedded, workers=workers)
+    if workers > 0:
+        try:
+            services.pool, services.demo_url = _start_pool(url, workers)
+        except BaseException:
+            services.stop()
+            raise
+    return services
+
+
+def check_redis(url: str) -> None:
+    client = state_client(url)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise ServiceError(f"Redis at {describe(url)} refused the password: {exc}") from exc
+    except redis.RedisError as exc:
+        raise ServiceError(f"Redis at {describe(url)} is unreachable: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _start_pool(url: str, workers: int) -> tuple[subprocess.Popen, str | None]:
+    logs = Path(data_dir()) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"pool-{os.getpid()}.log"
+    env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--parent-pid", str(os.getpid())],
+            env=env,
+            cwd=str(Path(__file__).resolve().parent.parent),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    end = time.monotonic() + POOL_START_TIMEOUT_S
+    line = b""
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if line.startswith(b"ready") or proc.poll() is not None:
+            break
+    proc.stdout.close()
+    if not line.startswith(b"ready"):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise ServiceError(f"the worker pool did not start; see {log_path}")
+    demo_url = line.decode().split(" ", 1)[1].strip() or None
+    return proc, demo_url

@@ -1,0 +1,230 @@
+"""The conversation state in Redis: the JSON state contract, versions, TTL, one turn at a time.
+
+Layout per conversation (all keys share one TTL, refreshed on every write):
+
+    agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields)
+    agent:conv:{id}:history  list: one JSON message per item, append-only
+    agent:conv:{id}:steps    list: one JSON step per item, append-only
+    agent:conv:{id}:turns    list: one JSON summary per ended turn
+
+A poll that finds no change is one HGET of `version`; a publish appends only what is new.
+Every write goes through a Lua script that refuses it when the turn is not the current one,
+when the turn has already ended (done never reverts), or when the history moved underneath.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import redis
+
+KEY_PREFIX = "agent:"
+STATUSES = ("queued", "running", "done", "failed", "timed_out", "cancelled")
+ENDED_STATUSES = ("done", "failed", "timed_out", "cancelled")
+
+_BEGIN = """
+local meta, history, turns, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local current = redis.call('HMGET', meta, 'turn_id', 'done')
+if current[1] then
+  if current[1] == turn_id then return {'same', redis.call('HGET', meta, 'version')} end
+  if current[2] == '0' then return {'busy', current[1]} end
+end
+redis.call('RPUSH', history, message)
+local version = redis.call('HINCRBY', meta, 'version', 1)
+redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc)
+for _, key in ipairs({meta, history, turns, steps}) do redis.call('EXPIRE', key, ttl) end
+return {'ok', tostring(version)}
+"""
+
+_PUBLISH = """
+local meta, history, steps, turns = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
+local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
+local summary = ARGV[8]
+local current = redis.call('HMGET', meta, 'turn_id', 'done')
+if not current[1] then return redis.error_reply('GONE the conversation has expired') end
+if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
+if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
+if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
+  return redis.error_reply('CONFLICT the history moved')
+end
+local i = 9
+for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); i = i + 1 end
+for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); i = i + 1 end
+if summary ~= '' then redis.call('RPUSH', turns, summary) end
+local version = redis.call('HINCRBY', meta, 'version', 1)
+redis.call('HSET', meta, 'done', done, 'doc', doc)
+for _, key in ipairs({meta, history, steps, turns}) do redis.call('EXPIRE', key, ttl) end
+return version
+"""
+
+
+class StoreError(Exception):
+    """A write was refused; `reason` is GONE, STALE, CLOSED or CONFLICT."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class TurnInFlight(Exception):
+    """The conversation already has a turn in flight; a new message is refused, not queued."""
+
+    def __init__(self, conversation_id: str, turn_id: str):
+        super().__init__("a reply is still being written in this conversation: wait for it, or stop it")
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+
+
+@dataclass(frozen=True)
+class Keys:
+    meta: str
+    history: str
+    steps: str
+    turns: str
+
+    @classmethod
+    def of(cls, conversation_id: str) -> Keys:
+        base = f"{KEY_PREFIX}conv:{conversation_id}:"
+        return cls(base + "meta", base + "history", base + "steps", base + "turns")
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class Store:
+    def __init__(self, client: redis.Redis, ttl_s: int):
+        self.redis = client
+        self.ttl_s = ttl_s
+        self._begin = client.register_script(_BEGIN)
+        self._publish = client.register_script(_PUBLISH)
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def version(self, conversation_id: str) -> int | None:
+        """The cheap poll: one small read."""
+        raw = self.redis.hget(Keys.of(conversation_id).meta, "version")
+        return int(raw) if raw is not None else None
+
+    def read(self, conversation_id: str) -> dict | None:
+        """The whole state object of the contract, or None when unknown or expired."""
+        keys = Keys.of(conversation_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta)
+            pipe.lrange(keys.history, 0, -1)
+            pipe.lrange(keys.steps, 0, -1)
+            pipe.lrange(keys.turns, 0, -1)
+            meta, history, steps, turns = pipe.execute()
+        if not meta:
+            return None
+        return _state(conversation_id, meta, history, steps, turns)
+
+    def read_meta(self, conversation_id: str) -> dict | None:
+        """The small fields only (no history or steps)."""
+        meta = self.redis.hgetall(Keys.of(conversation_id).meta)
+        if not meta:
+            return None
+        return _state(conversation_id, meta, [], [], [])
+
+    # -- writers ---------------------------------------------------------------------------
+
+    def begin_turn(self, conversation_id: str, turn_id: str, user_message: dict, doc: dict) -> tuple[bool, int]:
+        """Append the user's message and mark the turn queued. Returns (new, version).
+
+        The same turn id again (a double submit) is not a new turn; a different one while a
+        turn is in flight raises TurnInFlight.
+        """
+        keys = Keys.of(conversation_id)
+        doc = {**doc, "updated_at": time.time()}
+        outcome, value = self._begin(
+            keys=[keys.meta, keys.history, keys.turns, keys.steps],
+            args=[turn_id, _dumps(user_message), _dumps(doc), self.ttl_s],
+        )
+        outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
+        value = value.decode() if isinstance(value, bytes) else value
+        if outcome == "busy":
+            raise TurnInFlight(conversation_id, value)
+        return outcome == "ok", int(value)
+
+    def publish(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        doc: dict,
+        *,
+        done: bool = False,
+        new_messages: list[dict] = (),
+        new_steps: list[dict] = (),
+        expected_history_len: int = -1,
+        summary: dict | None = None,
+    ) -> int:
+        """One atomic write: append what is new, replace the small fields, bump the version."""
+        keys = Keys.of(conversation_id)
+        doc = {**doc, "updated_at": time.time()}
+        args = [
+            turn_id,
+            expected_history_len,
+            _dumps(doc),
+            "1" if done else "0",
+            self.ttl_s,
+            len(new_messages),
+            len(new_steps),
+            _dumps(summary) if summary else "",
+            *(_dumps(m) for m in new_messages),
+            *(_dumps(s) for s in new_steps),
+        ]
+        try:
+            return int(self._publish(keys=[keys.meta, keys.history, keys.steps, keys.turns], args=args))
+        except redis.ResponseError as exc:
+            reason, _, message = str(exc).partition(" ")
+            if reason in ("GONE", "STALE", "CLOSED", "CONFLICT"):
+                raise StoreError(reason, message) from exc
+            raise
+
+    def history_len(self, conversation_id: str) -> int:
+        return int(self.redis.llen(Keys.of(conversation_id).history))
+
+    # -- per-turn flags --------------------------------------------------------------------
+
+    def claim_turn(self, turn_id: str, job_id: str, ttl_s: int) -> bool:
+        """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
+        return bool(self.redis.set(f"{KEY_PREFIX}turn:{turn_id}:claim", job_id, nx=True, ex=ttl_s))
+
+    def request_cancel(self, turn_id: str, ttl_s: int) -> None:
+        self.redis.set(f"{KEY_PREFIX}turn:{turn_id}:cancel", "1", ex=ttl_s)
+
+    def cancel_requested(self, turn_id: str) -> bool:
+        return bool(self.redis.exists(f"{KEY_PREFIX}turn:{turn_id}:cancel"))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: list) -> dict:
+    meta = {_text(k): _text(v) for k, v in meta.items()}
+    doc = json.loads(meta.get("doc") or "{}")
+    return {
+        "conversation_id": conversation_id,
+        "turn_id": meta.get("turn_id"),
+        "version": int(meta.get("version", 0)),
+        "done": meta.get("done") == "1",
+        "status": doc.get("status", "queued"),
+        "error": doc.get("error"),
+        "history": [json.loads(m) for m in history],
+        "steps": [json.loads(s) for s in steps],
+        "deadline_at": doc.get("deadline_at"),
+        "job_timeout_at": doc.get("job_timeout_at"),
+        "updated_at": doc.get("updated_at"),
+        # Beyond the contract's fields: what the page needs to draw the clocks.
+        "started_at": doc.get("started_at"),
+        "enqueued_at": doc.get("enqueued_at"),
+        "current_step": doc.get("current_step"),
+        "config": doc.get("config"),
+        "job_id": doc.get("job_id"),
+        "turns": [json.loads(t) for t in turns],
+    }

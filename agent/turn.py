@@ -1,0 +1,419 @@
+"""The RQ job: one chat turn under the three clocks, publishing the state as it goes.
+
+Model call -> tool runs -> model call ..., at most max_steps round-trips. After every model
+response and every tool result the state is written with done=false; however the loop ends
+(answer, step limit, deadline, provider error, stop request, the queue's own timeout, a
+shutdown), a finally path writes done=true with the reason in the chat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import redis
+from rq import get_current_job
+from rq.timeouts import JobTimeoutException
+
+from agent import tools as tool_registry
+from agent.connection import state_client
+from agent.deadline import Budget, CallTimeout, retry_wait_s
+from agent.providers import make_provider
+from agent.providers.base import Completion, ProviderError
+from agent.queue import JOB_FUNCTION
+from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
+from agent.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS_PER_CALL = 5  # one model round-trip: the first try and up to four retries
+FINAL_WRITE_RESERVE_S = 1.0  # seconds before the job timeout when final-write retries give up
+CANCEL_CHECK_S = 0.25  # seconds between stop-flag checks while sleeping
+NAIVE_TIMEOUT_S = 3600.0  # seconds: what "safeguards off" gives a call or tool (no real bound)
+LAST_CALL_NUDGE = (
+    "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
+    "Do not call any tools."
+)
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def _store() -> Store:
+    url = os.environ["REDIS_URL"]
+    if url not in _clients:
+        _clients[url] = state_client(url)
+    ttl_s = int(os.environ.get("AGENT_STATE_TTL") or DEFAULT_STATE_TTL_S)
+    return Store(_clients[url], ttl_s)
+
+
+class TurnEnded(Exception):
+    """The loop stops here; `status` and `message` become the ending."""
+
+    def __init__(self, status: str, kind: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+
+class TurnClosed(Exception):
+    """Someone else already ended this turn (the page, a stop, a failure callback)."""
+
+
+@dataclass
+class Turn:
+    store: Store
+    conversation_id: str
+    turn_id: str
+    job_id: str
+    config: TurnConfig
+    budget: Budget
+    history: list[dict]
+    doc: dict
+    persisted_len: int = 0
+    pending_messages: list[dict] = field(default_factory=list)
+    pending_steps: list[dict] = field(default_factory=list)
+    step_index: int = 0
+    used_tools: bool = False
+    provider: object = None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def flush(self, *, done: bool = False, summary: dict | None = None) -> None:
+        """Write what is pending. A Redis hiccup mid-turn keeps it pending for the next write."""
+        try:
+            self.store.publish(
+                self.conversation_id,
+                self.turn_id,
+                self.doc,
+                done=done,
+                new_messages=self.pending_messages,
+                new_steps=self.pending_steps,
+                expected_history_len=self.persisted_len,
+                summary=summary,
+            )
+        except StoreError as exc:
+            raise TurnClosed(str(exc)) from exc
+        except redis.RedisError as exc:
+            if done:
+                raise
+            log.warning("turn %s: state write failed, kept for the next write: %s", self.turn_id, exc)
+            return
+        self.persisted_len += len(self.pending_messages)
+        self.pending_messages = []
+        self.pending_steps = []
+
+    def add_message(self, message: dict) -> None:
+        self.history.append(message)
+        self.pending_messages.append(message)
+
+    def add_step(self, kind: str, name: str, started_at: float, outcome: str, **extra) -> dict:
+        self.step_index += 1
+        step = {
+            "turn_id": self.turn_id,
+            "index": self.step_index,
+            "kind": kind,
+            "name": name,
+            "started_at": started_at,
+            "ended_at": self.budget.now(),
+            "timeout_s": extra.pop("timeout_s", None),
+            "remaining_s": extra.pop("remaining_s", None),
+            "outcome": outcome,
+            **extra,
+        }
+        step["duration_s"] = round(step["ended_at"] - started_at, 3)
+        self.pending_steps.append(step)
+        return step
+
+    def set_current(self, kind: str | None, name: str = "", timeout_s: float | None = None) -> None:
+        self.doc["current_step"] = (
+            None if kind is None else {"kind": kind, "name": name, "started_at": self.budget.now(), "timeout_s": timeout_s}
+        )
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> str:
+        ending: TurnEnded | None = None
+        reraise: BaseException | None = None
+        try:
+            self.doc.update(status="running", started_at=self.budget.started_at)
+            if self.config.safeguards:
+                self.doc.update(deadline_at=self.budget.deadline_at, job_timeout_at=self.budget.job_timeout_at)
+                self.flush()
+            else:
+                self.doc.update(deadline_at=None, job_timeout_at=self.budget.job_timeout_at)
+            self.provider = make_provider(self.config)
+            self.loop()
+            ending = TurnEnded("done", "", "")
+        except TurnEnded as exc:
+            ending = exc
+        except TurnClosed:
+            log.info("turn %s was ended elsewhere; this job stops without writing", self.turn_id)
+            return "closed"
+        except JobTimeoutException as exc:
+            # Never swallowed: it is recorded, and re-raised so RQ marks the job failed.
+            ending = TurnEnded(
+                "timed_out",
+                "job_timeout",
+                f"The queue's job timeout ({self.config.job_timeout_s} s) stopped this turn before it finished.",
+            )
+            reraise = exc
+        except (SystemExit, KeyboardInterrupt) as exc:
+            ending = TurnEnded("cancelled", "shutdown", "The worker shut down while writing this reply.")
+            reraise = exc
+        except Exception as exc:  # noqa: BLE001 - the turn must end with a readable message
+            log.exception("turn %s failed", self.turn_id)
+            ending = TurnEnded("failed", "internal", f"Something went wrong inside the agent ({type(exc).__name__}).")
+        finally:
+            # "Safeguards off" is the naive loop: killed by the queue, it writes nothing itself.
+            if ending is not None and (self.config.safeguards or reraise is None):
+                self.finish(ending)
+        if reraise is not None:
+            raise reraise
+        return ending.status
+
+    def loop(self) -> None:
+        for _ in range(self.config.max_steps):
+            self.check_cancel()
+            last_call = self.config.safeguards and self.used_tools and self.budget.only_one_call_left()
+            completion = self.call_model(last_call=last_call)
+            message = completion.as_message()
+            if last_call:
+                message.pop("tool_calls", None)
+            self.add_message(message)
+            if self.config.safeguards:
+                self.flush()
+            if last_call or not completion.tool_calls:
+                return
+            for call in completion.tool_calls:
+                self.check_cancel()
+                self.run_tool(call)
+        raise TurnEnded(
+            "failed",
+            "step_limit",
+            f"I stopped after {self.config.max_steps} model round-trips (the step limit) without a final answer.",
+        )
+
+    def check_cancel(self) -> None:
+        try:
+            cancelled = self.store.cancel_requested(self.turn_id)
+        except redis.RedisError:
+            return
+        if cancelled:
+            raise TurnEnded("cancelled", "cancelled", "Stopped at your request.")
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(CANCEL_CHECK_S, left))
+            self.check_cancel()
+
+    def call_timeout(self) -> CallTimeout | None:
+        if not self.config.safeguards:
+            return CallTimeout(total_s=NAIVE_TIMEOUT_S, connect_s=self.config.connect_timeout_s)
+        return self.budget.call_timeout()
+
+    def call_model(self, *, last_call: bool) -> Completion:
+        tools = [] if last_call else tool_registry.schemas()
+        messages = self.history + ([{"role": "system", "content": LAST_CALL_NUDGE}] if last_call else [])
+        name = f"{self.config.provider}:{self.config.model}" if self.config.provider != "demo" else self.config.model
+        for attempt in range(1, MAX_ATTEMPTS_PER_CALL + 1):
+            remaining = self.budget.remaining_s()
+            timeout = self.call_timeout()
+            if timeout is None:
+                self.add_step("skip", name, self.budget.now(), "skipped", remaining_s=round(remaining, 3),
+                              detail=f"{remaining:.1f} s left, below the {self.config.min_call_s:g} s minimum")
+                log.info("turn %s: model call skipped: %.1f s left < %g s minimum",
+                         self.turn_id, remaining, self.config.min_call_s)
+                raise TurnEnded(
+                    "timed_out",
+                    "deadline",
+                    f"I ran out of time: {remaining:.1f} s were left before the deadline, and a model call "
+                    f"needs at least {self.config.min_call_s:g} s, so I stopped here.",
+                )
+            started = self.budget.now()
+            self.set_current("model", name, timeout.total_s)
+            if self.config.safeguards:
+                self.flush()
+            try:
+                completion = self.provider.complete(messages, tools, timeout)
+            except ProviderError as exc:
+                self.set_current(None)
+                outcome = "timeout" if exc.kind == "timeout" else "error"
+                self.add_step("model", name, started, outcome, timeout_s=round(timeout.total_s, 3),
+                              remaining_s=round(remaining, 3), attempt=attempt, detail=exc.message,
+                              last_call=last_call)
+                self.retry_or_end(exc, attempt)
+                continue
+            self.set_current(None)
+            self.add_step("model", name, started, "ok", timeout_s=round(timeout.total_s, 3),
+                          remaining_s=round(remaining, 3), attempt=attempt, last_call=last_call,
+                          tool_calls=len(completion.tool_calls))
+            return completion
+        raise TurnEnded("failed", "retries", f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")
+
+    def retry_or_end(self, exc: ProviderError, attempt: int) -> None:
+        """Sleep before the next attempt when it fits in the budget; otherwise end the turn."""
+        if not exc.retryable or attempt >= MAX_ATTEMPTS_PER_CALL:
+            status = "timed_out" if exc.kind == "timeout" else "failed"
+            raise TurnEnded(status, exc.kind, f"The model call failed: {exc.message}.")
+        wait_s = retry_wait_s(attempt, exc.retry_after_s)
+        if self.config.safeguards and not self.budget.wait_fits(wait_s):
+            remaining = self.budget.remaining_s()
+            if exc.kind == "rate_limited":
+                raise TurnEnded(
+                    "failed",
+                    "rate_limited",
+                    f"The provider is rate-limiting: it asked to wait {wait_s:g} s, which does not fit in the "
+                    f"{remaining:.1f} s left before the deadline. Try again in a moment.",
+                )
+            status = "timed_out" if exc.kind == "timeout" else "failed"
+            raise TurnEnded(status, exc.kind, f"The model call failed ({exc.message}) and no time is left to retry.")
+        started = self.budget.now()
+        self.set_current("retry", f"wait {wait_s:.1f} s", wait_s)
+        if self.config.safeguards:
+            self.flush()
+        self.sleep(wait_s)
+        self.set_current(None)
+        self.add_step("retry", f"attempt {attempt + 1}", started, "ok", timeout_s=round(wait_s, 3),
+                      remaining_s=round(self.budget.remaining_s(), 3),
+                      detail=f"after {exc.kind}" + (f" (Retry-After {exc.retry_after_s:g} s)"
+                                                    if exc.retry_after_s is not None else ""))
+
+    def run_tool(self, call) -> None:
+        remaining = self.budget.remaining_s() if self.config.safeguards else NAIVE_TIMEOUT_S
+        started = self.budget.now()
+        self.set_current("tool", call.name, remaining)
+        if remaining <= 0:
+            result_text, ok = "Error: no time left to run this tool before the turn's deadline", False
+        else:
+            result = tool_registry.run_tool(call.name, call.arguments, timeout_s=remaining)
+            result_text, ok = result.output, result.ok
+        self.used_tools = True
+        self.set_current(None)
+        self.add_message({"role": "tool", "tool_call_id": call.id, "content": result_text})
+        self.add_step("tool", call.name, started, "ok" if ok else "error", timeout_s=round(remaining, 3),
+                      remaining_s=round(remaining, 3), arguments=call.arguments[:2000], result=result_text[:2000])
+        if self.config.safeguards:
+            self.flush()
+
+    # -- the ending ------------------------------------------------------------------------
+
+    def finish(self, ending: TurnEnded) -> None:
+        """The final write, retried briefly (within the margin) if Redis hiccups."""
+        if ending.message:
+            self.add_message({"role": "assistant", "content": ending.message})
+        self.set_current(None)
+        now = self.budget.now()
+        error = None if ending.status == "done" else {"kind": ending.kind, "message": ending.message}
+        self.doc.update(status=ending.status, error=error, ended_at=now)
+        summary = turn_summary(self.turn_id, self.doc, now)
+        give_up_at = self.budget.job_timeout_at - FINAL_WRITE_RESERVE_S
+        delay = 0.1
+        while True:
+            try:
+                self.flush(done=True, summary=summary)
+                return
+            except TurnClosed:
+                return
+            except redis.RedisError as exc:
+                if time.time() + delay >= give_up_at:
+                    log.error("turn %s: final write failed, leaving it to the failure callback: %s", self.turn_id, exc)
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+def turn_summary(turn_id: str, doc: dict, ended_at: float) -> dict:
+    return {
+        "turn_id": turn_id,
+        "status": doc.get("status"),
+        "error": doc.get("error"),
+        "enqueued_at": doc.get("enqueued_at"),
+        "started_at": doc.get("started_at"),
+        "deadline_at": doc.get("deadline_at"),
+        "job_timeout_at": doc.get("job_timeout_at"),
+        "ended_at": ended_at,
+        "config": doc.get("config"),
+    }
+
+
+def _job_started_at() -> tuple[float, str]:
+    job = get_current_job()
+    if job is None:
+        return time.time(), ""
+    started = job.started_at.timestamp() if job.started_at else time.time()
+    # RQ stamps started_at just before it arms the timeout: our deadline counts from there.
+    return min(started, time.time()), job.id
+
+
+def run_turn(conversation_id: str, turn_id: str) -> str:
+    """The job function (the only one a worker runs). Arguments are ids, never content or keys."""
+    store = _store()
+    started_at, job_id = _job_started_at()
+    state = store.read(conversation_id)
+    if state is None:
+        log.warning("turn %s: conversation %s is gone (expired?)", turn_id, conversation_id)
+        return "gone"
+    if state["turn_id"] != turn_id or state["done"]:
+        return "stale"
+    config = TurnConfig.from_dict(state["config"] or {})
+    if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
+        log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
+        return "duplicate"
+    doc = {k: state[k] for k in ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at",
+                                 "current_step", "config", "job_id")}
+    turn = Turn(
+        store=store,
+        conversation_id=conversation_id,
+        turn_id=turn_id,
+        job_id=job_id,
+        config=config,
+        budget=Budget.for_turn(config, started_at),
+        history=[_for_model(m) for m in state["history"]],
+        doc=doc,
+        persisted_len=len(state["history"]),
+    )
+    return turn.run()
+
+
+def _for_model(message: dict) -> dict:
+    return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "tool_call_id")}
+
+
+def on_failure(job, connection, exc_type, exc_value, tb) -> None:
+    """RQ's failure callback: the safety net that writes the ending when the job itself could not."""
+    if job.func_name != JOB_FUNCTION or len(job.args) != 2:
+        return
+    conversation_id, turn_id = job.args
+    if exc_type is not None and issubclass(exc_type, JobTimeoutException):
+        status, kind = "timed_out", "job_timeout"
+        message = f"The queue's job timeout ({job.timeout} s) stopped this turn before it could finish."
+    else:
+        status, kind = "failed", "worker"
+        message = f"The worker failed while writing this reply ({getattr(exc_type, '__name__', 'error')})."
+    write_ending(_store(), conversation_id, turn_id, status, kind, message)
+
+
+def write_ending(store: Store, conversation_id: str, turn_id: str, status: str, kind: str, message: str) -> bool:
+    """End a turn from outside its job (failure callback, lost worker, stop). False if already ended."""
+    state = store.read_meta(conversation_id)
+    if state is None or state["turn_id"] != turn_id or state["done"]:
+        return False
+    doc = {k: state[k] for k in ("deadline_at", "job_timeout_at", "started_at", "enqueued_at", "config", "job_id")}
+    now = time.time()
+    doc.update(status=status, error={"kind": kind, "message": message}, current_step=None, ended_at=now)
+    try:
+        store.publish(
+            conversation_id,
+            turn_id,
+            doc,
+            done=True,
+            new_messages=[{"role": "assistant", "content": message}],
+            summary=turn_summary(turn_id, doc, now),
+        )
+    except StoreError:
+        return False
+    return True

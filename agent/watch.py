@@ -1,0 +1,59 @@
+"""Never stuck: a front end's check for a turn whose worker was lost.
+
+A SIGKILLed worker runs no failure callback, and RQ sweeps an abandoned job only much later,
+so a client that sees `done: false` also looks at the job itself: gone, failed or stopped, or
+no write past `job_timeout_at` plus a grace, means nobody will write the ending. The client
+then writes it, so every tab sees it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from rq.exceptions import NoSuchJobError
+from rq.serializers import JSONSerializer
+
+from agent.queue import SafeJob
+from agent.store import Store
+from agent.turn import write_ending
+
+LOST_GRACE_S = 5.0  # seconds past the job timeout before a silent turn counts as lost
+CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
+
+
+def lost_reason(store: Store, queue_connection: redis.Redis, conversation_id: str, now: float | None = None) -> str | None:
+    """Why the in-flight turn can no longer end by itself, or None while it still can."""
+    now = time.time() if now is None else now
+    meta = store.read_meta(conversation_id)
+    if meta is None or meta["done"] or not meta.get("job_id"):
+        return None
+    try:
+        job = SafeJob.fetch(meta["job_id"], connection=queue_connection, serializer=JSONSerializer)
+    except NoSuchJobError:
+        # A just-submitted turn writes its state before its job: give it a moment.
+        if now - (meta.get("enqueued_at") or now) > CALLBACK_GRACE_S:
+            return "its job is gone from the queue"
+        return None
+    status = job.get_status(refresh=False)
+    status = getattr(status, "value", status)
+    ended_at = job.ended_at.timestamp() if job.ended_at else None
+    if status in ("failed", "stopped", "canceled") and (ended_at is None or now - ended_at > CALLBACK_GRACE_S):
+        return f"its job was marked {status} without writing an ending"
+    job_timeout_at = meta.get("job_timeout_at")
+    if job_timeout_at and now > job_timeout_at + LOST_GRACE_S:
+        return f"no word from it for {now - job_timeout_at:.0f} s past the job timeout"
+    return None
+
+
+def lost_worker_check(store: Store, queue_connection: redis.Redis, conversation_id: str) -> bool:
+    """Write the ending for a lost turn. True when this call wrote it."""
+    reason = lost_reason(store, queue_connection, conversation_id)
+    if reason is None:
+        return False
+    meta = store.read_meta(conversation_id)
+    message = (
+        f"The worker was lost ({reason}), so this reply could not be finished. "
+        "Nothing is running for it any more: you can send your message again."
+    )
+    return write_ending(store, conversation_id, meta["turn_id"], "failed", "worker_lost", message)

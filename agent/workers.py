@@ -1,0 +1,72 @@
+"""One RQ worker process: `python -m agent.workers`. The pool and worker.py start these."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+from rq import SimpleWorker, SpawnWorker, Worker
+from rq.serializers import JSONSerializer
+
+from agent.connection import queue_client
+from agent.queue import QUEUE_NAME, SafeJob
+
+log = logging.getLogger(__name__)
+
+# SimpleWorker runs the job in the worker's own process: no fork per job (a fork costs tens of
+# milliseconds per turn), and the job timeout is still RQ's SIGALRM in that process. A killed
+# job takes its worker with it; the pool starts a new one. See the README for the figures.
+WORKER_CLASSES = {"simple": SimpleWorker, "fork": Worker, "spawn": SpawnWorker}
+DEFAULT_WORKER_CLASS = "simple"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it exits.
+
+    The pool starts workers from its main thread, which lives as long as the pool does."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
+
+
+def make_worker(url: str, kind: str = DEFAULT_WORKER_CLASS, name: str | None = None):
+    cls = WORKER_CLASSES[kind]
+    return cls(
+        [QUEUE_NAME],
+        name=name,
+        connection=queue_client(url),
+        serializer=JSONSerializer,
+        job_class=SafeJob,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.workers", description="Run one RQ worker.")
+    parser.add_argument("--name")
+    parser.add_argument("--class", dest="kind", choices=sorted(WORKER_CLASSES), default=DEFAULT_WORKER_CLASS)
+    parser.add_argument("--burst", action="store_true", help="stop when the queue is empty")
+    parser.add_argument("--with-parent", action="store_true", help="die when the parent process dies")
+    args = parser.parse_args(argv)
+    if args.with_parent:
+        die_with_parent()
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        print("REDIS_URL: is required for a worker", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker = make_worker(url, args.kind, args.name)
+    worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Shared fixtures: a real Redis server, a real worker pool and the demo provider, all on
+loopback or a unix socket, all stopped at the end (also on failure)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from agent.connection import queue_client, state_client
+from agent.embedded_redis import EmbeddedRedis
+from agent.queue import get_queue, new_id, submit_turn
+from agent.settings import TurnConfig
+from agent.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+CANARY_KEY = "sk-canary-7f3a9c1e5b2d4680"  # must never be seen in Redis, the page or logs
+
+# The clocks scaled down: a 6 s job timeout and a 2 s margin give a 4 s deadline.
+FAST = TurnConfig(
+    provider="demo",
+    model="demo",
+    job_timeout_s=6,
+    deadline_margin_s=2.0,
+    call_timeout_cap_s=3.0,
+    connect_timeout_s=1.0,
+    min_call_s=0.5,
+    max_steps=8,
+)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real Redis server binary, private to the test session."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    url = server.acquire()
+    try:
+        yield server, url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server):
+    return redis_server[1]
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = state_client(redis_url)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def store(redis_client):
+    return Store(redis_client, ttl_s=600)
+
+
+@pytest.fixture
+def queue(redis_url, redis_client):
+    return get_queue(queue_client(redis_url))
+
+
+class PoolProcess:
+    def __init__(self, url: str, workers: int, log_path: Path, extra_env: dict | None = None):
+        env = {
+            **os.environ,
+            "REDIS_URL": url,
+            "OPENAI_API_KEY": CANARY_KEY,
+            "ANTHROPIC_API_KEY": CANARY_KEY,
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--parent-pid", str(os.getpid())],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            start_new_session=True,
+        )
+        line = self.proc.stdout.readline().decode()
+        self.proc.stdout.close()
+        if not line.startswith("ready"):
+            self.stop()
+            raise RuntimeError(f"pool did not start: {log_path.read_text()[-2000:]}")
+        self.demo_url = line.split(" ", 1)[1].strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def pool(redis_url, tmp_path_factory):
+    """Two real RQ workers (and the demo provider) in a supervisor process."""
+    proc = PoolProcess(redis_url, 2, tmp_path_factory.mktemp("pool") / "pool.log")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def wait_done(store: Store, conversation_id: str, timeout_s: float = 20.0, on_state=None) -> dict:
+    """Poll like a client until done; returns the final state. Fails the test if it never comes."""
+    end = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < end:
+        version = store.version(conversation_id)
+        if version != seen:
+            state = store.read(conversation_id)
+            seen = state["version"]
+            if on_state:
+                on_state(state)
+            if state["done"]:
+                return state
+        time.sleep(0.05)
+    raise AssertionError(f"turn did not finish within {timeout_s} s: {store.read(conversation_id)}")
+
+
+def ask(store: Store, queue, message: str, config: TurnConfig = FAST, conversation_id: str | None = None) -> str:
+    conversation_id = conversation_id or new_id()
+    submit_turn(store, queue, conversation_id, message, config)
+    return conversation_id
+
+
+@pytest.fixture
+def scripted():
+    """A scripted OpenAI-compatible server on loopback (tests/scripted_server.py)."""
+    from tests.scripted_server import ScriptedServer
+
+    server = ScriptedServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def redis_dump(client: redis.Redis) -> bytes:
+    """Every key's value, for leak checks."""
+    out = []
+    for key in client.scan_iter(count=500):
+        kind = client.type(key)
+        if kind == b"string":
+            out.append(client.get(key) or b"")
+        elif kind == b"list":
+            out.extend(client.lrange(key, 0, -1))
+        elif kind == b"hash":
+            for k, v in client.hgetall(key).items():
+                out.extend((k, v))
+        elif kind == b"set":
+            out.extend(client.smembers(key))
+        elif kind == b"zset":
+            out.extend(m for m, _ in client.zrange(key, 0, -1, withscores=True))
+        elif kind == b"stream":
+            for _, fields in client.xrange(key):
+                for k, v in fields.items():
+                    out.extend((k, v))
+        out.append(key)
+    return b"\n".join(out)

@@ -1,0 +1,254 @@
+"""The demo provider: the scripted model as pure logic, and its OpenAI-compatible server over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from agent.demo.model import respond
+from agent.demo.scenarios import Scenario, UnknownModelError, parse_model_name
+from agent.demo.server import DemoServer
+
+TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    for name in ("calculator", "current_time", "search_docs", "wait")
+]
+HEALTHY = Scenario()
+
+
+def _call(message: dict) -> tuple[str, dict]:
+    (call,) = message["tool_calls"]
+    return call["function"]["name"], json.loads(call["function"]["arguments"])
+
+
+def _tool_result(history: list[dict], assistant: dict, content: str) -> None:
+    history.append(assistant)
+    history.append({"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "content": content})
+
+
+def _chat(model: str, text: str = "What is 17*23?", tools: list[dict] | None = TOOLS) -> dict:
+    body: dict = {"model": model, "messages": [{"role": "user", "content": text}]}
+    if tools is not None:
+        body["tools"] = tools
+    return body
+
+
+# --- the model ---
+
+
+def test_arithmetic_question_calls_the_calculator_with_the_expression():
+    message = respond([{"role": "user", "content": "What is 17*23?"}], TOOLS, HEALTHY)
+    assert message["role"] == "assistant"
+    assert _call(message) == ("calculator", {"expression": "17*23"})
+    assert message["tool_calls"][0]["id"] == "call_1"
+
+
+def test_caret_becomes_power_and_parenthesised_expressions_are_kept_whole():
+    history = [{"role": "user", "content": "Compute (2+3)*4 and 2^10 please."}]
+    first = respond(history, TOOLS, HEALTHY)
+    assert _call(first) == ("calculator", {"expression": "(2+3)*4"})
+    _tool_result(history, first, "20")
+    assert _call(respond(history, TOOLS, HEALTHY)) == ("calculator", {"expression": "2**10"})
+
+
+def test_two_tool_question_takes_one_call_per_round_trip_then_answers():
+    history = [{"role": "user", "content": "What is 17*23, and what time is it in Tokyo?"}]
+    first = respond(history, TOOLS, HEALTHY)
+    assert _call(first) == ("calculator", {"expression": "17*23"})
+    _tool_result(history, first, "391")
+
+    second = respond(history, TOOLS, HEALTHY)
+    assert _call(second) == ("current_time", {"timezone": "Asia/Tokyo"})
+    assert second["tool_calls"][0]["id"] == "call_2"
+    _tool_result(history, second, "2026-01-01T09:00:00+09:00")
+
+    final = respond(history, TOOLS, HEALTHY)
+    assert "tool_calls" not in final
+    assert "391" in final["content"]
+    assert "2026-01-01T09:00:00+09:00" in final["content"]
+
+
+def test_time_question_maps_cities_and_defaults_to_utc():
+    for text, zone in [
+        ("time in New York", "America/New_York"),
+        ("what time is it in San Francisco?", "America/Los_Angeles"),
+        ("current time", "UTC"),
+    ]:
+        message = respond([{"role": "user", "content": text}], TOOLS, HEALTHY)
+        assert _call(message) == ("current_time", {"timezone": zone})
+
+
+def test_app_questions_search_the_docs_and_slow_waits():
+    docs = respond([{"role": "user", "content": "How does the deadline work?"}], TOOLS, HEALTHY)
+    assert _call(docs) == ("search_docs", {"query": "How does the deadline work?"})
+    assert _call(respond([{"role": "user", "content": "slow 5"}], TOOLS, HEALTHY)) == ("wait", {"seconds": 5.0})
+    assert _call(respond([{"role": "user", "content": "be slow"}], TOOLS, HEALTHY)) == ("wait", {"seconds": 3.0})
+
+
+def test_tool_error_is_mentioned_in_the_answer():
+    history = [{"role": "user", "content": "What is 1/0?"}]
+    first = respond(history, TOOLS, HEALTHY)
+    _tool_result(history, first, "Error: division by zero")
+    assert "Error: division by zero" in respond(history, TOOLS, HEALTHY)["content"]
+
+
+def test_request_without_tools_gets_a_text_answer_with_what_it_has():
+    history = [{"role": "user", "content": "What is 17*23, and what time is it in Tokyo?"}]
+    assert "tool_calls" not in respond(history, [], HEALTHY)
+    first = respond(history, TOOLS, HEALTHY)
+    _tool_result(history, first, "391")
+    final = respond(history, [], HEALTHY)
+    assert "tool_calls" not in final
+    assert "391" in final["content"] and "current_time" in final["content"]
+
+
+def test_only_offered_tools_are_called():
+    message = respond([{"role": "user", "content": "What is 17*23 and the time in Tokyo?"}], TOOLS[1:2], HEALTHY)
+    assert _call(message) == ("current_time", {"timezone": "Asia/Tokyo"})
+
+
+def test_small_talk_gets_a_friendly_reply_naming_what_it_can_do():
+    message = respond([{"role": "user", "content": "hello"}], TOOLS, HEALTHY)
+    assert "tool_calls" not in message
+    assert "arithmetic" in message["content"] and "slow" in message["content"]
+    assert respond([{"role": "user", "content": "hello"}], TOOLS, HEALTHY) == message  # deterministic
+
+
+def test_loop_scenario_never_answers():
+    history = [{"role": "user", "content": "hello"}]
+    for _ in range(20):
+        message = respond(history, TOOLS, Scenario("loop"))
+        assert _call(message) == ("calculator", {"expression": "1+1"})
+        _tool_result(history, message, "2")
+
+
+def test_slow_tool_scenario_waits_long_first_then_answers():
+    history = [{"role": "user", "content": "What is 17*23?"}]
+    first = respond(history, TOOLS, Scenario("slow-tool"))
+    assert _call(first) == ("wait", {"seconds": 30.0})
+    _tool_result(history, first, "waited 30 s")
+    second = respond(history, TOOLS, Scenario("slow-tool"))
+    assert _call(second)[0] == "calculator"
+
+
+def test_model_names_parse_into_scenarios_with_latency():
+    assert parse_model_name("demo") == Scenario("healthy", 0.05)
+    assert parse_model_name("demo@1.0") == Scenario("healthy", 1.0)
+    assert parse_model_name("demo:slow") == Scenario("slow", 3.0)
+    assert parse_model_name("demo:flaky@0.2") == Scenario("flaky", 0.2)
+    assert parse_model_name("demo:slow-tool").name == "slow-tool"
+    for bad in ("gpt-4o", "demo:nope", "demo@abc", "demo@-1", "demo@nan", "demo:"):
+        with pytest.raises(UnknownModelError):
+            parse_model_name(bad)
+
+
+# --- the server ---
+
+
+@pytest.fixture
+def server():
+    with DemoServer() as running:
+        yield running
+
+
+def test_server_refuses_to_bind_anything_but_loopback():
+    with pytest.raises(ValueError):
+        DemoServer(host="0.0.0.0")
+
+
+def test_chat_completion_round_trip(server):
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        assert client.get(server.url.removesuffix("/v1") + "/healthz").status_code == 200
+        assert "demo:flaky" in [m["id"] for m in client.get("/models").json()["data"]]
+        response = client.post("/chat/completions", json=_chat("demo"))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["model"] == "demo"
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert _call(choice["message"]) == ("calculator", {"expression": "17*23"})
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+
+
+def test_flaky_gives_429_with_retry_after_then_500_then_200(server):
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        statuses = []
+        for _ in range(3):
+            response = client.post("/chat/completions", json=_chat("demo:flaky@0"))
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                assert response.headers["Retry-After"] == "1"
+                assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert statuses == [429, 500, 200]
+
+
+def test_trickle_sends_the_body_one_byte_a_second(server):
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        with client.stream("POST", "/chat/completions", json=_chat("demo:trickle@0")) as response:
+            assert response.status_code == 200
+            assert int(response.headers["Content-Length"]) > 50
+            arrivals = []
+            for chunk in response.iter_raw():
+                arrivals.extend([time.monotonic()] * len(chunk))
+                if len(arrivals) >= 3:
+                    break
+    gaps = [later - earlier for earlier, later in zip(arrivals[:2], arrivals[1:3], strict=True)]
+    assert all(0.5 < gap < 2.0 for gap in gaps), gaps
+
+
+def test_hang_holds_the_connection_and_stop_returns_promptly():
+    server = DemoServer().start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=1) as client:
+            started = time.monotonic()
+            with pytest.raises(httpx.ReadTimeout):
+                client.post("/chat/completions", json=_chat("demo:hang"))
+            assert time.monotonic() - started < 3
+        # A second hanging request stays open while the server stops.
+        hanging = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1].split("/")[0])))
+        body = json.dumps(_chat("demo:hang")).encode()
+        hanging.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.2)
+    finally:
+        started = time.monotonic()
+        server.stop()
+        assert time.monotonic() - started < 3
+    hanging.settimeout(3)
+    assert hanging.recv(1024) == b""  # the handler ended and closed the connection without answering
+    hanging.close()
+
+
+def test_unknown_model_is_404_model_not_found(server):
+    response = httpx.post(f"{server.url}/chat/completions", json=_chat("demo:nope"), timeout=5)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_malformed_json_is_400(server):
+    response = httpx.post(
+        f"{server.url}/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_many_concurrent_slow_calls_are_served_in_parallel(server):
+    import concurrent.futures
+
+    def one_call(_: int) -> int:
+        return httpx.post(f"{server.url}/chat/completions", json=_chat("demo@1.0"), timeout=10).status_code
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=100) as pool:
+        statuses = list(pool.map(one_call, range(100)))
+    assert statuses == [200] * 100
+    assert time.monotonic() - started < 6  # in series this would take 100 s

@@ -1,0 +1,415 @@
+"""The tool registry, run_tool's error paths and time bound, and the built-in tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+from rq.timeouts import JobTimeoutException
+
+from agent import tools
+from agent.tools import REGISTRY, ToolError, make_tool, run_tool, schemas
+
+
+def args(**kwargs) -> str:
+    return json.dumps(kwargs)
+
+
+@pytest.fixture
+def registered():
+    """Register test tools for one test and remove them afterwards."""
+    added = []
+
+    def register(func):
+        tools.tool(func)
+        added.append(func.__name__)
+        return func
+
+    yield register
+    for name in added:
+        REGISTRY.pop(name, None)
+
+
+# --- schemas ---
+
+
+def sample_tool(city: str, count: int, ratio: float = 0.5, loud: bool = False, *, timeout_s: float) -> str:
+    """Describe a city several times.
+
+    Args:
+        city: the city's name,
+            spelled in English
+        count (int): how many times
+        ratio: a fraction
+    Returns:
+        nothing useful
+    """
+    return city
+
+
+def test_schema_comes_from_signature_and_docstring():
+    built = make_tool(sample_tool)
+    assert built.name == "sample_tool"
+    assert built.description == "Describe a city several times."
+    props = built.parameters["properties"]
+    assert props["city"] == {"type": "string", "description": "the city's name, spelled in English"}
+    assert props["count"] == {"type": "integer", "description": "how many times"}
+    assert props["ratio"] == {"type": "number", "description": "a fraction", "default": 0.5}
+    assert props["loud"] == {"type": "boolean", "default": False}
+    assert built.parameters["type"] == "object"
+
+
+def test_schema_hides_timeout_s_and_requires_only_parameters_without_defaults():
+    built = make_tool(sample_tool)
+    assert "timeout_s" not in built.parameters["properties"]
+    assert built.parameters["required"] == ["city", "count"]
+
+
+def test_schemas_are_in_openai_tools_format_for_the_built_in_tools():
+    listed = schemas(["calculator", "current_time", "search_docs", "wait"])
+    assert [s["function"]["name"] for s in listed] == ["calculator", "current_time", "search_docs", "wait"]
+    for entry in listed:
+        assert entry["type"] == "function"
+        assert set(entry["function"]) == {"name", "description", "parameters"}
+        assert entry["function"]["description"]
+    by_name = {s["function"]["name"]: s["function"]["parameters"] for s in listed}
+    assert by_name["calculator"]["required"] == ["expression"]
+    assert by_name["current_time"]["required"] == []
+    assert by_name["wait"]["properties"] == {"seconds": {"type": "number", "description": "how long to wait, 0 to 600"}}
+    json.dumps(listed)  # must be sendable as is
+
+
+def test_schemas_without_names_lists_every_registered_tool():
+    assert {s["function"]["name"] for s in schemas()} == set(REGISTRY)
+
+
+def test_tool_with_an_unsupported_annotation_is_refused_at_registration():
+    def bad(items: list) -> str:
+        """Bad."""
+        return ""
+
+    with pytest.raises(TypeError):
+        make_tool(bad)
+
+
+# --- run_tool error paths ---
+
+
+def test_unknown_tool_is_an_error_result():
+    result = run_tool("no_such_tool", "{}", 5)
+    assert not result.ok
+    assert result.output.startswith("Error: ")
+    assert "no_such_tool" in result.output and "calculator" in result.output
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", '"text"', "42", "null", "[" * 100_000])
+def test_bad_json_or_a_non_object_is_an_error_result(raw):
+    result = run_tool("calculator", raw, 5)
+    assert not result.ok
+    assert result.output.startswith("Error: ")
+
+
+def test_missing_argument_is_an_error_result_naming_it():
+    result = run_tool("calculator", "{}", 5)
+    assert not result.ok
+    assert "missing" in result.output and "expression" in result.output
+
+
+def test_unexpected_argument_is_an_error_result_naming_it():
+    result = run_tool("calculator", args(expression="1+1", mode="fast"), 5)
+    assert not result.ok
+    assert "unexpected" in result.output and "mode" in result.output
+
+
+def test_the_hidden_timeout_argument_cannot_be_set_by_the_model():
+    result = run_tool("wait", args(seconds=0, timeout_s=999), 5)
+    assert not result.ok
+    assert "timeout_s" in result.output
+
+
+@pytest.mark.parametrize(
+    "name, arguments",
+    [
+        ("calculator", {"expression": 17}),
+        ("calculator", {"expression": None}),
+        ("calculator", {"expression": ["1+1"]}),
+        ("wait", {"seconds": "3"}),
+        ("wait", {"seconds": True}),
+    ],
+)
+def test_wrongly_typed_argument_is_an_error_result(name, arguments):
+    result = run_tool(name, json.dumps(arguments), 5)
+    assert not result.ok
+    assert result.output.startswith("Error: ") and "must be" in result.output
+
+
+def test_an_integer_is_accepted_for_a_float_parameter():
+    result = run_tool("wait", args(seconds=0), 5)
+    assert result.ok, result.output
+
+
+def test_empty_arguments_text_means_no_arguments():
+    result = run_tool("current_time", "", 5)
+    assert result.ok, result.output
+
+
+def test_a_tool_that_raises_becomes_an_error_result(registered):
+    @registered
+    def explode(value: str) -> str:
+        """Always fails."""
+        raise RuntimeError(f"boom with {value}")
+
+    result = run_tool("explode", args(value="x"), 5)
+    assert not result.ok
+    assert result.output == "Error: explode raised RuntimeError: boom with x"
+
+
+def test_a_tool_error_message_goes_to_the_model_as_is(registered):
+    @registered
+    def refuse(value: str) -> str:
+        """Always refuses."""
+        raise ToolError("that is not allowed")
+
+    assert run_tool("refuse", args(value="x"), 5).output == "Error: that is not allowed"
+
+
+def test_a_system_exit_inside_a_tool_is_not_swallowed(registered):
+    @registered
+    def quit_process(value: str) -> str:
+        """Exits."""
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        run_tool("quit_process", args(value="x"), 5)
+
+
+def test_a_tool_exceeding_its_timeout_returns_an_error_soon_after(registered):
+    release = threading.Event()
+
+    @registered
+    def stuck(value: str) -> str:
+        """Never returns on its own."""
+        release.wait(30)
+        return "late"
+
+    started = time.monotonic()
+    result = run_tool("stuck", args(value="x"), 0.5)
+    elapsed = time.monotonic() - started
+    release.set()
+    assert not result.ok
+    assert "did not finish" in result.output
+    assert 0.4 < elapsed < 1.5
+
+
+def test_no_time_left_is_an_error_result_without_running_the_tool():
+    result = run_tool("wait", args(seconds=1), 0)
+    assert not result.ok
+    assert "no time left" in result.output
+
+
+def test_long_output_is_truncated(registered):
+    @registered
+    def chatty(value: str) -> str:
+        """Talks a lot."""
+        return value * 10_000
+
+    result = run_tool("chatty", args(value="ab"), 5)
+    assert result.ok
+    assert len(result.output) == tools.MAX_OUTPUT_CHARS
+    assert result.output.endswith("[output truncated]")
+
+
+def test_a_dict_result_is_sent_as_json(registered):
+    @registered
+    def structured(value: str) -> dict:
+        """Returns a dict."""
+        return {"value": value, "n": 1}
+
+    assert json.loads(run_tool("structured", args(value="x"), 5).output) == {"value": "x", "n": 1}
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs pthread_kill")
+def test_job_timeout_in_the_calling_thread_propagates_out_of_run_tool():
+    # RQ raises JobTimeoutException from a signal handler in the job's main thread; it must not be swallowed.
+    def handler(signum, frame):
+        raise JobTimeoutException("job timed out")
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    main_id = threading.get_ident()
+    timer = threading.Timer(0.3, lambda: signal.pthread_kill(main_id, signal.SIGUSR1))
+    try:
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(JobTimeoutException):
+            run_tool("wait", args(seconds=5), 10)
+        assert time.monotonic() - started < 2
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+# --- calculator ---
+
+
+@pytest.mark.parametrize(
+    "expression, expected",
+    [
+        ("17*23", "391"),
+        ("2 + 3 * 4", "14"),
+        ("(2 + 3) * 4", "20"),
+        ("-5 + 2", "-3"),
+        ("--5", "5"),
+        ("+7", "7"),
+        ("2.5 * 4", "10"),
+        ("0.1 + 0.2", "0.3"),
+        ("1/3", "0.333333333333"),
+        ("7 / 2", "3.5"),
+        ("7 // 2", "3"),
+        ("-7 // 2", "-4"),
+        ("7 % 3", "1"),
+        ("2**10", "1024"),
+        ("2**-2", "0.25"),
+        ("2**3**2", "512"),
+        ("1.01**365", "37.7834343329"),
+        ("1_000 * 3", "3000"),
+        ("-0.0", "0"),
+        ("  6 * 7  ", "42"),
+    ],
+)
+def test_calculator_computes_arithmetic(expression, expected):
+    result = run_tool("calculator", args(expression=expression), 5)
+    assert result.ok, result.output
+    assert result.output == expected
+
+
+def test_calculator_keeps_big_integers_exact():
+    assert run_tool("calculator", args(expression="2**64"), 5).output == "18446744073709551616"
+
+
+@pytest.mark.parametrize("expression", ["1/0", "5 // 0", "5 % 0", "1.5 / 0.0", "0 ** -1"])
+def test_calculator_reports_division_by_zero(expression):
+    result = run_tool("calculator", args(expression=expression), 5)
+    assert not result.ok
+    assert "division by zero" in result.output
+
+
+def test_calculator_refuses_a_complex_result():
+    result = run_tool("calculator", args(expression="(-8) ** 0.5"), 5)
+    assert not result.ok and "complex" in result.output
+
+
+def test_calculator_refuses_an_empty_expression():
+    assert run_tool("calculator", args(expression="   "), 5).output == "Error: expression is empty"
+
+
+# --- current_time ---
+
+
+@pytest.mark.parametrize("zone", ["UTC", "utc", "Asia/Tokyo", "asia/tokyo", "America/Argentina/Buenos_Aires"])
+def test_current_time_accepts_iana_names(zone):
+    result = run_tool("current_time", args(timezone=zone), 5)
+    assert result.ok, result.output
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \([\w/+-]+, UTC[+-]\d\d:\d\d\)", result.output)
+
+
+def test_current_time_formats_tokyo_with_its_offset():
+    output = run_tool("current_time", args(timezone="Asia/Tokyo"), 5).output
+    assert output.endswith("JST (Asia/Tokyo, UTC+09:00)")
+
+
+def test_current_time_defaults_to_utc():
+    assert run_tool("current_time", "{}", 5).output.endswith("UTC (UTC, UTC+00:00)")
+
+
+@pytest.mark.parametrize(
+    "zone",
+    ["../../etc/passwd", "/etc/passwd", "Asia/../../x", "Asia/Tokyo/", "Asia//Tokyo", "", " ", "Asia/Tokyo\x00",
+     "A" * 200, "Mars/Olympus_Mons", "Asia\\Tokyo", "Europe/Paris;rm"],
+)  # fmt: skip
+def test_current_time_refuses_bad_zone_names_naming_the_value(zone):
+    result = run_tool("current_time", args(timezone=zone), 5)
+    assert not result.ok
+    assert result.output.startswith("Error: ")
+    assert repr(zone.strip()[:20])[1:-1] in result.output
+
+
+def test_current_time_suggests_the_zone_for_a_bare_city():
+    result = run_tool("current_time", args(timezone="Tokyo"), 5)
+    assert not result.ok
+    assert "Asia/Tokyo" in result.output
+
+
+# --- search_docs ---
+
+
+def test_search_docs_finds_the_deadline_passage_in_the_guide():
+    result = run_tool("search_docs", args(query="What is the deadline margin?"), 5)
+    assert result.ok, result.output
+    assert "docs/guide.md" in result.output
+    assert "deadline = job start + job timeout" in result.output
+
+
+def test_search_docs_returns_at_most_three_passages_with_headings():
+    output = run_tool("search_docs", args(query="turn timeout tool model deadline"), 5).output
+    headings = re.findall(r"^\[[^\]]+ - [^\]]+\]$", output, flags=re.MULTILINE)
+    assert 1 <= len(headings) <= 3
+
+
+def test_search_docs_says_when_nothing_matches():
+    result = run_tool("search_docs", args(query="xylophone quasar"), 5)
+    assert result.ok
+    assert result.output.startswith("No passage matches")
+
+
+@pytest.mark.parametrize("query", ["", "   ", "x" * 5000, "the of and"])
+def test_search_docs_refuses_empty_or_too_long_queries(query):
+    result = run_tool("search_docs", args(query=query), 5)
+    assert not result.ok
+
+
+def test_search_docs_rereads_a_doc_after_it_changes(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "extra.md"
+    doc.write_text("# Pelicans\n\nPelicans fly over the harbour.\n")
+    monkeypatch.setattr(tools, "PROJECT_ROOT", tmp_path)
+    assert "harbour" in run_tool("search_docs", args(query="pelicans"), 5).output
+    doc.write_text("# Pelicans\n\nPelicans now nest by the lighthouse.\n")
+    later = doc.stat().st_mtime_ns + 5_000_000_000
+    os.utime(doc, ns=(later, later))
+    assert "lighthouse" in run_tool("search_docs", args(query="pelicans"), 5).output
+
+
+# --- wait ---
+
+
+def test_wait_waits_the_seconds_asked():
+    started = time.monotonic()
+    result = run_tool("wait", args(seconds=0.3), 5)
+    assert result.ok
+    assert result.output == "Waited 0.3 s"
+    assert time.monotonic() - started >= 0.3
+
+
+def test_wait_stops_at_the_turns_deadline():
+    started = time.monotonic()
+    result = run_tool("wait", args(seconds=10), 1.0)
+    elapsed = time.monotonic() - started
+    assert result.ok, result.output
+    assert result.output.endswith("of 10 s: stopped at the turn's deadline")
+    assert elapsed < 1.5
+
+
+def test_wait_called_directly_uses_the_timeout_it_is_given():
+    assert tools.wait(5, timeout_s=0.05) == "Waited 0.1 of 5 s: stopped at the turn's deadline"
+
+
+@pytest.mark.parametrize("seconds", [-1, 601, 1e9])
+def test_wait_refuses_seconds_out_of_range(seconds):
+    result = run_tool("wait", args(seconds=seconds), 5)
+    assert not result.ok
+    assert "between 0 and 600" in result.output

@@ -1,0 +1,55 @@
+"""`python worker.py [--workers N]`: external RQ workers against the configured Redis.
+
+Run it on any machine that can reach REDIS_URL to add workers to the pool; set
+AGENT_WORKERS=0 where the app runs to rely on external workers only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from agent.connection import describe
+from agent.embedded_redis import EmbeddedRedis
+from agent.pool import main as pool_main
+from agent.services import ServiceError, check_redis
+from agent.settings import Settings, SettingsError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python worker.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=None, help="how many workers (default: AGENT_WORKERS or 2)")
+    parser.add_argument("--class", dest="worker_class", default="simple", choices=["simple", "fork", "spawn"])
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    workers = args.workers if args.workers is not None else (settings.workers or 2)
+    if workers < 1:
+        print("--workers: must be at least 1", file=sys.stderr)
+        return 2
+    embedded = None
+    url = settings.redis_url
+    if url is None:
+        # Same machine, no REDIS_URL: join the embedded server the app uses.
+        embedded = EmbeddedRedis()
+        url = embedded.acquire()
+    try:
+        check_redis(url)
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    os.environ["REDIS_URL"] = url
+    print(f"{workers} workers on {describe(url)}; Ctrl-C to stop", file=sys.stderr)
+    try:
+        return pool_main(["--workers", str(workers), "--class", args.worker_class])
+    finally:
+        if embedded is not None:
+            embedded.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
