@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import redis
 
@@ -74,9 +73,9 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
         print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
     seen_version = None
     printed_messages = 0
-    interval_s = settings.poll_interval_ms / 1000
     while True:
-        version = store.version(conversation_id)
+        # Wakes as soon as the worker writes; the poll interval bounds each wait.
+        version = store.wait_version(conversation_id, seen_version, settings.poll_interval_ms)
         if version != seen_version:
             state = store.read(conversation_id)
             if state is None:
@@ -89,9 +88,8 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
                 printed_messages = _print_new(state, printed_messages)
             if state["done"] and state["turn_id"] == turn_id:
                 return EXIT_DONE if state["status"] == "done" else EXIT_ENDED_BADLY
-        elif lost_worker_check(store, queue_connection, conversation_id):
-            continue  # it wrote an ending; the next poll prints it
-        time.sleep(interval_s)
+        else:
+            lost_worker_check(store, queue_connection, conversation_id)  # writes the ending if so
 
 
 def _print_new(state: dict, printed: int) -> int:

@@ -6,6 +6,8 @@ Layout per conversation (all keys share one TTL, refreshed on every write):
     agent:conv:{id}:history  list: one JSON message per item, append-only
     agent:conv:{id}:steps    list: one JSON step per item, append-only
     agent:conv:{id}:turns    list: one JSON summary per ended turn
+    agent:conv:{id}:events   stream: one tiny entry per write, id `<version>-1`, so a client can
+                             block until the version moves instead of sleeping a poll interval
 
 A poll that finds no change is one HGET of `version`; a publish appends only what is new.
 Every write goes through a Lua script that refuses it when the turn is not the current one,
@@ -23,9 +25,10 @@ import redis
 KEY_PREFIX = "agent:"
 STATUSES = ("queued", "running", "done", "failed", "timed_out", "cancelled")
 ENDED_STATUSES = ("done", "failed", "timed_out", "cancelled")
+MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
 
 _BEGIN = """
-local meta, history, turns, steps = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta, history, turns, steps, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local current = redis.call('HMGET', meta, 'turn_id', 'done')
 if current[1] then
@@ -35,12 +38,13 @@ end
 redis.call('RPUSH', history, message)
 local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc)
-for _, key in ipairs({meta, history, turns, steps}) do redis.call('EXPIRE', key, ttl) end
+redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
+for _, key in ipairs({meta, history, turns, steps, events}) do redis.call('EXPIRE', key, ttl) end
 return {'ok', tostring(version)}
 """
 
 _PUBLISH = """
-local meta, history, steps, turns = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta, history, steps, turns, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
 local summary = ARGV[8]
@@ -57,7 +61,8 @@ for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); i = i + 1 end
 if summary ~= '' then redis.call('RPUSH', turns, summary) end
 local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('HSET', meta, 'done', done, 'doc', doc)
-for _, key in ipairs({meta, history, steps, turns}) do redis.call('EXPIRE', key, ttl) end
+redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
+for _, key in ipairs({meta, history, steps, turns, events}) do redis.call('EXPIRE', key, ttl) end
 return version
 """
 
@@ -85,11 +90,12 @@ class Keys:
     history: str
     steps: str
     turns: str
+    events: str
 
     @classmethod
     def of(cls, conversation_id: str) -> Keys:
         base = f"{KEY_PREFIX}conv:{conversation_id}:"
-        return cls(base + "meta", base + "history", base + "steps", base + "turns")
+        return cls(base + "meta", base + "history", base + "steps", base + "turns", base + "events")
 
 
 def _dumps(value) -> str:
@@ -109,6 +115,17 @@ class Store:
         """The cheap poll: one small read."""
         raw = self.redis.hget(Keys.of(conversation_id).meta, "version")
         return int(raw) if raw is not None else None
+
+    def wait_version(self, conversation_id: str, seen: int | None, timeout_ms: int) -> int | None:
+        """Block until the version is past `seen` (or the timeout), then return the version.
+
+        One blocking read on the conversation's event stream: a client wakes within
+        milliseconds of a write instead of up to a whole poll interval later."""
+        keys = Keys.of(conversation_id)
+        timeout_ms = max(1, min(int(timeout_ms), MAX_BLOCK_MS))
+        after = f"{seen}-1" if seen else "0-0"
+        self.redis.xread({keys.events: after}, count=1, block=timeout_ms)
+        return self.version(conversation_id)
 
     def read(self, conversation_id: str) -> dict | None:
         """The whole state object of the contract, or None when unknown or expired."""
@@ -141,7 +158,7 @@ class Store:
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
         outcome, value = self._begin(
-            keys=[keys.meta, keys.history, keys.turns, keys.steps],
+            keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events],
             args=[turn_id, _dumps(user_message), _dumps(doc), self.ttl_s],
         )
         outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
@@ -178,7 +195,7 @@ class Store:
             *(_dumps(s) for s in new_steps),
         ]
         try:
-            return int(self._publish(keys=[keys.meta, keys.history, keys.steps, keys.turns], args=args))
+            return int(self._publish(keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events], args=args))
         except redis.ResponseError as exc:
             reason, _, message = str(exc).partition(" ")
             if reason in ("GONE", "STALE", "CLOSED", "CONFLICT"):

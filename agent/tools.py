@@ -224,7 +224,7 @@ def _truncate(text: str) -> str:
 # --- calculator: an allowlist walk over the AST; nothing is ever compiled or evaluated as code ---
 
 MAX_EXPRESSION_CHARS = 200  # bounded before parsing: ast.parse recurses and can raise RecursionError
-MAX_DEPTH = 30  # nesting levels of the expression tree
+MAX_DEPTH = 100  # tree depth; a sum of n terms is n deep, so 30 would refuse an ordinary 31-term sum
 MAX_EXPONENT = 1000  # absolute value of any exponent (1.01**365 is fine)
 MAX_RESULT_DIGITS = 300  # decimal digits of any intermediate result (also keeps floats finite)
 _MAX_ABS = 10**MAX_RESULT_DIGITS
@@ -304,7 +304,7 @@ def _bounded(value: object) -> int | float:
         raise ToolError("the result is a complex number, which is not supported")
     if isinstance(value, float) and not math.isfinite(value):
         raise ToolError("result is too large")
-    if abs(value) > _MAX_ABS:
+    if abs(value) > (_MAX_ABS if isinstance(value, int) else float(_MAX_ABS)):  # the float 1e300 is a hair above
         raise ToolError(f"number is too large (more than {MAX_RESULT_DIGITS} digits)")
     return value
 

@@ -54,8 +54,8 @@ def redis_url(redis_server):
 
 @pytest.fixture
 def redis_client(redis_url):
+    # No flush: the session's workers keep their keys; every test uses fresh ids instead.
     client = state_client(redis_url)
-    client.flushdb()
     try:
         yield client
     finally:
@@ -155,7 +155,6 @@ def scripted():
     from tests.scripted_server import ScriptedServer
 
     server = ScriptedServer()
-    server.start()
     try:
         yield server
     finally:

@@ -1,0 +1,94 @@
+"""The three clocks, on a fake clock."""
+
+import pytest
+
+from agent.deadline import Budget, backoff_s, retry_wait_s
+from agent.settings import TurnConfig
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def budget(clock, **overrides) -> Budget:
+    config = TurnConfig(job_timeout_s=120, deadline_margin_s=20, call_timeout_cap_s=60, connect_timeout_s=10,
+                        min_call_s=5)
+    return Budget.for_turn(config.with_changes(**overrides), started_at=clock.now, clock=clock)
+
+
+def test_deadline_is_job_start_plus_job_timeout_minus_margin():
+    clock = FakeClock()
+    b = budget(clock)
+    assert b.job_timeout_at == 1120
+    assert b.deadline_at == 1100
+
+
+def test_early_call_gets_the_cap():
+    clock = FakeClock()
+    timeout = budget(clock).call_timeout()
+    assert timeout.total_s == 60
+    assert timeout.connect_s == 10
+
+
+def test_late_call_timeout_equals_what_remains_not_the_cap():
+    clock = FakeClock()
+    b = budget(clock)
+    clock.now += 88.5
+    timeout = b.call_timeout()
+    assert timeout.total_s == pytest.approx(11.5)
+    assert timeout.connect_s == 10
+
+
+def test_connect_timeout_is_also_bounded_by_what_remains():
+    clock = FakeClock()
+    b = budget(clock)
+    clock.now += 93
+    assert b.call_timeout().connect_s == pytest.approx(7)
+
+
+def test_call_is_skipped_when_less_than_minimum_remains():
+    clock = FakeClock()
+    b = budget(clock)
+    clock.now += 95.01
+    assert b.call_timeout() is None
+    assert not b.can_call()
+
+
+def test_remaining_never_goes_negative():
+    clock = FakeClock()
+    b = budget(clock)
+    clock.now += 500
+    assert b.remaining_s() == 0
+
+
+def test_only_one_call_left_when_a_second_could_not_start():
+    clock = FakeClock()
+    b = budget(clock)
+    clock.now += 89  # 11 s left: two 5 s calls would still fit
+    assert not b.only_one_call_left()
+    clock.now += 3  # 8 s left: one call, not two
+    assert b.only_one_call_left()
+
+
+def test_a_wait_fits_only_if_a_call_can_start_after_it():
+    clock = FakeClock()
+    b = budget(clock)
+    clock.now += 90  # 10 s left
+    assert b.wait_fits(4.9)
+    assert not b.wait_fits(5.1)
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_ceiling():
+    assert backoff_s(1, rng=lambda: 0.0) == pytest.approx(0.25)
+    assert backoff_s(1, rng=lambda: 1.0) == pytest.approx(0.5)
+    assert backoff_s(3, rng=lambda: 1.0) == pytest.approx(2.0)
+    assert backoff_s(20, rng=lambda: 1.0) == pytest.approx(8.0)
+
+
+def test_retry_after_is_honoured_over_backoff():
+    assert retry_wait_s(1, 3.0) == 3.0
+    assert retry_wait_s(1, None, rng=lambda: 1.0) == pytest.approx(0.5)

@@ -1,0 +1,68 @@
+"""Configuration: defaults, and one clear line naming the variable for every bad value."""
+
+import pytest
+
+from agent.settings import Settings, SettingsError
+
+
+def test_no_configuration_at_all_gives_the_documented_defaults():
+    s = Settings.from_env({})
+    assert s.redis_url is None
+    assert s.turn.provider == "demo"
+    assert s.turn.job_timeout_s == 120
+    assert s.turn.deadline_margin_s == 20
+    assert s.turn.call_timeout_cap_s == 60
+    assert s.turn.connect_timeout_s == 10
+    assert s.turn.min_call_s == 5
+    assert s.turn.max_steps == 8
+    assert s.state_ttl_s == 600
+    assert s.poll_interval_ms == 1000
+    assert s.workers == 2
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"AGENT_JOB_TIMEOUT": "abc"}, "AGENT_JOB_TIMEOUT"),
+        ({"AGENT_JOB_TIMEOUT": "-5"}, "AGENT_JOB_TIMEOUT"),
+        ({"AGENT_JOB_TIMEOUT": "nan"}, "AGENT_JOB_TIMEOUT"),
+        ({"AGENT_JOB_TIMEOUT": "0.5"}, "AGENT_JOB_TIMEOUT"),
+        ({"AGENT_DEADLINE_MARGIN": "120"}, "AGENT_DEADLINE_MARGIN"),
+        ({"AGENT_DEADLINE_MARGIN": "0"}, "AGENT_DEADLINE_MARGIN"),
+        ({"AGENT_MIN_CALL_SECONDS": "61"}, "AGENT_MIN_CALL_SECONDS"),
+        ({"AGENT_CALL_TIMEOUT_CAP": "-1"}, "AGENT_CALL_TIMEOUT_CAP"),
+        ({"AGENT_CONNECT_TIMEOUT": "inf"}, "AGENT_CONNECT_TIMEOUT"),
+        ({"AGENT_MAX_STEPS": "0"}, "AGENT_MAX_STEPS"),
+        ({"AGENT_MAX_STEPS": "2.5"}, "AGENT_MAX_STEPS"),
+        ({"AGENT_WORKERS": "-1"}, "AGENT_WORKERS"),
+        ({"AGENT_STATE_TTL": "soon"}, "AGENT_STATE_TTL"),
+        ({"AGENT_POLL_INTERVAL_MS": "10"}, "AGENT_POLL_INTERVAL_MS"),
+        ({"AGENT_PROVIDER": "gpt"}, "AGENT_PROVIDER"),
+        ({"AGENT_PROVIDER": "openai"}, "OPENAI_API_KEY"),
+        ({"AGENT_PROVIDER": "anthropic"}, "ANTHROPIC_API_KEY"),
+        ({"AGENT_PROVIDER": "openai", "OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "ftp://x"}, "OPENAI_BASE_URL"),
+        ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
+    ],
+)
+def test_bad_value_is_refused_in_one_line_naming_the_variable(env, variable):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env(env)
+    assert info.value.variable == variable
+    assert str(info.value).startswith(f"{variable}: ")
+    assert "\n" not in str(info.value)
+
+
+def test_job_timeout_is_cut_to_whole_seconds_as_rq_enforces_it():
+    assert Settings.from_env({"AGENT_JOB_TIMEOUT": "14.9", "AGENT_DEADLINE_MARGIN": "2", "AGENT_MIN_CALL_SECONDS": "1"}).turn.job_timeout_s == 14
+
+
+def test_a_local_openai_compatible_server_needs_no_key():
+    s = Settings.from_env({"AGENT_PROVIDER": "openai", "OPENAI_BASE_URL": "http://localhost:11434/v1",
+                           "AGENT_MODEL": "llama3.2"})
+    assert s.turn.base_url == "http://localhost:11434/v1"
+    assert s.turn.model == "llama3.2"
+
+
+def test_api_keys_are_not_part_of_the_turn_config():
+    s = Settings.from_env({"AGENT_PROVIDER": "openai", "OPENAI_API_KEY": "sk-secret"})
+    assert "sk-secret" not in repr(s.turn.to_dict())

@@ -1,0 +1,246 @@
+"""The turn loop under the three clocks: real Redis, real RQ workers, real HTTP servers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from rq.serializers import JSONSerializer
+
+from agent.queue import SafeJob, job_id_for, submit_turn
+from agent.store import TurnInFlight
+from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done
+from tests.scripted_server import chat_reply, hang, raw, reply, tool_call, trickle
+
+pytestmark = pytest.mark.usefixtures("pool")
+
+
+def scripted_config(server, **changes):
+    return FAST.with_changes(provider="openai", model="scripted", base_url=server.url + "/v1", **changes)
+
+
+def ended_within(state: dict, seconds_after_deadline: float = 1.0) -> bool:
+    return state["updated_at"] <= state["deadline_at"] + seconds_after_deadline
+
+
+def steps_of(state, kind):
+    return [s for s in state["steps"] if s["kind"] == kind]
+
+
+def test_a_question_is_answered_through_the_calculator_on_the_demo_provider(store, queue):
+    cid = ask(store, queue, "What is 17*23?")
+    state = wait_done(store, cid)
+    assert state["status"] == "done"
+    assert state["error"] is None
+    assert "391" in state["history"][-1]["content"]
+    tools = steps_of(state, "tool")
+    assert [t["name"] for t in tools] == ["calculator"]
+    assert tools[0]["result"] == "391"
+
+
+def test_state_is_published_after_every_round_trip_with_versions_going_up_by_one(store, queue):
+    seen = []
+    cid = ask(store, queue, "What is 17*23, and what time is it in Tokyo?", FAST.with_changes(model="demo@0.3"))
+    final = wait_done(store, cid, on_state=seen.append)
+    versions = [s["version"] for s in seen]
+    assert versions == sorted(set(versions))
+    # A client polling every 50 ms sees the first tool result before the final answer.
+    first_tool_seen = next(s for s in seen if any(m["role"] == "tool" for m in s["history"]))
+    assert not first_tool_seen["done"]
+    assert [s["done"] for s in seen].count(True) == 1 and seen[-1]["done"]
+    # Every write leaves one more version; none are skipped by the writer.
+    assert final["version"] >= 1 + 2 * 3  # queued + (model, tool) x2 + model + final
+    ttl = store.redis.ttl(f"agent:conv:{cid}:meta")
+    assert 590 <= ttl <= 600
+
+
+def test_a_provider_that_hangs_ends_timed_out_by_the_deadline(store, queue):
+    started = time.time()
+    cid = ask(store, queue, "hello", FAST.with_changes(model="demo:hang"))
+    state = wait_done(store, cid, timeout_s=15)
+    assert state["status"] == "timed_out"
+    assert state["done"]
+    assert ended_within(state)
+    assert state["updated_at"] < state["job_timeout_at"]
+    assert state["updated_at"] - started < FAST.job_timeout_s
+    assert state["history"][-1]["role"] == "assistant"
+    assert "time" in state["history"][-1]["content"].lower()
+
+
+def test_a_trickling_body_ends_at_the_calls_timeout(store, queue, scripted):
+    body = json.dumps(chat_reply("never finished").json_body).encode()
+    scripted.add(trickle(body, bytes_per_second=2))
+    scripted.add(hang())
+    config = scripted_config(scripted, call_timeout_cap_s=1.5)
+    cid = ask(store, queue, "hi", config)
+    state = wait_done(store, cid, timeout_s=15)
+    first = steps_of(state, "model")[0]
+    assert first["outcome"] == "timeout"
+    assert first["timeout_s"] == pytest.approx(1.5)
+    assert 1.0 <= first["duration_s"] <= 2.6
+    assert state["status"] == "timed_out"
+    assert ended_within(state)
+
+
+def test_a_late_calls_timeout_equals_what_remains_not_the_cap(store, queue, scripted):
+    # The first call takes 2.5 s of a 4 s deadline; the second gets what remains (~1.5 s), not the 3 s cap.
+    scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "1+1"})]).__class__(
+        **{**chat_reply(None, [tool_call("calculator", {"expression": "1+1"})]).__dict__, "delay_s": 2.5}))
+    scripted.add(chat_reply("2"))
+    cid = ask(store, queue, "1+1?", scripted_config(scripted))
+    state = wait_done(store, cid)
+    model_steps = steps_of(state, "model")
+    assert model_steps[0]["timeout_s"] == pytest.approx(3.0)
+    second = model_steps[1]
+    assert second["timeout_s"] < 2.0
+    assert second["timeout_s"] == pytest.approx(second["remaining_s"], abs=0.01)
+    assert state["status"] == "done"
+
+
+def test_a_first_call_leaving_less_than_the_minimum_skips_the_next_call_and_records_the_skip(store, queue, scripted):
+    slow = chat_reply(None, [tool_call("calculator", {"expression": "2*2"})])
+    scripted.add(type(slow)(**{**slow.__dict__, "delay_s": 2.9}))
+    config = scripted_config(scripted, min_call_s=1.5)
+    cid = ask(store, queue, "2*2?", config)
+    state = wait_done(store, cid)
+    skips = steps_of(state, "skip")
+    assert len(skips) == 1
+    assert skips[0]["outcome"] == "skipped"
+    assert skips[0]["remaining_s"] < 1.5
+    assert len(scripted.requests) == 1
+    assert state["status"] == "timed_out"
+    assert "ran out of time" in state["history"][-1]["content"]
+
+
+def test_429_with_retry_after_is_retried_after_the_wait(store, queue, scripted):
+    scripted.add(reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "1"}))
+    scripted.add(chat_reply("hello after the wait"))
+    config = scripted_config(scripted, job_timeout_s=8)
+    cid = ask(store, queue, "hi", config)
+    state = wait_done(store, cid)
+    assert state["status"] == "done"
+    first, second = scripted.requests[:2]
+    assert second.received_at - first.received_at >= 0.9
+    retry = steps_of(state, "retry")[0]
+    assert retry["timeout_s"] == pytest.approx(1.0)
+    assert "Retry-After" in retry["detail"]
+
+
+def test_a_retry_after_longer_than_the_budget_ends_the_turn_as_rate_limited(store, queue, scripted):
+    scripted.add(reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "30"}))
+    started = time.monotonic()
+    cid = ask(store, queue, "hi", scripted_config(scripted))
+    state = wait_done(store, cid)
+    assert time.monotonic() - started < 5
+    assert state["status"] == "failed"
+    assert state["error"]["kind"] == "rate_limited"
+    assert "rate-limiting" in state["history"][-1]["content"]
+    assert len(scripted.requests) == 1
+
+
+def test_401_is_not_retried_and_the_ending_says_the_key_was_rejected(store, queue, scripted):
+    scripted.add(reply(401, {"error": {"message": "Incorrect API key provided"}}))
+    cid = ask(store, queue, "hi", scripted_config(scripted))
+    state = wait_done(store, cid)
+    assert state["status"] == "failed"
+    assert "API key was rejected" in state["history"][-1]["content"]
+    time.sleep(0.3)
+    assert len(scripted.requests) == 1
+
+
+def test_a_malformed_body_ends_the_turn_with_a_clear_failure(store, queue, scripted):
+    scripted.add(reply(200, None, body=b'{"choices": [ {"message": '))
+    cid = ask(store, queue, "hi", scripted_config(scripted))
+    state = wait_done(store, cid)
+    assert state["status"] == "failed"
+    assert "malformed" in state["history"][-1]["content"]
+
+
+def test_endless_tool_calls_are_stopped_by_the_step_limit(store, queue):
+    cid = ask(store, queue, "hi", FAST.with_changes(model="demo:loop", max_steps=3, job_timeout_s=10))
+    state = wait_done(store, cid)
+    assert len(steps_of(state, "model")) == 3
+    assert state["status"] == "failed"
+    assert state["error"]["kind"] == "step_limit"
+    assert "3 model round-trips" in state["history"][-1]["content"]
+
+
+def test_a_tool_error_goes_back_to_the_model_as_the_tool_result(store, queue, scripted):
+    scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "__import__('os')"})]))
+    scripted.add(chat_reply("that did not work"))
+    cid = ask(store, queue, "hi", scripted_config(scripted))
+    state = wait_done(store, cid)
+    assert state["status"] == "done"
+    tool_message = next(m for m in state["history"] if m["role"] == "tool")
+    assert tool_message["content"].startswith("Error:")
+    sent = scripted.requests[1].json["messages"]
+    assert sent[-1]["role"] == "tool" and sent[-1]["content"].startswith("Error:")
+
+
+def test_when_only_one_call_fits_the_last_call_is_made_without_tools(store, queue, scripted):
+    slow = chat_reply(None, [tool_call("calculator", {"expression": "6*7"})])
+    scripted.add(type(slow)(**{**slow.__dict__, "delay_s": 2.6}))  # leaves ~1.4 s: one 1 s call, not two
+    scripted.add(chat_reply("42, answered with what I had"))
+    cid = ask(store, queue, "6*7?", scripted_config(scripted, min_call_s=1.0))
+    state = wait_done(store, cid)
+    assert state["status"] == "done"
+    last_request = scripted.requests[1].json
+    assert "tools" not in last_request or not last_request["tools"]
+    assert "Answer now" in last_request["messages"][-1]["content"]
+    assert steps_of(state, "model")[-1]["last_call"] is True
+
+
+def test_job_timeout_exception_is_never_swallowed(store, queue, redis_client):
+    # Safeguards off: no deadline, so the queue's own timeout fires inside the call.
+    cid = ask(store, queue, "hi", FAST.with_changes(model="demo:hang", job_timeout_s=3, safeguards=False))
+    state = wait_done(store, cid, timeout_s=15)
+    job = SafeJob.fetch(state["job_id"], connection=redis_client, serializer=JSONSerializer)
+    assert job.get_status().value == "failed"  # a swallowed exception would leave it "finished"
+    assert state["status"] == "timed_out"
+    assert state["error"]["kind"] == "job_timeout"  # written by the on_failure callback
+
+
+def test_a_message_to_a_conversation_with_a_turn_in_flight_is_refused(store, queue):
+    cid = ask(store, queue, "slow 1", FAST.with_changes(model="demo"))
+    with pytest.raises(TurnInFlight):
+        submit_turn(store, queue, cid, "and another", FAST)
+    state = wait_done(store, cid)
+    assert [m["content"] for m in state["history"] if m["role"] == "user"] == ["slow 1"]
+    # After the turn has ended, the next message starts a new turn.
+    submit_turn(store, queue, cid, "What is 2+2?", FAST)
+    state = wait_done(store, cid)
+    assert [m["content"] for m in state["history"] if m["role"] == "user"] == ["slow 1", "What is 2+2?"]
+
+
+def test_the_same_turn_submitted_twice_runs_once(store, queue):
+    cid = "dup-" + str(time.time_ns())
+    submit_turn(store, queue, cid, "What is 3*3?", FAST, turn_id="t" + cid)
+    submit_turn(store, queue, cid, "What is 3*3?", FAST, turn_id="t" + cid)
+    # And the job itself enqueued again (a re-run) finds the turn claimed.
+    queue.enqueue("agent.turn.run_turn", cid, "t" + cid, job_id=job_id_for("t" + cid) + "-again")
+    state = wait_done(store, cid)
+    time.sleep(0.5)
+    state = store.read(cid)
+    assert sum(1 for m in state["history"] if m["role"] == "user") == 1
+    assert sum(1 for m in state["history"] if m["role"] == "assistant" and m.get("content")) == 1
+
+
+def test_the_api_key_appears_in_nothing_stored_in_redis(store, queue, scripted, redis_client):
+    scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "5*5"})]), chat_reply("25"))
+    cid = ask(store, queue, "5*5?", scripted_config(scripted))
+    wait_done(store, cid)
+    assert scripted.requests[0].headers["authorization"] == f"Bearer {CANARY_KEY}"  # the key was used
+    assert CANARY_KEY.encode() not in redis_dump(redis_client)
+
+
+def test_a_job_naming_another_function_is_refused_and_the_worker_survives(store, queue, redis_client, tmp_path):
+    marker = tmp_path / "pwned"
+    forged = queue.enqueue("os.system", f"touch {marker}", job_id="forged-" + str(time.time_ns()))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and forged.get_status(refresh=True).value not in ("failed", "finished"):
+        time.sleep(0.05)
+    assert forged.get_status().value == "failed"
+    assert not marker.exists()
+    cid = ask(store, queue, "What is 1+1?")
+    assert wait_done(store, cid)["status"] == "done"
