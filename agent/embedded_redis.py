@@ -55,6 +55,7 @@ class EmbeddedRedis:
             digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
             socket = Path(tempfile.gettempdir()) / f"agent-redis-{digest}.sock"
         self.socket = socket
+        self._proc: subprocess.Popen | None = None  # when this process started the server
 
     # -- public ----------------------------------------------------------------------------
 
@@ -94,6 +95,9 @@ class EmbeddedRedis:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
+        if self._proc is not None:
+            self._proc.wait(1)  # reap it: no zombie left behind in a long-lived process
+            self._proc = None
 
     @property
     def password(self) -> str:
@@ -173,6 +177,7 @@ class EmbeddedRedis:
             close_fds=True,
         )
         self.pid_file.write_text(str(proc.pid))
+        self._proc = proc
         end = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < end:
             if proc.poll() is not None:

@@ -77,7 +77,9 @@ def clean_message(text: str | None) -> str:
     if not text:
         raise BadMessage("Type a message first: an empty message was not sent.")
     if len(text) > MAX_MESSAGE_CHARS:
-        raise BadMessage(f"The message is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Nothing was sent.")
+        raise BadMessage(
+            f"The message is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. Nothing was sent."
+        )
     return text
 
 

@@ -84,8 +84,8 @@ class Settings:
             if not base_url.startswith(("http://", "https://")):
                 raise SettingsError(BASE_URL_VARIABLES[provider], "must start with http:// or https://")
             key_var = API_KEY_VARIABLES[provider]
-            if not env.get(key_var, "").strip() and not _is_local(base_url):
-                raise SettingsError(key_var, f"is required for AGENT_PROVIDER={provider}")
+            if not _is_local(base_url) and not _has_secret(key_var, env):
+                raise SettingsError(key_var, f"is required for AGENT_PROVIDER={provider} (environment or secrets.toml)")
         turn = TurnConfig(
             provider=provider,
             model=model,
@@ -171,6 +171,12 @@ def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -
     if value < minimum:
         raise SettingsError(name, f"must be at least {minimum}, not {value}")
     return value
+
+
+def _has_secret(variable: str, env: Mapping[str, str]) -> bool:
+    from agent.providers import read_secret  # providers import this module's constants
+
+    return read_secret(variable, env=env) is not None
 
 
 def _is_local(url: str) -> bool:

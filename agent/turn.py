@@ -128,9 +128,8 @@ class Turn:
         return step
 
     def set_current(self, kind: str | None, name: str = "", timeout_s: float | None = None) -> None:
-        self.doc["current_step"] = (
-            None if kind is None else {"kind": kind, "name": name, "started_at": self.budget.now(), "timeout_s": timeout_s}
-        )
+        current = {"kind": kind, "name": name, "started_at": self.budget.now(), "timeout_s": timeout_s}
+        self.doc["current_step"] = None if kind is None else current
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -22,7 +22,9 @@ LOST_GRACE_S = 5.0  # seconds past the job timeout before a silent turn counts a
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
 
 
-def lost_reason(store: Store, queue_connection: redis.Redis, conversation_id: str, now: float | None = None) -> str | None:
+def lost_reason(
+    store: Store, queue_connection: redis.Redis, conversation_id: str, now: float | None = None
+) -> str | None:
     """Why the in-flight turn can no longer end by itself, or None while it still can."""
     now = time.time() if now is None else now
     meta = store.read_meta(conversation_id)

@@ -53,7 +53,9 @@ def test_bad_value_is_refused_in_one_line_naming_the_variable(env, variable):
 
 
 def test_job_timeout_is_cut_to_whole_seconds_as_rq_enforces_it():
-    assert Settings.from_env({"AGENT_JOB_TIMEOUT": "14.9", "AGENT_DEADLINE_MARGIN": "2", "AGENT_MIN_CALL_SECONDS": "1"}).turn.job_timeout_s == 14
+    assert Settings.from_env(
+        {"AGENT_JOB_TIMEOUT": "14.9", "AGENT_DEADLINE_MARGIN": "2", "AGENT_MIN_CALL_SECONDS": "1"}
+    ).turn.job_timeout_s == 14
 
 
 def test_a_local_openai_compatible_server_needs_no_key():

@@ -11,7 +11,7 @@ from rq.serializers import JSONSerializer
 from agent.queue import SafeJob, job_id_for, submit_turn
 from agent.store import TurnInFlight
 from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done
-from tests.scripted_server import chat_reply, hang, raw, reply, tool_call, trickle
+from tests.scripted_server import chat_reply, hang, reply, tool_call, trickle
 
 pytestmark = pytest.mark.usefixtures("pool")
 
