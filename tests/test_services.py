@@ -1,0 +1,124 @@
+"""Embedded services: started once per process, shared where they should be, and stopped cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import services
+from agent.embedded_redis import EmbeddedRedis
+from agent.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live pids whose environment has name=value: how we find every process a test started."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                stat = (entry / "stat").read_text()
+                if stat.split(") ", 1)[1][:1] != "Z":
+                    found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def wait_gone(name: str, value: str, timeout_s: float = 15.0) -> list[int]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        left = processes_with_env(name, value)
+        if not left:
+            return []
+        time.sleep(0.1)
+    return processes_with_env(name, value)
+
+
+@pytest.fixture
+def private_env(tmp_path, monkeypatch):
+    """A private data dir (its own embedded Redis); a marker to find every child process."""
+    marker = f"test-{time.time_ns()}"
+    monkeypatch.setenv("AGENT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("AGENT_TEST_MARKER", marker)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    yield marker
+    for pid in processes_with_env("AGENT_TEST_MARKER", marker):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_the_pool_starts_once_per_process_and_stops_with_its_workers(private_env):
+    settings = Settings.from_env({"AGENT_WORKERS": "2"})
+    try:
+        first = services.ensure(settings)
+        second = services.ensure(settings)  # a Streamlit rerun or a second session
+        assert first is second
+        assert first.pool is not None and first.pool.poll() is None
+        assert first.demo_url.startswith("http://127.0.0.1:")
+        # the pool and its 2 workers (Redis rewrites its own environ for its process title)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(processes_with_env("AGENT_TEST_MARKER", private_env)) < 3:
+            time.sleep(0.1)
+        assert len(processes_with_env("AGENT_TEST_MARKER", private_env)) == 3
+        redis_pid = first.embedded.pid
+        assert redis_pid is not None
+    finally:
+        services.shutdown()
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []
+    assert not Path(f"/proc/{redis_pid}").exists() or "Z" in Path(f"/proc/{redis_pid}/stat").read_text().split()[2]
+
+
+def test_a_module_reload_does_not_start_a_second_pool(private_env):
+    import importlib
+
+    settings = Settings.from_env({"AGENT_WORKERS": "1"})
+    try:
+        first = services.ensure(settings)
+        reloaded = importlib.reload(services)  # what a Streamlit hot reload does to an edited module
+        assert reloaded.ensure(settings).pool.pid == first.pool.pid
+    finally:
+        services.shutdown()
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []
+
+
+def test_the_cli_answers_and_leaves_no_process_behind(private_env):
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "ask", "What is 17*23?"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "391" in result.stdout
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []
+    assert EmbeddedRedis().pid is None  # the last user stopped the embedded Redis
+
+
+def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(private_env, tmp_path):
+    worker = subprocess.Popen(
+        [sys.executable, "worker.py", "--workers", "1"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "w.log", "wb"),
+        start_new_session=True,
+    )
+    try:
+        env = {**os.environ, "AGENT_WORKERS": "0"}
+        result = subprocess.run(
+            [sys.executable, "-m", "agent", "ask", "--json", "What is 6*7?"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, result.stderr + (tmp_path / "w.log").read_text()
+        assert '"done": true' in result.stdout.splitlines()[-1]
+        assert "42" in result.stdout.splitlines()[-1]
+    finally:
+        os.killpg(worker.pid, signal.SIGINT)
+        worker.wait(20)
+    assert worker.returncode == 0
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []
