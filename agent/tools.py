@@ -7,11 +7,8 @@ each run by the turn's remaining time, without signals (RQ owns SIGALRM).
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
-import math
-import operator
 import re
 import threading
 import time
@@ -23,6 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+
+from agent import calculator as calculator_module
+from agent.calculator import MAX_EXPRESSION_CHARS  # noqa: F401 - part of this module's interface
 
 MAX_OUTPUT_CHARS = 4000  # characters of a tool's output sent back to the model
 TRUNCATED_MARKER = "\n... [output truncated]"
@@ -221,23 +221,7 @@ def _truncate(text: str) -> str:
     return text[: MAX_OUTPUT_CHARS - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER
 
 
-# --- calculator: an allowlist walk over the AST; nothing is ever compiled or evaluated as code ---
-
-MAX_EXPRESSION_CHARS = 200  # bounded before parsing: ast.parse recurses and can raise RecursionError
-MAX_DEPTH = 100  # tree depth; a sum of n terms is n deep, so 30 would refuse an ordinary 31-term sum
-MAX_EXPONENT = 1000  # absolute value of any exponent (1.01**365 is fine)
-MAX_RESULT_DIGITS = 300  # decimal digits of any intermediate result (also keeps floats finite)
-_MAX_ABS = 10**MAX_RESULT_DIGITS
-
-_BINARY_OPS: dict[type, Callable] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-}  # fmt: skip
-_UNARY_OPS: dict[type, Callable] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_REFUSALS: dict[type, str] = {  # clearer words for the usual attempts; others are refused by node name
-    ast.Name: "names", ast.Call: "function calls", ast.Attribute: "attribute access", ast.Subscript: "indexing",
-    ast.Lambda: "lambdas", ast.NamedExpr: "assignments", ast.JoinedStr: "strings", ast.Compare: "comparisons",
-}  # fmt: skip
+# --- calculator: the safe evaluator lives in agent/calculator.py ---
 
 
 @tool
@@ -247,66 +231,10 @@ def calculator(expression: str) -> str:
     Args:
         expression: the expression, e.g. "17*23" or "(2.5 + 4) ** 2 / 3"
     """
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        raise ToolError(f"expression is too long ({len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS})")
-    if not expression.strip():
-        raise ToolError("expression is empty")
-    if "\x00" in expression:
-        raise ToolError("expression contains a null byte")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise ToolError(f"not a valid arithmetic expression: {expression!r}") from None
-    value = _evaluate(tree.body, 1)
-    if isinstance(value, int):
-        return str(value)
-    value = value + 0.0  # turns -0.0 into 0.0
-    return format(value, ".12g")
-
-
-def _evaluate(node: ast.AST, depth: int) -> int | float:
-    if depth > MAX_DEPTH:
-        raise ToolError(f"expression is nested too deeply (more than {MAX_DEPTH} levels)")
-    if isinstance(node, ast.Constant):
-        if type(node.value) not in (int, float):  # bool, str, bytes, complex, None, Ellipsis
-            raise ToolError(f"only numbers are allowed, not {type(node.value).__name__} ({node.value!r:.40})")
-        return _bounded(node.value)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
-        return _bounded(_UNARY_OPS[type(node.op)](_evaluate(node.operand, depth + 1)))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
-        left = _evaluate(node.left, depth + 1)
-        right = _evaluate(node.right, depth + 1)
-        if isinstance(node.op, ast.Pow):
-            _check_power(left, right)  # before computing: 9**9**9**9 must never be attempted
-        try:
-            return _bounded(_BINARY_OPS[type(node.op)](left, right))
-        except ZeroDivisionError:
-            raise ToolError("division by zero") from None
-        except OverflowError:
-            raise ToolError("result is too large") from None
-    op = getattr(node, "op", None)
-    what = _REFUSALS.get(type(node)) or (f"the operator {type(op).__name__}" if op else type(node).__name__)
-    detail = f" ({node.id!r})" if isinstance(node, ast.Name) else ""
-    raise ToolError(f"not allowed: {what}{detail}; use numbers, + - * / // % ** and parentheses only")
-
-
-def _check_power(base: int | float, exponent: int | float) -> None:
-    if abs(exponent) > MAX_EXPONENT:
-        raise ToolError(f"exponent {exponent:.6g} is too large (the limit is {MAX_EXPONENT})")
-    if base == 0 or abs(base) == 1:
-        return
-    if exponent * math.log10(abs(base)) > MAX_RESULT_DIGITS:
-        raise ToolError(f"result would have more than {MAX_RESULT_DIGITS} digits")
-
-
-def _bounded(value: object) -> int | float:
-    if isinstance(value, complex):  # (-8) ** 0.5
-        raise ToolError("the result is a complex number, which is not supported")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ToolError("result is too large")
-    if abs(value) > (_MAX_ABS if isinstance(value, int) else float(_MAX_ABS)):  # the float 1e300 is a hair above
-        raise ToolError(f"number is too large (more than {MAX_RESULT_DIGITS} digits)")
-    return value
+        return calculator_module.evaluate(expression)
+    except calculator_module.CalculatorError as exc:
+        raise ToolError(str(exc)) from None
 
 
 # --- current_time ---

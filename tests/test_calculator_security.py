@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import tools
+from agent import calculator, tools
 from agent.tools import run_tool
 
 PER_INPUT_LIMIT_S = 1.0
@@ -205,8 +205,12 @@ def test_calculator_evaluation_stays_under_fifty_milliseconds_at_the_length_boun
         assert time.perf_counter() - started < 0.05, expression
 
 
+def _sources() -> str:
+    return "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (tools, calculator))
+
+
 def test_tools_module_never_evaluates_code():
-    source = Path(tools.__file__).read_text(encoding="utf-8").replace('mode="eval"', "")
+    source = _sources().replace('mode="eval"', "")
     # Bare eval/exec/compile calls; `re.compile(` (a regex) is not code.
     assert not re.search(r"(?<![\w.])(eval|exec|compile)\s*\(", source)
     assert "builtins" not in source and "__import__" not in source
@@ -214,6 +218,6 @@ def test_tools_module_never_evaluates_code():
 
 
 def test_tools_module_never_touches_the_alarm_signal_rq_owns():
-    source = Path(tools.__file__).read_text(encoding="utf-8")
+    source = _sources()
     assert "signal" not in source.replace("without signals", "")
     assert "setitimer" not in source and "alarm(" not in source
