@@ -1,0 +1,169 @@
+"""The turn loop with a scripted in-process model: what it sends, what it writes, how it ends."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from rq.timeouts import JobTimeoutException
+
+from agent.deadline import Budget
+from agent.providers.base import Completion, ProviderError, ToolCall
+from agent.queue import new_id
+from agent.store import Store
+from agent.turn import Turn
+from tests.conftest import FAST
+
+
+class ScriptedModel:
+    """Canned outputs in order; records every call it receives."""
+
+    def __init__(self, *outputs):
+        self.outputs = list(outputs)
+        self.calls = []
+
+    def complete(self, messages, tools, timeout):
+        self.calls.append({"messages": list(messages), "tools": tools, "timeout": timeout})
+        output = self.outputs.pop(0)
+        if isinstance(output, BaseException):
+            raise output
+        return output
+
+
+def make_turn(store: Store, config=FAST, started_at: float | None = None) -> Turn:
+    cid, tid = new_id(), new_id()
+    doc = {"status": "queued", "error": None, "config": config.to_dict(), "job_id": "job-" + tid,
+           "enqueued_at": time.time()}
+    store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, doc)
+    turn = Turn(
+        store=store, conversation_id=cid, turn_id=tid, job_id="job-" + tid, config=config,
+        budget=Budget.for_turn(config, started_at or time.time()),
+        history=[{"role": "user", "content": "hi"}], doc=dict(doc), persisted_len=1,
+    )
+    return turn
+
+
+@pytest.fixture
+def scripted_model(monkeypatch):
+    """Install a ScriptedModel as the provider every Turn builds."""
+
+    def install(*outputs) -> ScriptedModel:
+        model = scripted_model(*outputs)
+        monkeypatch.setattr("agent.turn.make_provider", lambda config: model)
+        return model
+
+    return install
+
+
+def test_the_history_sent_to_the_model_grows_by_each_tool_result(store, scripted_model):
+    model = scripted_model(
+        Completion(None, [ToolCall("c1", "calculator", '{"expression": "17*23"}')]),
+        Completion("391"),
+    )
+    turn = make_turn(store)
+    assert turn.run() == "done"
+    second = model.calls[1]["messages"]
+    assert second[-1] == {"role": "tool", "tool_call_id": "c1", "content": "391"}
+    state = store.read(turn.conversation_id)
+    assert state["done"] and state["history"][-1]["content"] == "391"
+
+
+def test_job_timeout_exception_propagates_after_the_ending_is_written(store, scripted_model):
+    model = scripted_model(JobTimeoutException("the queue's alarm"))
+    turn = make_turn(store)
+    with pytest.raises(JobTimeoutException):
+        turn.run()
+    state = store.read(turn.conversation_id)
+    assert state["done"] and state["status"] == "timed_out"
+    assert state["error"]["kind"] == "job_timeout"
+
+
+def test_a_shutdown_inside_a_call_still_writes_the_ending_and_propagates(store, scripted_model):
+    model = scripted_model(SystemExit(1))
+    turn = make_turn(store)
+    with pytest.raises(SystemExit):
+        turn.run()
+    assert store.read(turn.conversation_id)["status"] == "cancelled"
+
+
+def test_an_unexpected_error_ends_the_turn_failed_with_a_readable_message(store, scripted_model):
+    model = scripted_model(KeyError("boom"))
+    turn = make_turn(store)
+    assert turn.run() == "failed"
+    state = store.read(turn.conversation_id)
+    assert "Something went wrong" in state["history"][-1]["content"]
+
+
+class FlakyStore(Store):
+    """A real store whose next `failures` publishes fail like a Redis hiccup."""
+
+    failures = 0
+
+    def publish(self, *args, **kwargs):
+        if self.failures:
+            self.failures -= 1
+            raise redis.ConnectionError("hiccup")
+        return super().publish(*args, **kwargs)
+
+
+def test_the_final_write_is_retried_when_redis_hiccups(redis_client, scripted_model):
+    store = FlakyStore(redis_client, ttl_s=600)
+    model = scripted_model(Completion("hello"))
+    turn = make_turn(store)
+    store.failures = 4  # the in-loop writes and the first tries of the final write fail
+    assert turn.run() == "done"
+    state = store.read(turn.conversation_id)
+    assert state["done"]
+    # Nothing was lost: the answer written late is still there, once.
+    assert [m["content"] for m in state["history"]] == ["hi", "hello"]
+
+
+def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_client, scripted_model):
+    store = FlakyStore(redis_client, ttl_s=600)
+    model = scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]), Completion("4"))
+    turn = make_turn(store)
+    store.failures = 2
+    turn.run()
+    history = store.read(turn.conversation_id)["history"]
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
+    from agent.turn import write_ending
+
+    model = scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
+                          Completion("4"))
+    turn = make_turn(store)
+    assert write_ending(store, turn.conversation_id, turn.turn_id, "failed", "worker_lost", "lost")
+    assert turn.run() == "closed"
+    state = store.read(turn.conversation_id)
+    assert state["status"] == "failed" and state["history"][-1]["content"] == "lost"
+
+
+def test_a_non_retryable_error_is_not_retried(store, scripted_model):
+    model = scripted_model(ProviderError("auth", "the API key was rejected (HTTP 401)", status=401), Completion("no"))
+    turn = make_turn(store)
+    assert turn.run() == "failed"
+    assert len(model.calls) == 1
+    assert "API key was rejected" in store.read(turn.conversation_id)["history"][-1]["content"]
+
+
+def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scripted_model):
+    model = scripted_model(
+        Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
+        Completion("never sent"),
+    )
+    turn = make_turn(store)
+    original = turn.run_tool
+
+    def run_tool_then_stop(call):
+        original(call)
+        store.request_cancel(turn.turn_id, ttl_s=60)
+
+    turn.run_tool = run_tool_then_stop
+    assert turn.run() == "cancelled"
+    state = store.read(turn.conversation_id)
+    assert [m["role"] for m in state["history"]] == ["user", "assistant", "tool", "assistant"]
+    assert state["history"][-1]["content"] == "Stopped at your request."
+    assert len(model.calls) == 1
