@@ -49,7 +49,7 @@ def scripted_model(monkeypatch):
     """Install a ScriptedModel as the provider every Turn builds."""
 
     def install(*outputs) -> ScriptedModel:
-        model = scripted_model(*outputs)
+        model = ScriptedModel(*outputs)
         monkeypatch.setattr("agent.turn.make_provider", lambda config: model)
         return model
 
@@ -70,7 +70,7 @@ def test_the_history_sent_to_the_model_grows_by_each_tool_result(store, scripted
 
 
 def test_job_timeout_exception_propagates_after_the_ending_is_written(store, scripted_model):
-    model = scripted_model(JobTimeoutException("the queue's alarm"))
+    scripted_model(JobTimeoutException("the queue's alarm"))
     turn = make_turn(store)
     with pytest.raises(JobTimeoutException):
         turn.run()
@@ -80,7 +80,7 @@ def test_job_timeout_exception_propagates_after_the_ending_is_written(store, scr
 
 
 def test_a_shutdown_inside_a_call_still_writes_the_ending_and_propagates(store, scripted_model):
-    model = scripted_model(SystemExit(1))
+    scripted_model(SystemExit(1))
     turn = make_turn(store)
     with pytest.raises(SystemExit):
         turn.run()
@@ -88,7 +88,7 @@ def test_a_shutdown_inside_a_call_still_writes_the_ending_and_propagates(store, 
 
 
 def test_an_unexpected_error_ends_the_turn_failed_with_a_readable_message(store, scripted_model):
-    model = scripted_model(KeyError("boom"))
+    scripted_model(KeyError("boom"))
     turn = make_turn(store)
     assert turn.run() == "failed"
     state = store.read(turn.conversation_id)
@@ -109,7 +109,7 @@ class FlakyStore(Store):
 
 def test_the_final_write_is_retried_when_redis_hiccups(redis_client, scripted_model):
     store = FlakyStore(redis_client, ttl_s=600)
-    model = scripted_model(Completion("hello"))
+    scripted_model(Completion("hello"))
     turn = make_turn(store)
     store.failures = 4  # the in-loop writes and the first tries of the final write fail
     assert turn.run() == "done"
@@ -121,7 +121,7 @@ def test_the_final_write_is_retried_when_redis_hiccups(redis_client, scripted_mo
 
 def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_client, scripted_model):
     store = FlakyStore(redis_client, ttl_s=600)
-    model = scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]), Completion("4"))
+    scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]), Completion("4"))
     turn = make_turn(store)
     store.failures = 2
     turn.run()
@@ -132,7 +132,7 @@ def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_cl
 def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
     from agent.turn import write_ending
 
-    model = scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
+    scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
                           Completion("4"))
     turn = make_turn(store)
     assert write_ending(store, turn.conversation_id, turn.turn_id, "failed", "worker_lost", "lost")
