@@ -244,3 +244,21 @@ def test_a_job_naming_another_function_is_refused_and_the_worker_survives(store,
     assert not marker.exists()
     cid = ask(store, queue, "What is 1+1?")
     assert wait_done(store, cid)["status"] == "done"
+
+
+def test_a_slow_tool_is_bounded_by_the_remaining_budget(store, queue):
+    cid = ask(store, queue, "hi", FAST.with_changes(model="demo:slow-tool"))
+    state = wait_done(store, cid, timeout_s=15)
+    wait_step = next(s for s in steps_of(state, "tool") if s["name"] == "wait")
+    assert wait_step["duration_s"] < FAST.job_timeout_s - FAST.deadline_margin_s
+    assert "deadline" in wait_step["result"]
+    assert state["updated_at"] < state["job_timeout_at"]
+
+
+def test_the_flaky_scenario_is_retried_to_success_inside_the_budget(store, queue):
+    cid = ask(store, queue, "hello", FAST.with_changes(model="demo:flaky", job_timeout_s=12))
+    state = wait_done(store, cid, timeout_s=20)
+    assert state["status"] == "done"
+    outcomes = [(s["kind"], s["outcome"]) for s in state["steps"]]
+    assert outcomes[:4] == [("model", "error"), ("retry", "ok"), ("model", "error"), ("retry", "ok")]
+    assert outcomes[4] == ("model", "ok")
