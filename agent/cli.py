@@ -14,7 +14,7 @@ import sys
 import redis
 
 from agent import services
-from agent.queue import BadMessage, get_queue, new_id, submit_turn
+from agent.queue import BadMessage, clean_message, get_queue, new_id, submit_turn
 from agent.settings import Settings, SettingsError
 from agent.store import TurnInFlight
 from agent.watch import lost_worker_check
@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ask_and_follow(settings: Settings, message: str, conversation_id: str | None, *, as_json: bool) -> int:
+    try:
+        message = clean_message(message)  # before starting anything
+    except BadMessage as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     svc = services.ensure(settings)
     store = svc.store(settings)
     queue_connection = svc.queue_connection()
