@@ -1,6 +1,8 @@
-"""The Streamlit page (minimal until the page is built): enqueue a turn and follow it."""
+"""The Streamlit page: `streamlit run app.py`. Wiring only; the page lives in agent/ui/."""
 
 import streamlit as st
 
-st.title("Agent")
-st.write("The page is being built.")
+from agent.ui.page import main
+
+st.set_page_config(page_title="Agent clocks", page_icon="⏱️", layout="centered")
+main()

@@ -73,6 +73,8 @@ def clean_message(text: str | None) -> str:
     if text is None:
         raise BadMessage("Type a message first.")
     text = "".join(ch for ch in text if ch in "\n\t" or (ord(ch) >= 32 and ord(ch) != 127))
+    # Bytes that are not UTF-8 (a binary argv arrives as lone surrogates) cannot be stored: mark them.
+    text = "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)
     text = text.strip()
     if not text:
         raise BadMessage("Type a message first: an empty message was not sent.")

@@ -202,6 +202,10 @@ class Store:
                 raise StoreError(reason, message) from exc
             raise
 
+    def history_since(self, conversation_id: str, start: int) -> list[dict]:
+        """The messages from index `start` on."""
+        return [json.loads(m) for m in self.redis.lrange(Keys.of(conversation_id).history, start, -1)]
+
     def history_len(self, conversation_id: str) -> int:
         return int(self.redis.llen(Keys.of(conversation_id).history))
 

@@ -8,6 +8,7 @@ shutdown), a finally path writes done=true with the reason in the chat.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -81,7 +82,7 @@ class Turn:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def flush(self, *, done: bool = False, summary: dict | None = None) -> None:
+    def flush(self, *, done: bool = False, summary: dict | None = None, reconciled: bool = False) -> None:
         """Write what is pending. A Redis hiccup mid-turn keeps it pending for the next write."""
         try:
             self.store.publish(
@@ -95,6 +96,9 @@ class Turn:
                 summary=summary,
             )
         except StoreError as exc:
+            if exc.reason == "CONFLICT" and not reconciled and self.landed_already():
+                self.flush(done=done, summary=summary, reconciled=True)
+                return
             raise TurnClosed(str(exc)) from exc
         except redis.RedisError as exc:
             if done:
@@ -104,6 +108,26 @@ class Turn:
         self.persisted_len += len(self.pending_messages)
         self.pending_messages = []
         self.pending_steps = []
+
+    def landed_already(self) -> bool:
+        """True when the history "moved" only by our own pending messages.
+
+        A write that timed out (Redis paused past the socket timeout) may still run once Redis
+        resumes; the client's retry of it, or the next write, then finds the history longer than
+        expected. Only this job appends to its turn's history, so if the new tail is our own
+        pending messages, that write landed: count it as written instead of giving up the turn."""
+        try:
+            landed = self.store.history_since(self.conversation_id, self.persisted_len)
+        except redis.RedisError:
+            return False
+        if not landed or landed != json.loads(json.dumps(self.pending_messages[: len(landed)])):
+            return False
+        log.warning("turn %s: a write that timed out had landed; carrying on", self.turn_id)
+        if len(landed) == len(self.pending_messages):
+            self.pending_steps = []  # the whole batch landed, steps included
+        self.persisted_len += len(landed)
+        self.pending_messages = self.pending_messages[len(landed):]
+        return True
 
     def add_message(self, message: dict) -> None:
         self.history.append(message)
@@ -371,11 +395,27 @@ def run_turn(conversation_id: str, turn_id: str) -> str:
         job_id=job_id,
         config=config,
         budget=Budget.for_turn(config, started_at),
-        history=[_for_model(m) for m in state["history"]],
+        history=_with_every_call_answered([_for_model(m) for m in state["history"]]),
         doc=doc,
         persisted_len=len(state["history"]),
     )
     return turn.run()
+
+
+UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended first."
+
+
+def _with_every_call_answered(history: list[dict]) -> list[dict]:
+    """Providers refuse a history with a tool call that has no result (HTTP 400), and a turn
+    that was killed or stopped mid-tool leaves one behind: answer it, in what the model sees."""
+    answered = {m.get("tool_call_id") for m in history if m.get("role") == "tool"}
+    out = []
+    for message in history:
+        out.append(message)
+        for call in message.get("tool_calls") or []:
+            if call.get("id") not in answered:
+                out.append({"role": "tool", "tool_call_id": call.get("id"), "content": UNANSWERED_CALL_RESULT})
+    return out
 
 
 def _for_model(message: dict) -> dict:

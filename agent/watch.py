@@ -43,6 +43,9 @@ def lost_reason(
     if status in ("failed", "stopped", "canceled") and (ended_at is None or now - ended_at > CALLBACK_GRACE_S):
         return f"its job was marked {status} without writing an ending"
     job_timeout_at = meta.get("job_timeout_at")
+    if not job_timeout_at and status == "started" and job.started_at and job.timeout:
+        # Killed before its first write: RQ's own start time and timeout say when it had to end.
+        job_timeout_at = job.started_at.timestamp() + float(job.timeout)
     if job_timeout_at and now > job_timeout_at + LOST_GRACE_S:
         return f"no word from it for {now - job_timeout_at:.0f} s past the job timeout"
     return None

@@ -12,6 +12,7 @@ import sys
 from rq import SimpleWorker, SpawnWorker, Worker
 from rq.serializers import JSONSerializer
 
+import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
 from agent.connection import queue_client
 from agent.queue import QUEUE_NAME, SafeJob
 

@@ -1,0 +1,5 @@
+import sys
+
+from agent.faults.runner import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The Streamlit page, as testable modules; `app.py` only calls `page.main()`."""

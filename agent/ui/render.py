@@ -1,0 +1,242 @@
+"""Drawing the conversation: messages, one st.status per tool step, endings, the clocks."""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from agent.ui.markdown import safe_markdown
+from agent.ui.timeline import timeline_chart
+
+STATUS_LABELS = {
+    "queued": "⏳ Waiting for a worker",
+    "running": "⚙️ Working on it",
+    "done": "✅ Answered",
+    "failed": "❌ Failed",
+    "timed_out": "⏱️ Ran out of time",
+    "cancelled": "⏹️ Stopped",
+}
+
+
+def split_turns(state: dict) -> list[dict]:
+    """The history cut at each user message: one entry per turn, with its steps and summary."""
+    segments: list[list[dict]] = []
+    for message in state.get("history") or []:
+        if message.get("role") == "user" or not segments:
+            segments.append([])
+        segments[-1].append(message)
+    summaries = state.get("turns") or []
+    turns = []
+    for index, messages in enumerate(segments):
+        if index < len(summaries):
+            summary, current = summaries[index], False
+        else:  # the turn in flight (no summary until it ends)
+            summary = {
+                "turn_id": state.get("turn_id"),
+                "status": state.get("status"),
+                "error": state.get("error"),
+                "started_at": state.get("started_at"),
+                "deadline_at": state.get("deadline_at"),
+                "job_timeout_at": state.get("job_timeout_at"),
+                "config": state.get("config"),
+            }
+            current = True
+        turn_id = summary.get("turn_id")
+        steps = [s for s in state.get("steps") or [] if s.get("turn_id") == turn_id]
+        turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
+                      "in_flight": current and not state.get("done")})
+    return turns
+
+
+def _seconds(value) -> str:
+    if value is None:
+        return "?"
+    if value < 0.001:
+        return "<1 ms"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _pretty_arguments(arguments) -> str:
+    if isinstance(arguments, str):
+        try:
+            return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, indent=2, ensure_ascii=False)
+
+
+def _short_arguments(arguments) -> str:
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return str(arguments)[:40]
+    if isinstance(parsed, dict):
+        text = ", ".join(f"{v}" if len(parsed) == 1 else f"{k}={v}" for k, v in parsed.items())
+    else:
+        text = str(parsed)
+    return text if len(text) <= 48 else text[:45] + "…"
+
+
+def tool_status_label(step: dict) -> str:
+    icon = "🔧" if step.get("outcome") == "ok" else "⚠️"
+    took = _seconds(step.get("duration_s"))
+    timeout = step.get("timeout_s")
+    limit = f" of its {_seconds(timeout)} timeout" if timeout is not None else ""
+    return f"{icon} **{step.get('name')}**({_short_arguments(step.get('arguments'))}) · {took}{limit}"
+
+
+def render_tool_step(step: dict, *, expanded: bool) -> None:
+    state = "complete" if step.get("outcome") == "ok" else "error"
+    with st.status(tool_status_label(step), state=state, expanded=expanded):
+        left, right = st.columns(2)
+        with left:
+            st.caption("Arguments")
+            st.code(_pretty_arguments(step.get("arguments") or "{}"), language="json")
+        with right:
+            st.caption("Result")
+            st.code(step.get("result") or "", language=None, wrap_lines=True)
+        st.caption(
+            f"Took {_seconds(step.get('duration_s'))}; it was given {_seconds(step.get('timeout_s'))} "
+            f"(the time left before the deadline)."
+        )
+
+
+def model_step_caption(step: dict) -> str:
+    kind, outcome = step.get("kind"), step.get("outcome")
+    took, timeout = _seconds(step.get("duration_s")), _seconds(step.get("timeout_s"))
+    left = step.get("remaining_s")
+    left_text = f", {_seconds(left)} left before the deadline" if left is not None else ""
+    if kind == "skip":
+        return f"⏭️ Model call not started: {step.get('detail') or 'too little time left'}."
+    if kind == "retry":
+        return f"↻ Waited {took} before {step.get('name')} ({step.get('detail') or 'retry'})."
+    attempt = step.get("attempt") or 1
+    name = f"Model call ({step.get('name')})" + (f", try {attempt}" if attempt > 1 else "")
+    if outcome == "timeout":
+        return f"⏱️ {name} hit its {timeout} timeout{left_text}: {step.get('detail') or ''}"
+    if outcome == "error":
+        return f"⚠️ {name} failed after {took}: {step.get('detail') or ''}"
+    return f"🧠 {name}: {took} of its {timeout} timeout{left_text}."
+
+
+def render_turn(turn: dict, *, latest: bool) -> None:
+    """One turn: the user's message, then the assistant's steps as they landed, then the ending."""
+    messages = turn["messages"]
+    summary = turn["summary"]
+    if messages and messages[0].get("role") == "user":
+        with st.chat_message("user"):
+            st.markdown(safe_markdown(messages[0].get("content")))
+        messages = messages[1:]
+    if not messages and not turn["steps"] and not turn["in_flight"]:
+        return
+    error = summary.get("error") or {}
+    with st.chat_message("assistant"):
+        assistant = [m for m in messages if m.get("role") == "assistant"]
+        replies = iter(assistant)
+        shown = 0
+        for step in turn["steps"]:
+            if step.get("kind") == "tool":
+                render_tool_step(step, expanded=latest)
+                continue
+            st.caption(model_step_caption(step))
+            if step.get("kind") == "model" and step.get("outcome") == "ok":
+                reply = next(replies, None)
+                shown += reply is not None
+                if reply and reply.get("content"):
+                    st.markdown(safe_markdown(reply.get("content")))
+        for reply in assistant[shown:]:  # endings written without a step (deadline, stop, lost worker)
+            if reply.get("content") and reply.get("content") == error.get("message"):
+                continue  # shown as the ending's banner below
+            st.markdown(safe_markdown(reply.get("content")))
+        if not turn["in_flight"]:  # the live part of a turn in flight is drawn by the page, below
+            render_ending(summary)
+            render_turn_clocks(turn, expanded=latest)
+
+
+def render_ending(summary: dict) -> None:
+    status = summary.get("status")
+    error = summary.get("error") or {}
+    message = error.get("message") or ""
+    config = summary.get("config") or {}
+    if status == "done":
+        return
+    if error.get("kind") == "worker_lost":
+        st.error(f"**The worker was lost.** {message}", icon="🛑")
+    elif status == "timed_out":
+        st.warning(f"**{STATUS_LABELS[status]}.** {message}", icon="⏱️")
+    elif status == "cancelled":
+        st.info(f"**{STATUS_LABELS[status]}.** {message}", icon="⏹️")
+    else:
+        st.error(f"**{STATUS_LABELS.get(status, status)}.** {message}", icon="❌")
+    if config.get("safeguards") is False:
+        st.caption(
+            "Safeguards were off for this turn: it had no deadline of its own and wrote nothing until it "
+            "ended, so the page could not show any step while it ran. With safeguards on, the same turn "
+            "stops itself before the job timeout and reports each step as it lands."
+        )
+
+
+def clocks_caption(summary: dict, steps: list[dict]) -> str:
+    started, ended = summary.get("started_at"), summary.get("ended_at")
+    deadline, kill = summary.get("deadline_at"), summary.get("job_timeout_at")
+    if not started or not ended:
+        return ""
+    took = ended - started
+    parts = [f"The job ran for **{_seconds(took)}**"]
+    if deadline:
+        spare = deadline - ended
+        parts.append(f"{'**' + _seconds(spare) + '** before' if spare >= 0 else _seconds(-spare) + ' past'} "
+                     f"its deadline ({_seconds(deadline - started)})")
+    if kill:
+        parts.append(f"the queue would have killed it at {_seconds(kill - started)}")
+    calls = sum(1 for s in steps if s.get("kind") == "model")
+    tools = sum(1 for s in steps if s.get("kind") == "tool")
+    return ", ".join(parts) + f". {calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}."
+
+
+def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
+    summary, steps = turn["summary"], turn["steps"]
+    if not summary.get("started_at"):
+        st.caption("This turn ended before a worker started it, so no clock ran.")
+        return
+    with st.expander("⏱️ The three clocks for this turn", expanded=expanded):
+        whole, zoomed = st.tabs(["Against the clocks", "Zoomed in on the steps"])
+        with whole:
+            chart = timeline_chart(steps, summary)
+            if chart is not None:
+                st.altair_chart(chart, width="stretch")
+        with zoomed:
+            chart = timeline_chart(steps, summary, zoom=True)
+            if chart is not None:
+                st.altair_chart(chart, width="stretch")
+        st.caption(clocks_caption(summary, steps))
+
+
+def budget_text(state: dict, now: float) -> tuple[float, str]:
+    """The budget bar's fill (0..1 of the time to the deadline) and its words."""
+    started, deadline, kill = state.get("started_at"), state.get("deadline_at"), state.get("job_timeout_at")
+    used = max(0.0, now - started)
+    if deadline:
+        span = max(deadline - started, 1e-6)
+        text = (f"{_seconds(used)} used · the deadline is in {_seconds(max(0.0, deadline - now))} · "
+                f"the queue kills the job in {_seconds(max(0.0, kill - now))}")
+        return min(1.0, used / span), text
+    if kill:  # safeguards off: no deadline, only the queue's kill
+        span = max(kill - started, 1e-6)
+        return min(1.0, used / span), (f"{_seconds(used)} used · no deadline (safeguards off) · "
+                                       f"the queue kills the job in {_seconds(max(0.0, kill - now))}")
+    return 0.0, f"{_seconds(used)} used"
+
+
+def current_step_text(current: dict | None, now: float) -> str | None:
+    if not current or not current.get("kind"):
+        return None
+    elapsed = max(0.0, now - (current.get("started_at") or now))
+    timeout = current.get("timeout_s")
+    limit = f" of its {_seconds(timeout)} timeout" if timeout else ""
+    what = {"model": f"Calling the model ({current.get('name')})", "tool": f"Running the tool {current.get('name')}",
+            "retry": f"Waiting before a retry ({current.get('name')})"}.get(current["kind"], current["kind"])
+    return f"{what}: {_seconds(elapsed)}{limit}"

@@ -1,0 +1,189 @@
+"""The sidebar for walkthroughs: provider and model, the demo scenario, the clocks, safeguards.
+
+`next_turn_config` builds (and validates) the TurnConfig from the widgets' session keys, so the
+send callback and the sidebar agree on what the next turn runs with.
+"""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from agent.demo.scenarios import SCENARIO_LATENCIES_S, Scenario, UnknownModelError, parse_model_name
+from agent.providers import read_secret
+from agent.settings import (
+    API_KEY_VARIABLES,
+    BASE_URL_VARIABLES,
+    DEFAULT_BASE_URLS,
+    DEFAULT_MODELS,
+    PROVIDERS,
+    SettingsError,
+    TurnConfig,
+    _is_local,
+)
+
+SCENARIOS = {  # the picker's order and the plain-words description of each
+    "healthy": "answers quickly and uses the tools your message asks for",
+    "slow": "every model response takes a few seconds, so the budget runs down",
+    "hang": "the model's server never answers: each call's timeout ends it",
+    "flaky": "a 429 then a 500 first: the turn retries, with backoff, inside its budget",
+    "trickle": "the reply arrives one byte a second: the total call timeout cuts it off",
+    "slow-tool": "the model asks the `wait` tool for 30 s: the tool stops at the deadline",
+}
+PRESETS = {
+    # Short enough that "hang" ends in seconds: deadline at 15 s, queue kill at 20 s.
+    "stakeholder": {"job_timeout_s": 20, "deadline_margin_s": 5.0, "call_timeout_cap_s": 8.0, "min_call_s": 2.0},
+}
+
+K = {  # widget keys
+    "provider": "sb_provider",
+    "scenario": "sb_scenario",
+    "latency": "sb_latency_s",
+    "model": "sb_model",
+    "job_timeout_s": "sb_job_timeout_s",
+    "deadline_margin_s": "sb_deadline_margin_s",
+    "call_timeout_cap_s": "sb_call_timeout_cap_s",
+    "min_call_s": "sb_min_call_s",
+    "naive": "sb_safeguards_off",
+}
+
+
+def init_defaults(base: TurnConfig) -> None:
+    """The widgets start from the environment's settings (once per browser session)."""
+    ss = st.session_state
+    ss.setdefault(K["provider"], base.provider)
+    try:
+        scenario = parse_model_name(base.model) if base.provider == "demo" else Scenario()
+    except UnknownModelError:
+        scenario = Scenario()
+    ss.setdefault(K["scenario"], scenario.name if scenario.name in SCENARIOS else "healthy")
+    ss.setdefault(K["latency"], float(scenario.latency_s))
+    ss.setdefault(K["model"], base.model if base.provider != "demo" else DEFAULT_MODELS["openai"])
+    _set_clocks(base, only_missing=True)
+    ss.setdefault(K["naive"], not base.safeguards)
+
+
+def _set_clocks(config: TurnConfig, *, only_missing: bool = False) -> None:
+    values = {
+        "job_timeout_s": int(config.job_timeout_s),
+        "deadline_margin_s": float(config.deadline_margin_s),
+        "call_timeout_cap_s": float(config.call_timeout_cap_s),
+        "min_call_s": float(config.min_call_s),
+    }
+    for name, value in values.items():
+        if only_missing:
+            st.session_state.setdefault(K[name], value)
+        else:
+            st.session_state[K[name]] = value
+
+
+def _apply_preset(values: dict) -> None:
+    for name, value in values.items():
+        st.session_state[K[name]] = value
+
+
+def _scenario_changed() -> None:
+    st.session_state[K["latency"]] = float(SCENARIO_LATENCIES_S[st.session_state[K["scenario"]]])
+
+
+def _base_url(provider: str, base: TurnConfig) -> str | None:
+    if provider == "demo":
+        return None
+    if provider == base.provider and base.base_url:
+        return base.base_url
+    return os.environ.get(BASE_URL_VARIABLES[provider], "").strip() or DEFAULT_BASE_URLS[provider]
+
+
+def key_status(provider: str) -> str | None:
+    """'set' / 'not set' for the provider's API key (never the key itself); None when none is needed."""
+    if provider not in API_KEY_VARIABLES:
+        return None
+    return "set" if read_secret(API_KEY_VARIABLES[provider]) else "not set"
+
+
+def next_turn_config(base: TurnConfig) -> TurnConfig:
+    """The config the next turn will be enqueued with. Raises SettingsError with a readable reason."""
+    ss = st.session_state
+    provider = ss.get(K["provider"], base.provider)
+    if provider == "demo":
+        scenario = ss.get(K["scenario"], "healthy")
+        latency = ss.get(K["latency"], SCENARIO_LATENCIES_S.get(scenario, 0.05))
+        if not 0 <= float(latency) <= 600:
+            raise SettingsError("model latency", "must be between 0 and 600 seconds")
+        model = Scenario(scenario, float(latency)).model_name
+    else:
+        model = (ss.get(K["model"]) or DEFAULT_MODELS[provider]).strip()
+    base_url = _base_url(provider, base)
+    if provider != "demo" and key_status(provider) == "not set" and not _is_local(base_url or ""):
+        raise SettingsError(API_KEY_VARIABLES[provider], "is not set (environment or .streamlit/secrets.toml)")
+    return base.with_changes(
+        provider=provider,
+        model=model,
+        base_url=base_url,
+        job_timeout_s=int(ss.get(K["job_timeout_s"], base.job_timeout_s)),
+        deadline_margin_s=float(ss.get(K["deadline_margin_s"], base.deadline_margin_s)),
+        call_timeout_cap_s=float(ss.get(K["call_timeout_cap_s"], base.call_timeout_cap_s)),
+        min_call_s=float(ss.get(K["min_call_s"], base.min_call_s)),
+        safeguards=not ss.get(K["naive"], False),
+    )
+
+
+def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
+    """Draw the sidebar; return the next turn's config, or None and the reason it is invalid."""
+    init_defaults(base)
+    sb = st.sidebar
+    sb.header("Next message")
+    sb.caption("These settings apply to the next message you send; a turn keeps the settings it was sent with.")
+
+    sb.subheader("Model")
+    provider = sb.selectbox("Provider", PROVIDERS, key=K["provider"],
+                            format_func=lambda p: {"demo": "demo (offline, built in)"}.get(p, p))
+    if provider == "demo":
+        sb.selectbox("Scenario", list(SCENARIOS), key=K["scenario"], on_change=_scenario_changed,
+                     format_func=lambda s: s.replace("-", " "))
+        sb.caption(SCENARIOS[st.session_state[K["scenario"]]].capitalize() + ".")
+        sb.number_input("Model latency (s)", min_value=0.0, max_value=600.0, step=0.5, key=K["latency"],
+                        help="How long the demo model thinks before each reply. 1 s makes each step easy to follow.")
+    else:
+        sb.text_input("Model", key=K["model"])
+        sb.caption(f"API key: **{key_status(provider)}** · base URL: `{_base_url(provider, base)}`")
+
+    sb.subheader("Clocks")
+    left, right = sb.columns(2)
+    left.button("Demo clocks", on_click=_apply_preset, args=(PRESETS["stakeholder"],), width="stretch",
+                help="Job timeout 20 s, margin 5 s, call cap 8 s, minimum 2 s: the hang scenario ends in seconds.")
+    right.button("Defaults", on_click=_set_clocks, args=(base,), width="stretch",
+                 help="The clocks from the environment (AGENT_JOB_TIMEOUT and friends).")
+    sb.number_input("Job timeout (s)", min_value=1, max_value=3600, step=5, key=K["job_timeout_s"],
+                    help="The queue's limit: RQ kills the job when it passes. Whole seconds.")
+    sb.number_input("Deadline margin (s)", min_value=0.0, max_value=3600.0, step=1.0, key=K["deadline_margin_s"],
+                    help="deadline = job start + job timeout − margin. Kept free for the final write.")
+    sb.number_input("Call timeout cap (s)", min_value=0.0, max_value=3600.0, step=1.0, key=K["call_timeout_cap_s"],
+                    help="The most one model call gets: min(cap, time left before the deadline).")
+    sb.number_input("Minimum for a call (s)", min_value=0.0, max_value=3600.0, step=0.5, key=K["min_call_s"],
+                    help="With less than this left before the deadline, no model call starts.")
+
+    sb.subheader("Safeguards")
+    sb.toggle("Safeguards off (the naive loop)", key=K["naive"])
+    config, error = None, None
+    try:
+        config = next_turn_config(base)
+    except SettingsError as exc:
+        error = str(exc)
+    if st.session_state[K["naive"]]:
+        sb.warning(
+            "**Safeguards off**: no deadline of its own, every call and tool gets a huge timeout, and "
+            "the state is written once, at the end. Try it with *hang* or *slow tool*: the page sees "
+            "nothing until the queue's job timeout kills the job. The page still tells you how it ended."
+        )
+    if error:
+        sb.error(f"These settings cannot be used: {error}")
+    elif config is not None and config.safeguards:
+        deadline_s = config.job_timeout_s - config.deadline_margin_s
+        sb.caption(
+            f"The turn stops itself **{deadline_s:g} s** after its job starts (the deadline); the queue would "
+            f"kill it at **{config.job_timeout_s} s**. Each model call gets at most "
+            f"**{config.call_timeout_cap_s:g} s**, and none starts with less than **{config.min_call_s:g} s** left."
+        )
+    return config, error

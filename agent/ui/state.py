@@ -1,0 +1,180 @@
+"""The page's session logic, without Streamlit: which conversation, its state (fetched only when
+its version moved), sending, stopping, the queue, and the never-stuck check.
+
+`session` is any mutable mapping (st.session_state on the page, a dict in tests).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import redis
+from rq import Queue, Worker
+
+from agent import services
+from agent.queue import BadMessage, get_queue, job_status, new_id, queue_position, running_count, submit_turn
+from agent.settings import Settings, TurnConfig
+from agent.store import Store, TurnInFlight
+from agent.turn import write_ending
+from agent.watch import lost_worker_check
+
+CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
+POLL_WAIT_FRACTION = 0.5  # of the poll interval: a poll may block this long for the next write
+_CID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
+DRAFT_KEY = "agent_draft_cid"  # this tab's id for a chat that has no message yet (not in the URL yet)
+FLASH_KEY = "agent_flash"  # a message for the next run: (kind, text, unsent text or None)
+STOPPING_KEY = "agent_stopping"  # turn id whose stop this tab asked for
+
+
+@dataclass
+class Backend:
+    """What the page talks to, made once per process (see page.backend)."""
+
+    services: services.Services
+    store: Store
+    queue_connection: redis.Redis
+    queue: Queue
+
+
+def connect(settings: Settings) -> Backend:
+    svc = services.ensure(settings)
+    queue_connection = svc.queue_connection()
+    return Backend(svc, svc.store(settings), queue_connection, get_queue(queue_connection))
+
+
+@dataclass
+class Conversation:
+    id: str
+    in_url: bool
+    notice: str | None = None  # why the id in the URL was not used
+
+
+def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int) -> Conversation:
+    """The URL's conversation when it exists; otherwise this tab's draft id (a fresh chat)."""
+    if url_cid:
+        if _CID_RE.match(url_cid) and store.version(url_cid) is not None:
+            return Conversation(url_cid, in_url=True)
+        session.pop(DRAFT_KEY, None)
+        notice = (
+            f"The conversation in this link ({url_cid[:24]}) was not found: conversations are kept for "
+            f"{_minutes(ttl_s)} after their last message. This is a new chat."
+        )
+        return Conversation(_draft(session), in_url=False, notice=notice)
+    return Conversation(_draft(session), in_url=False)
+
+
+def _draft(session) -> str:
+    if not session.get(DRAFT_KEY):
+        session[DRAFT_KEY] = new_id()
+    return session[DRAFT_KEY]
+
+
+def new_chat(session) -> None:
+    for key in (DRAFT_KEY, VIEW_KEY, FLASH_KEY, STOPPING_KEY):
+        session.pop(key, None)
+
+
+def _minutes(seconds: int) -> str:
+    return f"{seconds // 60} minutes" if seconds >= 120 else f"{seconds} seconds"
+
+
+@dataclass
+class Poll:
+    state: dict | None
+    changed: bool  # the version moved since this tab's last read (or there was none)
+    lost: bool = False  # this poll found the worker lost and wrote the ending
+
+
+def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait_ms: int = 0) -> Poll:
+    """The cheap poll: one version read; the whole state only when the version moved.
+
+    While a turn is in flight and nothing changed, block up to `wait_ms` on the conversation's
+    event stream, so a step shows within milliseconds of its write. When still nothing changed,
+    check whether the worker was lost, and if so write the ending (every tab then sees it).
+    """
+    cached = session.get(VIEW_KEY)
+    if cached and cached["cid"] != cid:
+        cached = None
+    version = store.version(cid)
+    if version is None:
+        session.pop(VIEW_KEY, None)
+        return Poll(None, changed=cached is not None)
+    in_flight = cached is not None and not cached["state"]["done"]
+    if in_flight and version == cached["version"] and wait_ms > 0:
+        version = store.wait_version(cid, version, wait_ms)
+    if cached is not None and version == cached["version"]:
+        state, changed = cached["state"], False
+    else:
+        state, changed = _read(store, session, cid), True
+    lost = False
+    if state is not None and not state["done"] and (not changed or cached is None):
+        if lost_worker_check(store, queue_connection, cid):
+            state, changed, lost = _read(store, session, cid), True, True
+    return Poll(state, changed, lost)
+
+
+def _read(store: Store, session, cid: str) -> dict | None:
+    state = store.read(cid)
+    if state is None:
+        session.pop(VIEW_KEY, None)
+    else:
+        session[VIEW_KEY] = {"cid": cid, "version": state["version"], "state": state}
+    return state
+
+
+def poll_wait_ms(poll_interval_ms: int) -> int:
+    return int(poll_interval_ms * POLL_WAIT_FRACTION)
+
+
+def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,
+         config_error: str | None = None) -> str | None:
+    """Enqueue a turn; on refusal, leave a message (and the unsent text) for the next run."""
+    session.pop(FLASH_KEY, None)
+    if config is None:
+        session[FLASH_KEY] = ("error", f"Nothing was sent: {config_error or 'fix the settings in the sidebar'}.", text)
+        return None
+    try:
+        turn_id = submit_turn(store, queue, cid, text, config)
+    except BadMessage as exc:
+        session[FLASH_KEY] = ("error", str(exc), text)
+        return None
+    except TurnInFlight as exc:
+        session[FLASH_KEY] = ("warning", f"Not sent: {exc}.", text)
+        return None
+    session.pop(STOPPING_KEY, None)
+    return turn_id
+
+
+def stop(store: Store, session, state: dict, ttl_s: int) -> None:
+    """Ask the worker to stop at its next check; a turn still waiting in the queue ends at once."""
+    turn_id = state["turn_id"]
+    store.request_cancel(turn_id, ttl_s)
+    session[STOPPING_KEY] = turn_id
+    if state["status"] == "queued" and not state.get("started_at"):
+        # Safe against a worker that picks it up right now: a turn that has ended refuses its writes.
+        write_ending(store, state["conversation_id"], turn_id, "cancelled", "cancelled",
+                     "Stopped at your request, before a worker started it.")
+
+
+@dataclass
+class QueueInfo:
+    position: int | None  # 1-based place in the queue, None when not waiting
+    workers: int
+    busy: int
+    job_status: str | None
+
+
+def queue_info(backend: Backend, state: dict) -> QueueInfo:
+    job_id = state.get("job_id")
+    position = queue_position(backend.queue, job_id) if job_id else None
+    status = job_status(backend.queue_connection, job_id) if job_id else None
+    workers = Worker.count(connection=backend.queue_connection, queue=backend.queue)
+    return QueueInfo(position, workers, running_count(backend.queue), status)
+
+
+def now() -> float:
+    return time.time()

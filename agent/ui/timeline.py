@@ -1,0 +1,171 @@
+"""The three clocks as a picture: one bar per step against the deadline and the job timeout.
+
+`timeline_rows` is pure (steps + a turn summary -> rows); `timeline_chart` draws them with Altair.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+
+KIND_LABELS = {"model": "model call", "tool": "tool run", "retry": "retry wait", "skip": "skipped call"}
+TIMEOUT_LABEL = "timeout it was given"
+RUNNING_LABEL = "running now"
+COLOURS = {  # colour-blind friendly, and failures stand out
+    "model call": "#4C78A8",
+    "tool run": "#54A24B",
+    "retry wait": "#B279A2",
+    "skipped call": "#9D755D",
+    "timed out": "#E45756",
+    "failed": "#F58518",
+    RUNNING_LABEL: "#72B7B2",
+    TIMEOUT_LABEL: "#D3D8DE",
+}
+MIN_BAR_FRACTION = 0.006  # of the x range: a 3 ms step still shows as a sliver
+CHART_TITLE = "How this turn used its time"
+CHART_SUBTITLE = [
+    "Each coloured bar is one step; the grey bar behind it is the timeout that step was given.",
+    "The turn stops itself at its deadline (orange line); the queue kills the job at the job timeout (red line).",
+    "The shaded margin between them is kept free, so the turn can always write how it ended.",
+]
+
+
+def _what(step: dict) -> str:
+    if step.get("kind") == "skip":
+        return "skipped call"
+    if step.get("outcome") == "timeout":
+        return "timed out"
+    if step.get("outcome") == "error":
+        return "failed"
+    return KIND_LABELS.get(step.get("kind"), step.get("kind") or "step")
+
+
+def _label(number: int, step: dict) -> str:
+    kind = step.get("kind")
+    name = step.get("name") or ""
+    if kind == "model":
+        attempt = step.get("attempt") or 1
+        return f"{number}. model call" + (f" (try {attempt})" if attempt > 1 else "")
+    if kind == "tool":
+        return f"{number}. {name}"
+    if kind == "retry":
+        return f"{number}. wait before {name}"
+    if kind == "skip":
+        return f"{number}. call skipped"
+    return f"{number}. {name or kind}"
+
+
+def horizon_s(summary: dict, steps: list[dict], now: float | None = None) -> float:
+    """The x range: up to the job timeout, or further if something ran past it."""
+    t0 = summary.get("started_at") or 0.0
+    ends = [s.get("ended_at") or t0 for s in steps]
+    candidates = [summary.get("job_timeout_at"), summary.get("deadline_at"), summary.get("ended_at"), now, *ends]
+    span = max((c - t0 for c in candidates if c), default=1.0)
+    return max(span, 1.0)
+
+
+def timeline_rows(steps: list[dict], summary: dict, *, now: float | None = None,
+                  current: dict | None = None) -> list[dict]:
+    """Two rows per step (the timeout it got, and what it took), in seconds since the turn started."""
+    t0 = summary.get("started_at")
+    if not t0:
+        return []
+    horizon = horizon_s(summary, steps, now)
+    rows = []
+    items = list(steps)
+    if current and current.get("kind") and now:
+        items.append({**current, "ended_at": now, "outcome": "running", "_running": True})
+    for number, step in enumerate(items, start=1):
+        start = max(0.0, (step.get("started_at") or t0) - t0)
+        end = max(start, (step.get("ended_at") or t0) - t0)
+        timeout_s = step.get("timeout_s")
+        what = RUNNING_LABEL if step.get("_running") else _what(step)
+        label = _label(number, step)
+        common = {
+            "step": label,
+            "order": number,
+            "start_s": round(start, 3),
+            "took_s": round(end - start, 3),
+            "timeout_s": timeout_s,
+            "detail": step.get("detail") or "",
+        }
+        if timeout_s:
+            rows.append({**common, "what": TIMEOUT_LABEL, "layer": "timeout",
+                         "end_s": round(min(start + timeout_s, horizon * 1.02), 3)})
+        rows.append({**common, "what": what, "layer": "step",
+                     "end_s": round(max(end, start + horizon * MIN_BAR_FRACTION), 3)})
+    return rows
+
+
+def clock_rules(summary: dict) -> list[dict]:
+    t0 = summary.get("started_at")
+    if not t0:
+        return []
+    rules = []
+    if summary.get("deadline_at"):
+        rules.append({"at_s": round(summary["deadline_at"] - t0, 3), "clock": "deadline",
+                      "y_px": 2, "colour": "#D67500"})
+    if summary.get("job_timeout_at"):
+        rules.append({"at_s": round(summary["job_timeout_at"] - t0, 3), "clock": "job timeout",
+                      "y_px": 17, "colour": "#C0392B"})
+    return rules
+
+
+def timeline_chart(steps: list[dict], summary: dict, *, now: float | None = None, current: dict | None = None,
+                   zoom: bool = False) -> alt.LayerChart | None:
+    rows = timeline_rows(steps, summary, now=now, current=current)
+    if not rows:
+        return None
+    t0 = summary["started_at"]
+    rules = clock_rules(summary)
+    if zoom:
+        last = max(r["start_s"] + r["took_s"] for r in rows)
+        domain_end = max(last * 1.15, 0.05)
+    else:
+        domain_end = horizon_s(summary, steps, now) * 1.03
+    x_scale = alt.Scale(domain=[0, domain_end], nice=False)
+    present = {r["what"] for r in rows}
+    legend_domain = [k for k in COLOURS if k in present]
+    colour = alt.Color(
+        "what:N",
+        title=None,
+        scale=alt.Scale(domain=legend_domain, range=[COLOURS[k] for k in legend_domain]),
+        legend=alt.Legend(orient="bottom", columns=5, symbolType="square"),
+    )
+    order = [r["step"] for r in rows if r["layer"] == "step"]
+    # The outer padding leaves a free band at the top for the clocks' labels.
+    y = alt.Y("step:N", sort=order, title=None, axis=alt.Axis(labelLimit=220, ticks=False),
+              scale=alt.Scale(paddingInner=0.25, paddingOuter=0.9))
+    tooltip = [
+        alt.Tooltip("step:N", title="step"),
+        alt.Tooltip("what:N", title="kind"),
+        alt.Tooltip("start_s:Q", title="started at (s)", format=".2f"),
+        alt.Tooltip("took_s:Q", title="took (s)", format=".3f"),
+        alt.Tooltip("timeout_s:Q", title="timeout (s)", format=".1f"),
+        alt.Tooltip("detail:N", title="detail"),
+    ]
+    x = alt.X("start_s:Q", scale=x_scale, title="seconds since the job started")
+    timeouts = alt.Chart(alt.Data(values=[r for r in rows if r["layer"] == "timeout"])).mark_bar(
+        size=20, opacity=0.8, clip=True).encode(x=x, x2="end_s:Q", y=y, color=colour, tooltip=tooltip)
+    bars = alt.Chart(alt.Data(values=[r for r in rows if r["layer"] == "step"])).mark_bar(
+        size=11, clip=True, cornerRadius=2).encode(x=x, x2="end_s:Q", y=y, color=colour, tooltip=tooltip)
+    layers = [timeouts, bars] if any(r["layer"] == "timeout" for r in rows) else [bars]
+    if len(rules) == 2:
+        margin = alt.Chart(alt.Data(values=[{"from": rules[0]["at_s"], "to": rules[1]["at_s"]}])).mark_rect(
+            color="#F2A65A", opacity=0.13, clip=True
+        ).encode(x=alt.X("from:Q", scale=x_scale), x2="to:Q")
+        layers.insert(0, margin)
+    for rule in rules:
+        at = alt.Chart(alt.Data(values=[rule]))
+        x_at = alt.X("at_s:Q", scale=x_scale)
+        layers.append(at.mark_rule(strokeDash=[6, 3], strokeWidth=2, clip=True, color=rule["colour"]).encode(x=x_at))
+        layers.append(at.mark_text(align="right", baseline="top", dx=-5, y=rule["y_px"], fontSize=12,
+                                   fontWeight="bold", color=rule["colour"]).encode(x=x_at, text="clock:N"))
+    if now is not None:
+        layers.append(alt.Chart(alt.Data(values=[{"at_s": round(now - t0, 3)}])).mark_rule(
+            color="#333", strokeWidth=1.5, clip=True).encode(x=alt.X("at_s:Q", scale=x_scale)))
+    # Streamlit fits title, legend and axes inside this height, so it counts them too.
+    height = 220 + 36 * len(order)
+    return alt.layer(*layers).properties(
+        height=height,
+        title=alt.Title(CHART_TITLE, subtitle=CHART_SUBTITLE, anchor="start", subtitleColor="#555"),
+    )

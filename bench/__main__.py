@@ -1,0 +1,251 @@
+"""`python -m bench` (`make bench`): every figure of issue 5, side by side in one run.
+
+Starts a private Redis (a temp dir) and worker pools as subprocesses, runs the demo provider at
+set latencies, prints a table, writes bench/results.json and two plots. `--quick` runs a tiny
+configuration (for the smoke test) and writes wherever `--out` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import rq
+
+from agent.workers import DEFAULT_WORKER_CLASS
+from bench import cost, latency, load, report
+from bench.harness import Lab
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of everything to run. FULL keeps `make bench` under 10 minutes on 2 cores."""
+
+    latency_s: float  # per model call, for the first-step, overhead and throughput turns
+    poll_interval_s: float  # the plain poll's interval and the event-driven wait's bound
+    history_samples: int
+    observe_conversations: int
+    observe_duration_s: float
+    classes: tuple[str, ...]
+    dispatch_turns: int
+    overhead_pairs: int  # for the default class; the others get `overhead_pairs_other`
+    overhead_pairs_other: int
+    first_step_repeats: int
+    throughput: tuple[tuple[str, int, int], ...]  # (worker class, workers, turns)
+    deadline_turns: int
+    deadline_workers: int
+    deadline_clocks: dict = field(default_factory=lambda: dict(load.DEADLINE_CLOCKS))
+
+
+# Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
+# 1 worker runs 25 turns (25 s), not 100 (100 s). turns/s is a rate either way; p95 latency grows
+# with the queue, so each row says how many turns it ran. Fork workers: a shorter line for contrast.
+FULL = Plan(
+    latency_s=1.0,
+    poll_interval_s=1.0,  # AGENT_POLL_INTERVAL_MS's default
+    history_samples=50,
+    observe_conversations=6,
+    observe_duration_s=15.0,
+    classes=("fork", "spawn", "simple"),
+    dispatch_turns=30,
+    overhead_pairs=5,
+    overhead_pairs_other=3,
+    first_step_repeats=3,
+    throughput=tuple(("simple", n, min(100, 25 * n)) for n in (1, 2, 4, 8, 16))
+    + tuple(("fork", n, min(50, 10 * n)) for n in (1, 2, 4, 8, 16)),
+    deadline_turns=200,
+    deadline_workers=16,
+)
+
+QUICK = Plan(
+    latency_s=0.2,
+    poll_interval_s=0.2,
+    history_samples=5,
+    observe_conversations=2,
+    observe_duration_s=1.0,
+    classes=("simple",),
+    dispatch_turns=3,
+    overhead_pairs=1,
+    overhead_pairs_other=1,
+    first_step_repeats=1,
+    throughput=(("simple", 1, 2), ("simple", 2, 4)),
+    deadline_turns=4,
+    deadline_workers=2,
+    deadline_clocks=dict(job_timeout_s=2, deadline_margin_s=1.0, call_timeout_cap_s=0.5, connect_timeout_s=0.5,
+                         min_call_s=0.2, max_steps=8),
+)
+
+METHOD = {
+    "first_step_ratio": "The three-tool turn (calculator, current_time, search_docs; 4 model calls at {latency} s) "
+    "on 2 simple workers; from submit, (first tool step visible) / (final answer visible), median of {n} turns. "
+    "Each turn is followed by two clients at once: the event-driven poll (Store.wait_version, as the CLI does) "
+    "gives first_step_ratio; a plain poll every 1 s with a random phase gives first_step_ratio_plain_poll. "
+    "The write-at-end loop (TurnConfig.safeguards=False) runs beside it at the same time.",
+    "queue_overhead_ratio": "The same three-tool turn at {latency} s per call, through RQ (submit to the final "
+    "write seen by an event-driven client) / in-process (the same submit without the enqueue, then "
+    "agent.turn.run_turn called in a warm thread of the bench process); both started together; median of "
+    "the pair ratios. 2 workers per class; the headline uses the default class.",
+    "dispatch_latency_ms": "2 idle workers per class, one instant turn (demo@0) at a time, after warm-up. "
+    "start_ms: submit to RQ's job.started_at (stamped in the process that runs the job, after any fork or "
+    "spawn). first_call_ms: submit to the start of the turn's first model call (also the job's import, "
+    "state read and first write).",
+    "publish_to_observed_ms": "Writers publish a new step to in-flight conversations at random gaps "
+    "(0.2-2 s) through Store.publish; for each write, the time until a client first sees that version or a "
+    "later one. Three clients per conversation at once: plain HGET of the version every {interval} s (random "
+    "phase); Store.wait_version (XREAD BLOCK on the events stream, then HGET; bounded by the same interval); "
+    "and for contrast a plain poll 5x as often. Redis CPU = commands per client-second x INFO commandstats "
+    "usec per call.",
+    "cost_vs_history": "Conversations prepared with exactly 10/100/1000 messages (user, tool call, tool "
+    "result, answer). publish: one round-trip's write (one message, one step, the small fields) via the Lua "
+    "script. poll_no_change: Store.version (one HGET). Contrasts: the full-state read, and a whole-state "
+    "rewrite (one SET of the state JSON, what a single-key layout would send per write). Bytes: Redis's own "
+    "total_net_input/output_bytes counters, both directions, per operation. Time: client-side, per call.",
+    "throughput": "N one-call turns (demo@{latency}: 1 model call each) submitted at once to a pool of W "
+    "workers after a warm-up; turns/s = N / (last final write - first submit); latency = final write - submit; "
+    "memory = peak of the mean RSS per worker process (plus its work horse, for fork) during the run. "
+    "ideal = turns / (ceil(turns / W) rounds x {latency} s).",
+    "deadline_accuracy": "Three-tool turns on {workers} simple workers with short clocks {clocks}; each turn's "
+    "provider is random: 50% demo@U(0.05,1.5), 20% demo@U(1.5,4) (calls that outlive the cap or the "
+    "deadline), 15% demo:hang, 15% demo:flaky@U(0.05,1). final write = the updated_at of the turn's last "
+    "write; asserted: none at or past job_timeout_at, none killed by the queue.",
+}
+
+
+def progress(message: str, started: float) -> None:
+    print(f"[{time.monotonic() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def run(plan: Plan, seed: int, started: float) -> dict:
+    rng = random.Random(seed)
+    results: dict = {}
+    lab = Lab().start()
+    try:
+        progress("cost against history length", started)
+        rows = cost.history_cost(lab, plan.history_samples)
+        results["cost_vs_history"] = rows
+        results["publish_growth_1000_vs_10"] = round(rows[-1]["publish"]["bytes"] / rows[0]["publish"]["bytes"], 3)
+        results["poll_growth_1000_vs_10"] = round(
+            rows[-1]["poll_no_change"]["bytes"] / rows[0]["poll_no_change"]["bytes"], 3)
+
+        progress("publish to observed: plain poll vs event-driven wait", started)
+        results["publish_to_observed_ms"] = cost.publish_to_observed(
+            lab, plan.observe_conversations, plan.observe_duration_s, plan.poll_interval_s, rng)
+
+        dispatch, overhead = {}, {}
+        for kind in plan.classes:
+            progress(f"{kind} workers: dispatch latency and queue overhead", started)
+            pool = lab.pool(2, kind)
+            dispatch[kind] = latency.dispatch_latency(lab, pool, plan.dispatch_turns, warmup=2)
+            pairs = plan.overhead_pairs if kind == DEFAULT_WORKER_CLASS else plan.overhead_pairs_other
+            overhead[kind] = latency.queue_overhead(lab, pool, pairs, plan.latency_s)
+            if kind == DEFAULT_WORKER_CLASS:
+                progress(f"{kind} workers: first-step ratio", started)
+                results["first_step"] = latency.first_step(
+                    lab, plan.first_step_repeats, plan.poll_interval_s, rng, plan.latency_s)
+            lab.stop_pool(pool)
+        first = results["first_step"]
+        results["first_step_ratio"] = first["publish_as_you_go"]["event"]["ratio_median"]
+        results["first_step_ratio_plain_poll"] = first["publish_as_you_go"]["plain"]["ratio_median"]
+        results["first_step_ratio_write_at_end"] = first["write_at_end"]["event"]["ratio_median"]
+        results["queue_overhead_ratio"] = overhead[DEFAULT_WORKER_CLASS]["ratio"]
+        results["queue_overhead_ratio_by_class"] = {k: v["ratio"] for k, v in overhead.items()}
+        results["queue_overhead"] = overhead
+        results["dispatch_latency_ms"] = dispatch
+
+        results["throughput"] = []
+        for kind, workers, turns in plan.throughput:
+            progress(f"throughput: {turns} turns on {workers} {kind} workers", started)
+            pool = lab.pool(workers, kind)
+            results["throughput"].append(load.throughput(lab, pool, turns, plan.latency_s))
+            lab.stop_pool(pool)
+
+        progress(f"deadline accuracy: {plan.deadline_turns} turns on {plan.deadline_workers} workers", started)
+        pool = lab.pool(plan.deadline_workers, DEFAULT_WORKER_CLASS)
+        results["deadline_accuracy"] = load.deadline_accuracy(
+            lab, pool, plan.deadline_turns, rng, plan.deadline_clocks)
+        lab.stop_pool(pool)
+        results["redis_version"] = lab.client.info("server")["redis_version"]
+    finally:
+        lab.close()
+    return results
+
+
+def judge(results: dict) -> dict:
+    deadline = results["deadline_accuracy"]
+    return {
+        "first_step_ratio": results["first_step_ratio"] <= 0.35,
+        "queue_overhead_ratio": results["queue_overhead_ratio"] <= 1.02,
+        "publish_to_observed_p50": results["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
+        # O(1) poll and O(new messages) publish: 100x the history, (nearly) the same bytes.
+        "cost_vs_history": results["poll_growth_1000_vs_10"] <= 1.1 and results["publish_growth_1000_vs_10"] <= 1.2,
+        "deadline_accuracy": deadline["turns_past_job_timeout"] == 0 and deadline["killed_by_queue"] == 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny configuration, for the smoke test")
+    parser.add_argument("--out", type=Path, default=HERE / "results.json", help="results JSON (default bench/)")
+    parser.add_argument("--plots", type=Path, help="folder for the PNGs (default: beside --out)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt  # so the finally blocks stop what was started
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    wall_start = time.time()
+    try:
+        results = run(plan, args.seed, started)
+    except KeyboardInterrupt:
+        print("interrupted: everything started was stopped", file=sys.stderr)
+        return 130
+    results["goals"] = judge(results)
+    results["default_worker_class"] = DEFAULT_WORKER_CLASS
+    results["method"] = {
+        k: v.format(latency=plan.latency_s, n=plan.first_step_repeats, interval=plan.poll_interval_s,
+                    workers=plan.deadline_workers, clocks=json.dumps(plan.deadline_clocks))
+        for k, v in METHOD.items()
+    }
+    results["meta"] = {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_start)),
+        "runtime_s": round(time.monotonic() - started, 1),
+        "plan": "quick" if args.quick else "full",
+        "plan_detail": asdict(plan),
+        "seed": args.seed,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "rq": rq.__version__,
+        "redis_server": results.pop("redis_version", None),
+        "platform": platform.platform(),
+    }
+    ordered = {k: results[k] for k in (
+        "first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
+        "queue_overhead_ratio_by_class", "dispatch_latency_ms", "publish_to_observed_ms", "cost_vs_history",
+        "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy", "goals",
+        "default_worker_class", "first_step", "queue_overhead", "method", "meta")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(ordered, indent=2) + "\n")
+    written = report.plots(ordered, args.plots or args.out.parent)
+    print(report.table(ordered))
+    print(f"\nwrote {args.out}" + "".join(f", {p}" for p in written) + f" in {ordered['meta']['runtime_s']:g} s")
+    if not ordered["goals"]["deadline_accuracy"]:
+        print("FAILED: a turn reached its job timeout", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

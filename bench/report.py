@@ -1,0 +1,154 @@
+"""The printed table and the two plots, both from the results dict alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _ms(stats: dict | None) -> str:
+    if not stats or stats.get("p50") is None:
+        return "-"
+    return f"{stats['p50']:g} / {stats['p95']:g} ms"
+
+
+def _check(ok: bool | None) -> str:
+    return "" if ok is None else ("ok" if ok else "MISSED")
+
+
+def rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """(measure, value, goal, verdict) for the table (also the README's)."""
+    out = []
+    goals = results.get("goals", {})
+    plan = results.get("meta", {}).get("plan_detail", {})
+    interval = f"{plan.get('poll_interval_s', 1.0):g} s"
+    call = f"{plan.get('latency_s', 1.0):g} s"
+    if "first_step_ratio" in results:
+        out.append(("first_step_ratio (publish as you go, event-driven poll)", f"{results['first_step_ratio']:.3f}",
+                    "<= 0.35", _check(goals.get("first_step_ratio"))))
+        out.append((f"  same, plain poll every {interval}", f"{results['first_step_ratio_plain_poll']:.3f}", "", ""))
+        out.append(("  write-at-end loop, for contrast", f"{results['first_step_ratio_write_at_end']:.3f}", "", ""))
+    if "queue_overhead_ratio" in results:
+        out.append((f"queue_overhead_ratio (RQ / in-process, {call} calls)", f"{results['queue_overhead_ratio']:.4f}",
+                    "<= 1.02", _check(goals.get("queue_overhead_ratio"))))
+        for kind, ratio in results.get("queue_overhead_ratio_by_class", {}).items():
+            out.append((f"  with {kind} workers", f"{ratio:.4f}", "", ""))
+    for kind, stats in results.get("dispatch_latency_ms", {}).items():
+        out.append((f"dispatch {kind}: enqueue->job start, p50/p95", _ms(stats["start_ms"]), "", ""))
+        out.append((f"dispatch {kind}: enqueue->first model call", _ms(stats["first_call_ms"]), "", ""))
+    observed = results.get("publish_to_observed_ms")
+    if observed:
+        out.append((f"publish->observed, plain poll {observed['interval_ms']} ms", _ms(observed["plain_poll"]), "", ""))
+        out.append(("publish->observed, event-driven wait_version", _ms(observed["event_driven"]),
+                    "p50 <= 100 ms", _check(goals.get("publish_to_observed_p50"))))
+        fast = observed.get("plain_poll_fast")
+        if fast:
+            out.append((f"  contrast: plain poll {fast['interval_ms']} ms", _ms(fast), "", ""))
+        out.append(("  Redis CPU per client-second: plain / event" + (" / fast plain" if fast else ""),
+                    f"{observed['plain_poll']['redis_server_us_per_client_s']:g} / "
+                    f"{observed['event_driven']['redis_server_us_per_client_s']:g}"
+                    + (f" / {fast['redis_server_us_per_client_s']:g}" if fast else "") + " us", "", ""))
+    for row in results.get("cost_vs_history", []):
+        out.append((f"{row['messages']:>4} messages: publish bytes, p50 time",
+                    f"{row['publish']['bytes']} B, {row['publish']['time_us']['p50']:g} us", "", ""))
+        out.append((f"{row['messages']:>4} messages: no-change poll bytes, p50 time",
+                    f"{row['poll_no_change']['bytes']} B, {row['poll_no_change']['time_us']['p50']:g} us", "", ""))
+    if "cost_vs_history" in results:
+        out.append(("  publish / no-change poll bytes, 1000 vs 10 messages",
+                    f"{results['publish_growth_1000_vs_10']:.2f}x / {results['poll_growth_1000_vs_10']:.2f}x",
+                    "O(new) / O(1)", _check(goals.get("cost_vs_history"))))
+    for row in results.get("throughput", []):
+        out.append((f"throughput {row['worker_class']} x{row['workers']:>2} ({row['turns']} turns)",
+                    f"{row['turns_per_s']:.2f} turns/s, p95 {row['latency_s']['p95']:g} s, "
+                    f"{row['rss_mib_per_worker']:g} MiB/worker", f"~{row['ideal_turns_per_s']:.1f}/s",
+                    f"{row['scaling_efficiency'] * 100:.0f}%"))
+    deadline = results.get("deadline_accuracy")
+    if deadline:
+        d = deadline["final_write_minus_deadline_ms"]
+        out.append((f"final write - deadline ({deadline['turns']} turns) p5/p50/p95/max",
+                    f"{d['p5']:g} / {d['p50']:g} / {d['p95']:g} / {d['max']:g} ms", "", ""))
+        out.append(("  turns past the job timeout", str(deadline["turns_past_job_timeout"]), "0",
+                    _check(goals.get("deadline_accuracy"))))
+    return out
+
+
+def table(results: dict) -> str:
+    body = rows(results)
+    headers = ("measure", "value", "goal", "")
+    widths = [max(len(str(r[i])) for r in [headers, *body]) for i in range(4)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(headers, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def markdown_table(results: dict) -> str:
+    lines = ["| measure | value | goal | |", "| --- | --- | --- | --- |"]
+    lines += [f"| {m.strip()} | {v} | {g} | {c} |" for m, v, g, c in rows(results)]
+    return "\n".join(lines)
+
+
+def plots(results: dict, directory: Path) -> list[Path]:
+    """throughput.png and history_cost.png; none (with a note) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (make setup installs it)")
+        return []
+    written = []
+    if results.get("throughput"):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        for kind in sorted({r["worker_class"] for r in results["throughput"]}):
+            runs = [r for r in results["throughput"] if r["worker_class"] == kind]
+            workers = [r["workers"] for r in runs]
+            left.plot(workers, [r["turns_per_s"] for r in runs], "o-", label=f"{kind} workers")
+            right.plot(workers, [r["latency_s"]["p95"] for r in runs], "o-", label=f"{kind} workers")
+            for r in runs:  # p95 grows with the queue: say how many turns each point ran
+                right.annotate(f"{r['turns']}", (r["workers"], r["latency_s"]["p95"]), fontsize=7,
+                               textcoords="offset points", xytext=(4, 4))
+        workers = sorted({r["workers"] for r in results["throughput"]})
+        ideal = {r["workers"]: r["ideal_turns_per_s"] for r in results["throughput"] if r["worker_class"] == "simple"}
+        left.plot(list(ideal), list(ideal.values()), ":", color="gray", label="ideal: ceil(turns/workers) rounds")
+        left.set(xscale="log", yscale="log", xlabel="workers", ylabel="turns per second",
+                 title="Throughput: one-call turns")
+        left.set_xticks(workers, [str(w) for w in workers])
+        right.set(xscale="log", xlabel="workers", ylabel="p95 turn latency (s)",
+                  title="p95 latency, submit to final write (label: turns)")
+        right.set_xticks(workers, [str(w) for w in workers])
+        for ax in (left, right):
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = directory / "throughput.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if results.get("cost_vs_history"):
+        data = results["cost_vs_history"]
+        lengths = [r["messages"] for r in data]
+        series = (
+            ("publish (append-only)", "publish", "o-"),
+            ("poll, no change (HGET version)", "poll_no_change", "s-"),
+            ("contrast: whole-state rewrite", "contrast_whole_state_rewrite", "x--"),
+            ("contrast: full-state read", "contrast_full_read", "d--"),
+        )
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        for label, key, style in series:
+            left.plot(lengths, [r[key]["bytes"] for r in data], style, label=label)
+            right.plot(lengths, [r[key]["time_us"]["p50"] for r in data], style, label=label)
+        left.set(xscale="log", yscale="log", xlabel="messages in history", ylabel="bytes on the wire per operation",
+                 title="Bytes per operation")
+        right.set(xscale="log", yscale="log", xlabel="messages in history", ylabel="p50 time (us)",
+                  title="Time per operation")
+        for ax in (left, right):
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = directory / "history_cost.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,44 @@
+"""Smoke test: the benchmark runs end to end on a tiny configuration and writes what it promises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = (
+    "first_step_ratio",
+    "first_step_ratio_write_at_end",
+    "queue_overhead_ratio",
+    "dispatch_latency_ms",
+    "publish_to_observed_ms",
+    "cost_vs_history",
+    "throughput",
+    "deadline_accuracy",
+)
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
+    out = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for key in KEYS:
+        assert key in results, key
+    assert results["first_step_ratio_write_at_end"] == 1.0  # nothing is visible before the final write
+    assert [row["messages"] for row in results["cost_vs_history"]] == [10, 100, 1000]
+    assert results["deadline_accuracy"]["turns_past_job_timeout"] == 0
+    assert "first_step_ratio" in run.stdout  # the table
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+    assert (tmp_path / "history_cost.png").stat().st_size > 0

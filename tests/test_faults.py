@@ -1,0 +1,228 @@
+"""Faults: the seeded fault runner on a CI-sized sample, its checker, duplicates and lost workers."""
+
+from __future__ import annotations
+
+import io
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from rq.serializers import JSONSerializer
+
+from agent.faults.checks import check_observations, percentile
+from agent.faults.runner import Options, run_faults
+from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
+from agent.turn import UNANSWERED_CALL_RESULT, write_ending
+from agent.watch import lost_worker_check
+from tests.conftest import FAST, wait_done
+from tests.scripted_server import chat_reply, tool_call
+
+CI_RUNS = 100  # the CI-sized sample; `make faults` runs 1,000
+
+
+def scripted_config(server, **changes):
+    return FAST.with_changes(provider="openai", model="scripted", base_url=server.url + "/v1", **changes)
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_ci_sample_of_fault_runs_keeps_every_promise():
+    out = io.StringIO()
+    report = run_faults(Options(runs=CI_RUNS, seed=20240, concurrency=4), out=out)
+    assert report["runs"] == CI_RUNS
+    assert report["stuck"] == 0, out.getvalue()
+    assert report["invariant_violations"] == 0, out.getvalue()
+    assert report["canary_leaks"] == []
+    # The sample really did hit the process faults, and the turns ended every way there is.
+    assert report["hard_kills"] + report["sigterms"] + report["redis_pauses"] + report["redis_restarts"] >= 5
+    assert {"done", "failed", "timed_out"} <= set(report["statuses"])
+    assert report["final_minus_job_timeout_max_unkilled_s"] < 0  # unkilled turns end before the queue's kill
+
+
+# -- the checker finds what it is meant to find -----------------------------------------------
+
+
+def _state(version, history, done=False, status="running", error=None, turn_id="t1"):
+    return {"version": version, "history": history, "done": done, "status": status, "error": error,
+            "turn_id": turn_id}
+
+
+USER = {"role": "user", "content": "hi"}
+ANSWER = {"role": "assistant", "content": "answer 1 for m"}
+
+
+def test_the_checker_accepts_a_clean_turn():
+    observed = [_state(1, [USER]), _state(2, [USER, ANSWER], done=True, status="done")]
+    assert check_observations(observed, turn_id="t1", user_text="hi", served=[ANSWER]) == []
+
+
+def test_the_checker_reports_done_reverting_and_a_history_that_is_not_a_prefix():
+    observed = [
+        _state(1, [USER]),
+        _state(2, [USER, ANSWER], done=True, status="done"),
+        _state(3, [{"role": "user", "content": "other"}], done=False),
+    ]
+    problems = check_observations(observed, turn_id="t1", user_text="hi", served=[ANSWER])
+    assert any("done reverted" in p for p in problems)
+    assert any("does not extend" in p for p in problems)
+    assert any("after done" in p for p in problems)
+
+
+def test_the_checker_reports_duplicated_messages_and_tool_answers():
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    asking = {"role": "assistant", "content": None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "2"}
+    history = [USER, USER, asking, result, result, ANSWER, ANSWER]
+    problems = check_observations([_state(5, history, done=True, status="done")], turn_id="t1",
+                                  user_text="hi", served=[asking, ANSWER])
+    assert any("user messages" in p for p in problems)
+    assert any("answered more than once" in p for p in problems)
+    assert any("never sent" in p for p in problems)
+
+
+def test_the_checker_reports_an_unanswered_tool_call_unless_the_worker_was_lost():
+    call = {"id": "c1", "type": "function", "function": {"name": "wait", "arguments": "{}"}}
+    asking = {"role": "assistant", "content": None, "tool_calls": [call]}
+    ending = {"role": "assistant", "content": "lost"}
+    for kind, expected in (("internal", True), ("worker_lost", False)):
+        final = _state(3, [USER, asking, ending], done=True, status="failed",
+                       error={"kind": kind, "message": "lost"})
+        problems = check_observations([final], turn_id="t1", user_text="hi", served=[asking])
+        assert any("never answered" in p for p in problems) is expected
+
+
+def test_percentiles_are_nearest_rank():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile(list(range(1, 101)), 99) == 99
+
+
+# -- lost workers and duplicates, against real workers ----------------------------------------
+
+
+def _begin(store, cid, tid, enqueued_at=None):
+    doc = {"status": "queued", "error": None, "config": FAST.to_dict(), "job_id": job_id_for(tid),
+           "enqueued_at": enqueued_at or time.time(), "deadline_at": None, "job_timeout_at": None,
+           "started_at": None, "current_step": None}
+    store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, doc)
+
+
+def test_a_worker_lost_before_its_first_write_is_still_detected(store, redis_client):
+    # Regression: a job killed after RQ started it but before its first state write left no
+    # job_timeout_at in the state, and the front end's lost-worker check never fired.
+    cid, tid = "lost-early-" + new_id(), new_id()
+    _begin(store, cid, tid, enqueued_at=time.time() - 30)
+    job = SafeJob.create(JOB_FUNCTION, args=(cid, tid), connection=redis_client, serializer=JSONSerializer,
+                         id=job_id_for(tid), timeout=FAST.job_timeout_s)
+    job.started_at = datetime.now(UTC) - timedelta(seconds=FAST.job_timeout_s + 10)
+    job.save()
+    redis_client.hset(job.key, "status", "started")  # as RQ leaves it when a SimpleWorker is SIGKILLed
+    assert lost_worker_check(store, redis_client, cid) is True
+    state = store.read(cid)
+    assert state["done"] and state["status"] == "failed"
+    assert state["error"]["kind"] == "worker_lost"
+
+
+def test_a_started_job_within_its_time_is_not_declared_lost(store, redis_client):
+    cid, tid = "not-lost-" + new_id(), new_id()
+    _begin(store, cid, tid, enqueued_at=time.time() - 30)
+    job = SafeJob.create(JOB_FUNCTION, args=(cid, tid), connection=redis_client, serializer=JSONSerializer,
+                         id=job_id_for(tid), timeout=FAST.job_timeout_s)
+    job.started_at = datetime.now(UTC)
+    job.save()
+    redis_client.hset(job.key, "status", "started")
+    assert lost_worker_check(store, redis_client, cid) is False
+    assert not store.read(cid)["done"]
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_job_that_runs_again_after_its_first_run_crashed_writes_nothing(store, queue, scripted):
+    # The first run claimed the turn and died; RQ (or anyone) running the job again must not
+    # produce a second reply: it finds the claim, calls no model and writes nothing.
+    cid, tid = "rerun-" + new_id(), new_id()
+    scripted.add(chat_reply("a second reply that must never be asked for"))
+    config = scripted_config(scripted)
+    doc = {"status": "queued", "error": None, "config": config.to_dict(), "job_id": job_id_for(tid),
+           "enqueued_at": time.time(), "deadline_at": None, "job_timeout_at": None, "started_at": None,
+           "current_step": None}
+    store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, doc)
+    assert store.claim_turn(tid, "turn-first-run", ttl_s=60)
+    before = store.read(cid)["version"]
+    job = queue.enqueue(JOB_FUNCTION, cid, tid, job_id=job_id_for(tid), job_timeout=config.job_timeout_s)
+    end = time.monotonic() + 10
+    while time.monotonic() < end and job.get_status(refresh=True).value not in ("finished", "failed"):
+        time.sleep(0.05)
+    assert job.return_value() == "duplicate"
+    assert scripted.requests == []
+    assert store.read(cid)["version"] == before
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_turn_after_a_lost_worker_sends_the_model_an_answer_for_every_tool_call(store, queue, scripted):
+    # Regression: a turn lost mid-tool left an assistant tool call without a result, and every
+    # later turn in that conversation sent a history that OpenAI and Anthropic refuse (HTTP 400).
+    cid, tid = "orphan-" + new_id(), new_id()
+    _begin(store, cid, tid)
+    call = tool_call("wait", {"seconds": 30}, call_id="call_lost")
+    store.publish(cid, tid, {"status": "running"}, new_messages=[{"role": "assistant", "content": None,
+                                                                  "tool_calls": [call]}])
+    assert write_ending(store, cid, tid, "failed", "worker_lost", "The worker was lost.")
+    scripted.add(chat_reply("fine"))
+    submit_turn(store, queue, cid, "and now?", scripted_config(scripted))
+    state = wait_done(store, cid)
+    assert state["status"] == "done"
+    sent = scripted.requests[0].json["messages"]
+    asked = [c["id"] for m in sent for c in m.get("tool_calls") or []]
+    answers = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert asked == ["call_lost"]
+    assert answers == {"call_lost": UNANSWERED_CALL_RESULT}
+    # The stored chat is unchanged: the synthetic answer exists only in what the model sees.
+    assert all(m["role"] != "tool" for m in state["history"])
+
+
+# -- a write that timed out but landed --------------------------------------------------------
+
+
+def _turn(store, cid, tid):
+    from agent.deadline import Budget
+    from agent.turn import Turn
+
+    return Turn(store=store, conversation_id=cid, turn_id=tid, job_id=job_id_for(tid), config=FAST,
+                budget=Budget.for_turn(FAST, time.time()), history=[{"role": "user", "content": "hi"}],
+                doc={"status": "running"}, persisted_len=1)
+
+
+def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store):
+    # Regression: Redis paused past the client's socket timeout runs the write when it resumes;
+    # the retry then found the history "moved" (CONFLICT) and the job gave the turn up, so the
+    # ending came only from the lost-worker check, after the job timeout.
+    cid, tid = "landed-" + new_id(), new_id()
+    _begin(store, cid, tid)
+    turn = _turn(store, cid, tid)
+    turn.add_message({"role": "assistant", "content": "answer"})
+    turn.add_step("model", "m", time.time(), "ok")
+    # What Redis ran after the client had given up on it:
+    store.publish(cid, tid, turn.doc, new_messages=turn.pending_messages, new_steps=turn.pending_steps,
+                  expected_history_len=1)
+    turn.flush()  # the retry of the same write
+    assert turn.persisted_len == 2 and turn.pending_messages == [] and turn.pending_steps == []
+    turn.add_message({"role": "assistant", "content": "more"})
+    turn.flush(done=True)
+    state = store.read(cid)
+    assert [m["content"] for m in state["history"]] == ["hi", "answer", "more"]
+    assert len(state["steps"]) == 1
+    assert state["done"]
+
+
+def test_a_history_moved_by_someone_else_still_closes_the_turn(store):
+    from agent.turn import TurnClosed
+
+    cid, tid = "moved-" + new_id(), new_id()
+    _begin(store, cid, tid)
+    turn = _turn(store, cid, tid)
+    store.publish(cid, tid, turn.doc, new_messages=[{"role": "assistant", "content": "not mine"}])
+    turn.add_message({"role": "assistant", "content": "mine"})
+    with pytest.raises(TurnClosed):
+        turn.flush()
