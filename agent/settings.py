@@ -19,6 +19,8 @@ DEFAULT_MIN_CALL_S = 5.0  # seconds
 DEFAULT_MAX_STEPS = 8  # model round-trips per turn
 DEFAULT_STATE_TTL_S = 600  # seconds
 DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
+# A page run must finish well inside the interval, or every refresh cuts the one before short.
+MIN_POLL_INTERVAL_MS = 250  # milliseconds
 DEFAULT_WORKERS = 2
 
 API_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -105,7 +107,9 @@ class Settings:
             redis_url=redis_url,
             turn=turn,
             state_ttl_s=_integer(env, "AGENT_STATE_TTL", DEFAULT_STATE_TTL_S, minimum=1),
-            poll_interval_ms=_integer(env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=50),
+            poll_interval_ms=_integer(
+                env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
+            ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
         )
 

@@ -24,7 +24,7 @@ ENV = {
     "AGENT_PROVIDER": "demo",
     "AGENT_MODEL": "demo",
     "AGENT_WORKERS": "0",  # the session's `pool` fixture runs the turns
-    "AGENT_POLL_INTERVAL_MS": "200",
+    "AGENT_POLL_INTERVAL_MS": "250",
     "AGENT_JOB_TIMEOUT": str(FAST.job_timeout_s),
     "AGENT_DEADLINE_MARGIN": str(FAST.deadline_margin_s),
     "AGENT_CALL_TIMEOUT_CAP": str(FAST.call_timeout_cap_s),

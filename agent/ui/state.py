@@ -21,7 +21,7 @@ from agent.turn import write_ending
 from agent.watch import lost_worker_check
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
-POLL_WAIT_FRACTION = 0.5  # of the poll interval: a poll may block this long for the next write
+POLL_WAIT_FRACTION = 0.3  # of the poll interval: a poll may block this long for the next write
 _CID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
