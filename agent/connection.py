@@ -4,9 +4,12 @@ cannot eat the deadline margin (RQ gives its own connection a socket timeout of 
 from __future__ import annotations
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 STATE_SOCKET_TIMEOUT_S = 2.0  # seconds for one state read or write
 STATE_CONNECT_TIMEOUT_S = 2.0  # seconds
+STATE_RETRIES = 1  # redis-py 8 retries 10 times by default: one stalled write could then take 20 s
 
 
 def state_client(url: str) -> redis.Redis:
@@ -15,6 +18,7 @@ def state_client(url: str) -> redis.Redis:
         socket_timeout=STATE_SOCKET_TIMEOUT_S,
         socket_connect_timeout=STATE_CONNECT_TIMEOUT_S,
         health_check_interval=15,
+        retry=Retry(NoBackoff(), STATE_RETRIES),
     )
 
 
