@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import CANARY_KEY, ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
@@ -73,7 +73,8 @@ class PageServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "REDIS_URL"))}
         env.update(AGENT_DATA_DIR=str(data_dir), AGENT_POLL_INTERVAL_MS=str(POLL_INTERVAL_MS),
                    AGENT_MODEL="demo@0.8",  # each model call takes 0.8 s, so every step can be seen landing
-                   AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker)
+                   AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker,
+                   OPENAI_API_KEY=CANARY_KEY)  # the sidebar may say a key is set, never show it
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
@@ -230,6 +231,73 @@ def test_screenshots_for_the_readme(server, browser):
             path=str(SCREENSHOTS / "timeline.png"))
     finally:
         context.close()
+
+
+class Canary:
+    """A loopback HTTP server that counts every request: a hostile reply must never reach it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page):
+    from agent.connection import state_client
+    from agent.embedded_redis import EmbeddedRedis
+    from agent.store import Store
+
+    canary = Canary()
+    try:
+        hostile = (
+            f"<script>window.__pwned = 1; fetch('{canary.url}/script')</script>\n\n"
+            f"<img src=x onerror=\"window.__pwned = 2; fetch('{canary.url}/onerror')\">\n\n"
+            f"![tracking pixel]({canary.url}/markdown.png)\n\n"
+            f"[ref image]: {canary.url}/ref.png\n![ref][ref image]\n\n"
+            f"<iframe src=\"{canary.url}/iframe\"></iframe> done"
+        )
+        page.goto(server.url)
+        page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)  # the page has started its Redis
+        store = Store(state_client(EmbeddedRedis(server.data_dir).url), ttl_s=600)
+        cid, turn_id = f"hostile{time.time_ns()}", "t1"
+        now = time.time()
+        doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
+               "deadline_at": now + 100, "job_timeout_at": now + 120}
+        store.begin_turn(cid, turn_id, {"role": "user", "content": "say something nasty"}, doc)
+        store.publish(cid, turn_id, {**doc, "status": "done", "error": None}, done=True,
+                      new_messages=[{"role": "assistant", "content": hostile}])
+        page.goto(f"{server.url}?c={cid}")
+        page.get_by_text("say something nasty").first.wait_for(timeout=20000)
+        page.get_by_text("tracking pixel").first.wait_for(timeout=10000)  # the image became its alt text
+        page.wait_for_timeout(1500)
+        assert page.evaluate("() => window.__pwned") is None
+        assert page.locator(f"img[src^='{canary.url}']").count() == 0
+        assert page.locator(f"iframe[src^='{canary.url}']").count() == 0
+        assert canary.hits == []
+        html = page.content()
+        assert CANARY_KEY not in html
+    finally:
+        canary.stop()
 
 
 def test_stopping_the_page_stops_its_redis_and_workers(server):
