@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger("agent.pool")
 
@@ -25,6 +27,9 @@ WATCH_INTERVAL_S = 0.2  # seconds between checks of the parent and the workers
 WARM_STOP_S = 1.0  # seconds a worker gets to finish on its own before a cold stop
 COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before SIGKILL
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
+HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
+HANDLE_STOP_TIMEOUT_S = 15.0  # seconds for a launched pool to stop its workers
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Pool:
@@ -73,6 +78,86 @@ class Pool:
             live = [p for p in live if p.poll() is None]
             if not live:
                 return
+
+
+@dataclass
+class PoolHandle:
+    """A running `python -m agent.pool` as seen by the process that started it."""
+
+    proc: subprocess.Popen
+    demo_url: str | None
+    log_path: Path
+
+    def stop(self, timeout_s: float = HANDLE_STOP_TIMEOUT_S) -> None:
+        """SIGTERM the pool's group (it stops its workers), SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return ""
+
+
+def launch(
+    url: str,
+    workers: int,
+    *,
+    log_path: Path,
+    worker_class: str = "simple",
+    env: dict[str, str] | None = None,
+    demo: bool = True,
+    start_timeout_s: float = HANDLE_START_TIMEOUT_S,
+) -> PoolHandle:
+    """Start the pool as its own process (never a fork of the caller), tied to the caller's life.
+
+    `env` adds to (or, with None values, removes from) this process's environment."""
+    child_env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
+    child_env.pop("AGENT_DEMO_URL", None)  # the pool starts its own demo provider
+    for key, value in (env or {}).items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
+    command = [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--class", worker_class,
+               "--parent-pid", str(os.getpid())]
+    if not demo:
+        command.append("--no-demo")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            command,
+            env=child_env,
+            cwd=str(PROJECT_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            start_new_session=True,  # its own group: stopped as a group, untouched by a Ctrl-C to us
+        )
+    handle = PoolHandle(proc, None, log_path)
+    line = _read_line(proc, start_timeout_s)
+    proc.stdout.close()  # the pool prints one line: "ready <demo url>"
+    if not line.startswith("ready"):
+        handle.stop(timeout_s=2)
+        raise RuntimeError(f"the worker pool did not start; see {log_path}")
+    handle.demo_url = line.split(" ", 1)[1].strip() or None
+    return handle
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The pool's first line, or "" if it says nothing in time (a thread, so a hung pool cannot hang us)."""
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline().decode()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return result[0] if result else ""
 
 
 def parent_alive(pid: int | None) -> bool:

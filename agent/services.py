@@ -8,19 +8,16 @@ on a hot reload, so the process-wide record lives on the `sys` module, guarded b
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
+from agent import pool
 from agent.connection import describe, queue_client, state_client
 from agent.embedded_redis import EmbeddedRedis, data_dir
 from agent.settings import Settings
@@ -41,7 +38,7 @@ class ServiceError(RuntimeError):
 class Services:
     redis_url: str
     embedded: EmbeddedRedis | None = None
-    pool: subprocess.Popen | None = None
+    pool: pool.PoolHandle | None = None
     demo_url: str | None = None
     workers: int = 0
     owner_pid: int = field(default_factory=os.getpid)
@@ -55,15 +52,8 @@ class Services:
     def stop(self) -> None:
         if self.owner_pid != os.getpid():
             return
-        if self.pool is not None and self.pool.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pool.pid, signal.SIGTERM)
-            try:
-                self.pool.wait(POOL_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pool.pid, signal.SIGKILL)
-                self.pool.wait(5)
+        if self.pool is not None:
+            self.pool.stop(POOL_STOP_TIMEOUT_S)
         self.pool = None
         if self.embedded is not None:
             self.embedded.release()
@@ -115,7 +105,8 @@ def _start(settings: Settings, workers: int) -> Services:
     services = Services(redis_url=url, embedded=embedded, workers=workers)
     if workers > 0:
         try:
-            services.pool, services.demo_url = _start_pool(url, workers)
+            services.pool = _start_pool(url, workers)
+            services.demo_url = services.pool.demo_url
         except BaseException:
             services.stop()
             raise
@@ -134,31 +125,9 @@ def check_redis(url: str) -> None:
         client.close()
 
 
-def _start_pool(url: str, workers: int) -> tuple[subprocess.Popen, str | None]:
-    logs = Path(data_dir()) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"pool-{os.getpid()}.log"
-    env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--parent-pid", str(os.getpid())],
-            env=env,
-            cwd=str(Path(__file__).resolve().parent.parent),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            start_new_session=True,
-        )
-    end = time.monotonic() + POOL_START_TIMEOUT_S
-    line = b""
-    while time.monotonic() < end:
-        line = proc.stdout.readline()
-        if line.startswith(b"ready") or proc.poll() is not None:
-            break
-    proc.stdout.close()
-    if not line.startswith(b"ready"):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise ServiceError(f"the worker pool did not start; see {log_path}")
-    demo_url = line.decode().split(" ", 1)[1].strip() or None
-    return proc, demo_url
+def _start_pool(url: str, workers: int) -> pool.PoolHandle:
+    log_path = Path(data_dir()) / "logs" / f"pool-{os.getpid()}.log"
+    try:
+        return pool.launch(url, workers, log_path=log_path, start_timeout_s=POOL_START_TIMEOUT_S)
+    except RuntimeError as exc:
+        raise ServiceError(str(exc)) from exc

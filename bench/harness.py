@@ -12,8 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,6 +22,7 @@ import redis
 
 from agent.connection import queue_client, state_client
 from agent.embedded_redis import EmbeddedRedis
+from agent.pool import launch
 from agent.queue import get_queue, submit_turn
 from agent.settings import TurnConfig
 from agent.store import Store
@@ -103,34 +102,13 @@ class PoolProcess:
     """`python -m agent.pool` as a subprocess: N workers of one class and the demo provider."""
 
     def __init__(self, url: str, workers: int, worker_class: str, log_path: Path):
-        env = {k: v for k, v in os.environ.items() if k != "AGENT_DEMO_URL"}  # the pool starts its own
-        env.update(REDIS_URL=url, PYTHONUNBUFFERED="1", AGENT_STATE_TTL=str(STATE_TTL_S))
         self.workers = workers
         self.worker_class = worker_class
         self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--class", worker_class,
-             "--parent-pid", str(os.getpid())],
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            start_new_session=True,
-        )
-        line = self._readline(POOL_READY_TIMEOUT_S)
-        if not line.startswith("ready"):
-            self.stop()
-            raise RuntimeError(f"pool did not start: {self.log_tail()}")
-        self.demo_url = line.split(" ", 1)[1].strip()
-
-    def _readline(self, timeout_s: float) -> str:
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline().decode()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        return result[0] if result else ""
+        self.handle = launch(url, workers, log_path=log_path, worker_class=worker_class,
+                             env={"AGENT_STATE_TTL": str(STATE_TTL_S)}, start_timeout_s=POOL_READY_TIMEOUT_S)
+        self.proc = self.handle.proc
+        self.demo_url = self.handle.demo_url
 
     def worker_pids(self) -> list[int]:
         return children(self.proc.pid)
@@ -140,26 +118,15 @@ class PoolProcess:
         return [rss_kib(pid) + sum(rss_kib(c) for c in children(pid)) for pid in self.worker_pids()]
 
     def log_tail(self, chars: int = 3000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-chars:]
-        return ""
+        return self.handle.log_tail(chars)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        # Fork workers' horses run in their own process groups: kill those the pool leaves behind.
+        horses = [c for pid in self.worker_pids() for c in children(pid)]
+        self.handle.stop(POOL_STOP_TIMEOUT_S)
+        for pid in horses:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(POOL_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                for pid in self.worker_pids():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        with contextlib.suppress(Exception):
-            self.proc.stdout.close()
-        self._log.close()
+                os.kill(pid, signal.SIGKILL)
 
 
 @dataclass

@@ -3,11 +3,6 @@ loopback or a unix socket, all stopped at the end (also on failure)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +11,7 @@ import redis
 
 from agent.connection import queue_client, state_client
 from agent.embedded_redis import EmbeddedRedis
+from agent.pool import PoolHandle, launch
 from agent.queue import get_queue, new_id, submit_turn
 from agent.settings import TurnConfig
 from agent.store import Store
@@ -72,58 +68,20 @@ def queue(redis_url, redis_client):
     return get_queue(queue_client(redis_url))
 
 
-class PoolProcess:
-    def __init__(self, url: str, workers: int, log_path: Path, extra_env: dict | None = None):
-        env = {
-            **os.environ,
-            "REDIS_URL": url,
-            "OPENAI_API_KEY": CANARY_KEY,
-            "ANTHROPIC_API_KEY": CANARY_KEY,
-            "PYTHONUNBUFFERED": "1",
-            **(extra_env or {}),
-        }
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--parent-pid", str(os.getpid())],
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            start_new_session=True,
-        )
-        line = self.proc.stdout.readline().decode()
-        self.proc.stdout.close()
-        if not line.startswith("ready"):
-            self.stop()
-            raise RuntimeError(f"pool did not start: {log_path.read_text()[-2000:]}")
-        self.demo_url = line.split(" ", 1)[1].strip()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._log.close()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+def start_pool(url: str, workers: int, log_path: Path, extra_env: dict | None = None) -> PoolHandle:
+    """A real worker pool whose workers hold the canary keys (which must never leak)."""
+    env = {"OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY, **(extra_env or {})}
+    return launch(url, workers, log_path=log_path, env=env)
 
 
 @pytest.fixture(scope="session")
 def pool(redis_url, tmp_path_factory):
     """Two real RQ workers (and the demo provider) in a supervisor process."""
-    proc = PoolProcess(redis_url, 2, tmp_path_factory.mktemp("pool") / "pool.log")
+    handle = start_pool(redis_url, 2, tmp_path_factory.mktemp("pool") / "pool.log")
     try:
-        yield proc
+        yield handle
     finally:
-        proc.stop()
+        handle.stop()
 
 
 def wait_done(store: Store, conversation_id: str, timeout_s: float = 20.0, on_state=None) -> dict:

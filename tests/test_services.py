@@ -63,7 +63,7 @@ def test_the_pool_starts_once_per_process_and_stops_with_its_workers(private_env
         first = services.ensure(settings)
         second = services.ensure(settings)  # a Streamlit rerun or a second session
         assert first is second
-        assert first.pool is not None and first.pool.poll() is None
+        assert first.pool is not None and first.pool.proc.poll() is None
         assert first.demo_url.startswith("http://127.0.0.1:")
         # the pool and its 2 workers (Redis rewrites its own environ for its process title)
         deadline = time.monotonic() + 10
@@ -85,7 +85,7 @@ def test_a_module_reload_does_not_start_a_second_pool(private_env):
     try:
         first = services.ensure(settings)
         reloaded = importlib.reload(services)  # what a Streamlit hot reload does to an edited module
-        assert reloaded.ensure(settings).pool.pid == first.pool.pid
+        assert reloaded.ensure(settings).pool.proc.pid == first.pool.proc.pid
     finally:
         services.shutdown()
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []

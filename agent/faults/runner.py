@@ -22,7 +22,6 @@ import random
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from agent.connection import queue_client, state_client
 from agent.embedded_redis import EmbeddedRedis
 from agent.faults.checks import check_observations, percentile
 from agent.faults.provider import FaultProvider
+from agent.pool import PoolHandle, launch
 from agent.queue import SafeJob, get_queue, job_id_for, new_id, submit_turn
 from agent.settings import TurnConfig
 from agent.store import Store
@@ -145,42 +145,22 @@ class Lab:
         self.store = Store(state_client(self.url), ttl_s=STATE_TTL_S)
         self.queue_connection = queue_client(self.url)
         self.queue = get_queue(self.queue_connection)
-        self.pool: subprocess.Popen | None = None
+        self.pool: PoolHandle | None = None
         self.pool_log = workdir / "pool.log"
         self.redis_lock = threading.Lock()  # one Redis fault at a time
         self.outages: list[tuple[float, float]] = []  # (start, end) epoch seconds of Redis faults
         self.closed_port = _closed_port()
 
     def start_pool(self, worker_class: str) -> None:
-        env = {**os.environ, "REDIS_URL": self.url, "OPENAI_API_KEY": CANARY_KEY, "PYTHONUNBUFFERED": "1",
-               "AGENT_STATE_TTL": str(STATE_TTL_S)}
-        env.pop("AGENT_DEMO_URL", None)
-        with open(self.pool_log, "ab") as log:
-            self.pool = subprocess.Popen(
-                [sys.executable, "-m", "agent.pool", "--workers", str(self.options.concurrency),
-                 "--class", worker_class, "--no-demo", "--parent-pid", str(os.getpid())],
-                env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True,
-            )
-        line = self.pool.stdout.readline()
-        self.pool.stdout.close()
-        if not line.startswith(b"ready"):
-            self.stop_pool()
-            raise RuntimeError(f"the worker pool did not start; see {self.pool_log}")
+        self.pool = launch(self.url, self.options.concurrency, log_path=self.pool_log, worker_class=worker_class,
+                           demo=False, env={"OPENAI_API_KEY": CANARY_KEY, "AGENT_STATE_TTL": str(STATE_TTL_S)})
         _wait_for_workers(self.queue_connection, self.options.concurrency)
 
     def stop_pool(self) -> None:
-        proc, self.pool = self.pool, None
-        if proc is None:
+        handle, self.pool = self.pool, None
+        if handle is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        handle.stop(timeout_s=20)
         # Fork workers' horses run in their own process groups: none may outlive the pool.
         for pid in _orphans_of(self.url):
             with contextlib.suppress(ProcessLookupError):
