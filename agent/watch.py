@@ -14,12 +14,13 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
-from agent.queue import SafeJob
+from agent.queue import SafeJob, get_queue
 from agent.store import Store
 from agent.turn import write_ending
 
 LOST_GRACE_S = 5.0  # seconds past the job timeout before a silent turn counts as lost
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
+LIMBO_GRACE_S = 3.0  # seconds a job may be off the queue yet not started (a worker is between the two)
 
 
 def lost_reason(
@@ -39,6 +40,10 @@ def lost_reason(
         return None
     status = job.get_status(refresh=False)
     status = getattr(status, "value", status)
+    if status == "queued" and _in_limbo(store, queue_connection, job.id, now):
+        # A worker took it off the queue and died before marking it started: RQ would sweep it
+        # out of its intermediate queue only at its next maintenance, minutes later.
+        return "its job was taken off the queue by a worker that never started it"
     ended_at = job.ended_at.timestamp() if job.ended_at else None
     if status in ("failed", "stopped", "canceled") and (ended_at is None or now - ended_at > CALLBACK_GRACE_S):
         return f"its job was marked {status} without writing an ending"
@@ -49,6 +54,17 @@ def lost_reason(
     if job_timeout_at and now > job_timeout_at + LOST_GRACE_S:
         return f"no word from it for {now - job_timeout_at:.0f} s past the job timeout"
     return None
+
+
+def _in_limbo(store: Store, queue_connection: redis.Redis, job_id: str, now: float) -> bool:
+    """True once a queued job has been missing from the queue for LIMBO_GRACE_S (seen across polls)."""
+    key = f"agent:job:{job_id}:off-queue-since"
+    if get_queue(queue_connection).get_job_position(job_id) is not None:
+        store.redis.delete(key)
+        return False
+    store.redis.set(key, repr(now), nx=True, ex=600)
+    first_seen = float(store.redis.get(key) or now)
+    return now - first_seen > LIMBO_GRACE_S
 
 
 def lost_worker_check(store: Store, queue_connection: redis.Redis, conversation_id: str) -> bool:

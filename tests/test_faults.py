@@ -226,3 +226,25 @@ def test_a_history_moved_by_someone_else_still_closes_the_turn(store):
     turn.add_message({"role": "assistant", "content": "mine"})
     with pytest.raises(TurnClosed):
         turn.flush()
+
+
+def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_declared_lost(store, redis_client, monkeypatch):
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from agent import watch
+
+    monkeypatch.setattr(watch, "LIMBO_GRACE_S", 0.3)
+    cid, tid = new_id(), new_id()
+    job_id = f"turn-{tid}"
+    store.begin_turn(cid, tid, {"role": "user", "content": "hi"},
+                     {"status": "queued", "job_id": job_id, "enqueued_at": time.time()})
+    # Queued in RQ's eyes, but in no queue: what a worker killed between dequeue and start leaves.
+    job = Job.create("agent.turn.run_turn", args=(cid, tid), id=job_id, connection=redis_client,
+                     serializer=JSONSerializer, status="queued")
+    job.save()
+    assert watch.lost_reason(store, redis_client, cid) is None  # the first sighting starts the clock
+    time.sleep(0.5)
+    assert "never started" in watch.lost_reason(store, redis_client, cid)
+    assert watch.lost_worker_check(store, redis_client, cid)
+    assert store.read(cid)["status"] == "failed"
