@@ -433,15 +433,31 @@ def on_failure(job, connection, exc_type, exc_value, tb) -> None:
     else:
         status, kind = "failed", "worker"
         message = f"The worker failed while writing this reply ({getattr(exc_type, '__name__', 'error')})."
-    write_ending(_store(), conversation_id, turn_id, status, kind, message)
+    # A job that wrote nothing itself (safeguards off) still ran: RQ knows when, and its timeout.
+    started_at = job.started_at.timestamp() if job.started_at else None
+    job_timeout_at = started_at + job.timeout if started_at is not None and job.timeout else None
+    write_ending(_store(), conversation_id, turn_id, status, kind, message,
+                 started_at=started_at, job_timeout_at=job_timeout_at)
 
 
-def write_ending(store: Store, conversation_id: str, turn_id: str, status: str, kind: str, message: str) -> bool:
+def write_ending(
+    store: Store,
+    conversation_id: str,
+    turn_id: str,
+    status: str,
+    kind: str,
+    message: str,
+    *,
+    started_at: float | None = None,
+    job_timeout_at: float | None = None,
+) -> bool:
     """End a turn from outside its job (failure callback, lost worker, stop). False if already ended."""
     state = store.read_meta(conversation_id)
     if state is None or state["turn_id"] != turn_id or state["done"]:
         return False
     doc = {k: state[k] for k in ("deadline_at", "job_timeout_at", "started_at", "enqueued_at", "config", "job_id")}
+    doc["started_at"] = doc["started_at"] or started_at
+    doc["job_timeout_at"] = doc["job_timeout_at"] or job_timeout_at
     now = time.time()
     doc.update(status=status, error={"kind": kind, "message": message}, current_step=None, ended_at=now)
     try:

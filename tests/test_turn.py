@@ -199,6 +199,9 @@ def test_job_timeout_exception_is_never_swallowed(store, queue, redis_client):
     assert job.get_status().value == "failed"  # a swallowed exception would leave it "finished"
     assert state["status"] == "timed_out"
     assert state["error"]["kind"] == "job_timeout"  # written by the on_failure callback
+    # The job wrote nothing itself, yet the ending knows when it ran: RQ's start and timeout.
+    assert state["job_timeout_at"] == pytest.approx(state["started_at"] + 3, abs=0.01)
+    assert state["turns"][-1]["started_at"] == state["started_at"]
 
 
 def test_a_message_to_a_conversation_with_a_turn_in_flight_is_refused(store, queue):

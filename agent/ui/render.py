@@ -19,6 +19,11 @@ STATUS_LABELS = {
 }
 
 
+def _words(status: str) -> str:
+    """A status label without its emoji, for a box that shows its own icon."""
+    return STATUS_LABELS.get(status, status).split(" ", 1)[-1]
+
+
 def split_turns(state: dict) -> list[dict]:
     """The history cut at each user message: one entry per turn, with its steps and summary."""
     segments: list[list[dict]] = []
@@ -166,11 +171,11 @@ def render_ending(summary: dict) -> None:
     if error.get("kind") == "worker_lost":
         st.error(f"**The worker was lost.** {message}", icon="🛑")
     elif status == "timed_out":
-        st.warning(f"**{STATUS_LABELS[status]}.** {message}", icon="⏱️")
+        st.warning(f"**{_words(status)}.** {message}", icon="⏱️")
     elif status == "cancelled":
-        st.info(f"**{STATUS_LABELS[status]}.** {message}", icon="⏹️")
+        st.info(f"**{_words(status)}.** {message}", icon="⏹️")
     else:
-        st.error(f"**{STATUS_LABELS.get(status, status)}.** {message}", icon="❌")
+        st.error(f"**{_words(status)}.** {message}", icon="❌")
     if config.get("safeguards") is False:
         st.caption(
             "Safeguards were off for this turn: it had no deadline of its own and wrote nothing until it "
