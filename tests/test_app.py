@@ -3,6 +3,7 @@ turn must actually run). States are written with the Store API to see how each o
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -58,7 +59,8 @@ def texts(at: AppTest) -> str:
     for kind in ("markdown", "caption", "error", "warning", "info", "success", "code", "title", "toast"):
         parts += [str(e.value) for e in getattr(at, kind)]
     parts += [str(e.label) for e in at.status]
-    return "\n".join(parts)
+    # Untrusted text reaches the page with its Markdown characters escaped; read it as shown.
+    return re.sub(r"\\(.)", r"\1", "\n".join(parts))
 
 
 def autorefresh_present(at: AppTest) -> bool:

@@ -4,6 +4,7 @@ Debian's Chromium through Playwright. Set AGENT_SCREENSHOTS=1 to also refresh do
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -284,8 +285,19 @@ def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page
         doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
                "deadline_at": now + 100, "job_timeout_at": now + 120}
         store.begin_turn(cid, turn_id, {"role": "user", "content": "say something nasty"}, doc)
+        image = f"![pixel]({canary.url}/%s.png)"
+        steps = [
+            {"turn_id": turn_id, "index": 1, "kind": "tool", "name": image % "tool-name", "started_at": now,
+             "ended_at": now + 0.1, "duration_s": 0.1, "timeout_s": 50, "remaining_s": 50, "outcome": "ok",
+             "arguments": json.dumps({"q": image % "argument"}), "result": image % "result"},
+            {"turn_id": turn_id, "index": 2, "kind": "model", "name": "demo", "started_at": now + 0.1,
+             "ended_at": now + 0.2, "duration_s": 0.1, "timeout_s": 50, "remaining_s": 50, "outcome": "error",
+             "detail": image % "provider-error", "attempt": 1},
+        ]
         store.publish(cid, turn_id, {**doc, "status": "done", "error": None}, done=True,
-                      new_messages=[{"role": "assistant", "content": hostile}])
+                      new_messages=[{"role": "assistant", "content": hostile}], new_steps=steps,
+                      summary={"turn_id": turn_id, "status": "done", "started_at": now, "deadline_at": now + 100,
+                               "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
         page.goto(f"{server.url}?c={cid}")
         page.get_by_text("say something nasty").first.wait_for(timeout=20000)
         page.get_by_text("tracking pixel").first.wait_for(timeout=10000)  # the image became its alt text

@@ -31,3 +31,12 @@ def safe_markdown(text: str | None) -> str:
         text = _INLINE_IMAGE_RE.sub(_alt_text, text)
         text = _REFERENCE_IMAGE_RE.sub(_alt_text, text)
     return _HTML_TAG_RE.sub("&lt;", text)
+
+
+_MARKDOWN_SPECIAL_RE = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+
+
+def inert(text) -> str:
+    """Untrusted text for a label, caption or alert: every Markdown character escaped, so it shows as
+    typed (a tool name like `![](http://…)` must not become an image the browser fetches)."""
+    return _MARKDOWN_SPECIAL_RE.sub(r"\\\1", str(text if text is not None else "")).replace("\n", " ")

@@ -6,7 +6,7 @@ import json
 
 import streamlit as st
 
-from agent.ui.markdown import safe_markdown
+from agent.ui.markdown import inert, safe_markdown
 from agent.ui.timeline import timeline_chart
 
 STATUS_LABELS = {
@@ -90,7 +90,8 @@ def tool_status_label(step: dict) -> str:
     took = _seconds(step.get("duration_s"))
     timeout = step.get("timeout_s")
     limit = f" of its {_seconds(timeout)} timeout" if timeout is not None else ""
-    return f"{icon} **{step.get('name')}**({_short_arguments(step.get('arguments'))}) · {took}{limit}"
+    name, arguments = inert(step.get("name")), inert(_short_arguments(step.get("arguments")))
+    return f"{icon} **{name}**({arguments}) · {took}{limit}"
 
 
 def render_tool_step(step: dict, *, expanded: bool) -> None:
@@ -114,16 +115,17 @@ def model_step_caption(step: dict) -> str:
     took, timeout = _seconds(step.get("duration_s")), _seconds(step.get("timeout_s"))
     left = step.get("remaining_s")
     left_text = f", {_seconds(left)} left before the deadline" if left is not None else ""
+    detail = inert(step.get("detail") or "")  # a provider's error text: untrusted
     if kind == "skip":
-        return f"⏭️ Model call not started: {step.get('detail') or 'too little time left'}."
+        return f"⏭️ Model call not started: {detail or 'too little time left'}."
     if kind == "retry":
-        return f"↻ Waited {took} before {step.get('name')} ({step.get('detail') or 'retry'})."
+        return f"↻ Waited {took} before {inert(step.get('name'))} ({detail or 'retry'})."
     attempt = step.get("attempt") or 1
-    name = f"Model call ({step.get('name')})" + (f", try {attempt}" if attempt > 1 else "")
+    name = f"Model call ({inert(step.get('name'))})" + (f", try {attempt}" if attempt > 1 else "")
     if outcome == "timeout":
-        return f"⏱️ {name} hit its {timeout} timeout{left_text}: {step.get('detail') or ''}"
+        return f"⏱️ {name} hit its {timeout} timeout{left_text}: {detail}"
     if outcome == "error":
-        return f"⚠️ {name} failed after {took}: {step.get('detail') or ''}"
+        return f"⚠️ {name} failed after {took}: {detail}"
     return f"🧠 {name}: {took} of its {timeout} timeout{left_text}."
 
 
@@ -164,7 +166,7 @@ def render_turn(turn: dict, *, latest: bool) -> None:
 def render_ending(summary: dict) -> None:
     status = summary.get("status")
     error = summary.get("error") or {}
-    message = error.get("message") or ""
+    message = inert(error.get("message") or "")  # may quote a provider's error text
     config = summary.get("config") or {}
     if status == "done":
         return
@@ -242,6 +244,7 @@ def current_step_text(current: dict | None, now: float) -> str | None:
     elapsed = max(0.0, now - (current.get("started_at") or now))
     timeout = current.get("timeout_s")
     limit = f" of its {_seconds(timeout)} timeout" if timeout else ""
-    what = {"model": f"Calling the model ({current.get('name')})", "tool": f"Running the tool {current.get('name')}",
-            "retry": f"Waiting before a retry ({current.get('name')})"}.get(current["kind"], current["kind"])
+    name = inert(current.get("name"))
+    what = {"model": f"Calling the model ({name})", "tool": f"Running the tool {name}",
+            "retry": f"Waiting before a retry ({name})"}.get(current["kind"], inert(current["kind"]))
     return f"{what}: {_seconds(elapsed)}{limit}"

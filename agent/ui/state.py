@@ -18,6 +18,7 @@ from agent.queue import BadMessage, get_queue, job_status, new_id, queue_positio
 from agent.settings import Settings, TurnConfig
 from agent.store import Store, TurnInFlight
 from agent.turn import write_ending
+from agent.ui.markdown import inert
 from agent.watch import lost_worker_check
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
@@ -60,7 +61,7 @@ def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int)
             return Conversation(url_cid, in_url=True)
         session.pop(DRAFT_KEY, None)
         notice = (
-            f"The conversation in this link ({url_cid[:24]}) was not found: conversations are kept for "
+            f"The conversation in this link ({inert(url_cid[:24])}) was not found: conversations are kept for "
             f"{_minutes(ttl_s)} after their last message. This is a new chat."
         )
         return Conversation(_draft(session), in_url=False, notice=notice)
