@@ -61,7 +61,8 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     except BadMessage as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    svc = services.ensure(settings)
+    # Its workers may pick up other clients' turns on the same Redis: on exit, let those finish.
+    svc = services.ensure(settings, drain=True)
     store = svc.store(settings)
     queue_connection = svc.queue_connection()
     queue = get_queue(queue_connection)

@@ -113,11 +113,12 @@ class EmbeddedRedis:
 
     @property
     def pid(self) -> int | None:
+        """The server's pid, if it runs: a stale pid file whose pid was reused is not ours to signal."""
         try:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if _alive(pid) and _is_redis_server(pid) else None
 
     # -- internals -------------------------------------------------------------------------
 
@@ -203,6 +204,14 @@ class EmbeddedRedis:
             else:
                 entry.unlink(missing_ok=True)
         return live
+
+
+def _is_redis_server(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"redis-server" in f.read()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

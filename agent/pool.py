@@ -24,7 +24,8 @@ from pathlib import Path
 log = logging.getLogger("agent.pool")
 
 WATCH_INTERVAL_S = 0.2  # seconds between checks of the parent and the workers
-WARM_STOP_S = 1.0  # seconds a worker gets to finish on its own before a cold stop
+WARM_STOP_S = 1.5  # seconds a worker gets to finish on its own before a cold stop (RQ ignores a 2nd signal < 1 s)
+DRAIN_MAX_S = 300.0  # seconds a draining pool waits for its running turns to finish
 COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before SIGKILL
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
 HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
@@ -64,11 +65,13 @@ class Pool:
                 log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.returncode)
                 self.spawn(index)
 
-    def stop(self) -> None:
-        """Warm stop, then cold stop (the running job writes its ending), then SIGKILL, per group."""
+    def stop(self, warm_s: float = WARM_STOP_S) -> None:
+        """Warm stop, then cold stop (the running job writes its ending), then SIGKILL, per group.
+
+        A warm stop lets a running turn finish; `warm_s` is how long it may take."""
         self.stopping.set()
         live = [p for p in self.procs if p is not None and p.poll() is None]
-        for sig, grace in ((signal.SIGTERM, WARM_STOP_S), (signal.SIGTERM, COLD_STOP_S), (signal.SIGKILL, 2.0)):
+        for sig, grace in ((signal.SIGTERM, warm_s), (signal.SIGTERM, COLD_STOP_S), (signal.SIGKILL, 2.0)):
             for proc in live:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
@@ -114,6 +117,7 @@ def launch(
     worker_class: str = "simple",
     env: dict[str, str] | None = None,
     demo: bool = True,
+    drain: bool = False,
     start_timeout_s: float = HANDLE_START_TIMEOUT_S,
 ) -> PoolHandle:
     """Start the pool as its own process (never a fork of the caller), tied to the caller's life.
@@ -130,6 +134,8 @@ def launch(
                "--parent-pid", str(os.getpid())]
     if not demo:
         command.append("--no-demo")
+    if drain:
+        command.append("--drain")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
@@ -178,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--class", dest="worker_class", default="simple")
     parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")
     parser.add_argument("--no-demo", action="store_true", help="do not start the demo provider")
+    parser.add_argument("--drain", action="store_true",
+                        help=f"on stop, let running turns finish (up to {DRAIN_MAX_S:g} s) before stopping workers")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not os.environ.get("REDIS_URL"):
@@ -211,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             pool.restart_dead()
     finally:
-        pool.stop()
+        pool.stop(DRAIN_MAX_S if args.drain else WARM_STOP_S)
         if demo is not None:
             demo.stop()
     return 0

@@ -41,6 +41,7 @@ class Services:
     pool: pool.PoolHandle | None = None
     demo_url: str | None = None
     workers: int = 0
+    drain: bool = False
     owner_pid: int = field(default_factory=os.getpid)
 
     def store(self, settings: Settings) -> Store:
@@ -53,7 +54,7 @@ class Services:
         if self.owner_pid != os.getpid():
             return
         if self.pool is not None:
-            self.pool.stop(POOL_STOP_TIMEOUT_S)
+            self.pool.stop(pool.DRAIN_MAX_S + POOL_STOP_TIMEOUT_S if self.drain else POOL_STOP_TIMEOUT_S)
         self.pool = None
         if self.embedded is not None:
             self.embedded.release()
@@ -68,14 +69,17 @@ def _record() -> dict:
     return record
 
 
-def ensure(settings: Settings, *, workers: int | None = None) -> Services:
-    """Start (once per process) what this process needs, and return it."""
+def ensure(settings: Settings, *, workers: int | None = None, drain: bool = False) -> Services:
+    """Start (once per process) what this process needs, and return it.
+
+    With `drain`, stopping waits for the turns its workers are running, which may belong to
+    other clients of the same Redis (the CLI uses it; the page stops promptly instead)."""
     record = _record()
     with record["lock"]:
         services = record["services"]
         if services is not None and services.owner_pid == os.getpid():
             return services
-        services = _start(settings, settings.workers if workers is None else workers)
+        services = _start(settings, settings.workers if workers is None else workers, drain)
         record["services"] = services
         atexit.register(shutdown)
         return services
@@ -91,7 +95,7 @@ def shutdown() -> None:
         services.stop()
 
 
-def _start(settings: Settings, workers: int) -> Services:
+def _start(settings: Settings, workers: int, drain: bool = False) -> Services:
     embedded = None
     if settings.redis_url:
         url = settings.redis_url
@@ -102,10 +106,10 @@ def _start(settings: Settings, workers: int) -> Services:
         except (OSError, RuntimeError) as exc:
             raise ServiceError(f"could not start the embedded Redis: {exc}") from exc
     check_redis(url)
-    services = Services(redis_url=url, embedded=embedded, workers=workers)
+    services = Services(redis_url=url, embedded=embedded, workers=workers, drain=drain)
     if workers > 0:
         try:
-            services.pool = _start_pool(url, workers)
+            services.pool = _start_pool(url, workers, drain)
             services.demo_url = services.pool.demo_url
         except BaseException:
             services.stop()
@@ -125,9 +129,9 @@ def check_redis(url: str) -> None:
         client.close()
 
 
-def _start_pool(url: str, workers: int) -> pool.PoolHandle:
+def _start_pool(url: str, workers: int, drain: bool) -> pool.PoolHandle:
     log_path = Path(data_dir()) / "logs" / f"pool-{os.getpid()}.log"
     try:
-        return pool.launch(url, workers, log_path=log_path, start_timeout_s=POOL_START_TIMEOUT_S)
+        return pool.launch(url, workers, log_path=log_path, drain=drain, start_timeout_s=POOL_START_TIMEOUT_S)
     except RuntimeError as exc:
         raise ServiceError(str(exc)) from exc

@@ -321,3 +321,25 @@ def test_a_rediss_url_to_an_untrusted_certificate_is_refused(tls_endpoint):
     with pytest.raises(ServiceError) as caught:
         check_redis(f"rediss://:{password}@127.0.0.1:{port}/0")
     assert "unreachable" in str(caught.value)
+
+
+def test_a_stale_pid_file_naming_another_process_is_never_signalled(tmp_path):
+    import subprocess
+    import sys
+
+    from agent.embedded_redis import EmbeddedRedis
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        server = EmbeddedRedis(tmp_path / "data")
+        server.dir.mkdir(parents=True)
+        server.pid_file.write_text(str(bystander.pid))  # left behind; the pid now belongs to someone else
+        assert server.pid is None
+        server.stop()
+        url = server.acquire()
+        assert url.startswith("unix://")
+        assert bystander.poll() is None  # untouched
+        server.stop()
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -466,3 +466,25 @@ def test_openai_base_url_comes_from_the_environment_when_the_config_has_none(tmp
     provider = make_provider(config, env={"OPENAI_BASE_URL": "http://localhost:11434/v1/"}, project_root=tmp_path)
     assert provider.base_url == "http://localhost:11434/v1"
     assert make_provider(config, env={}, project_root=tmp_path).base_url == "https://api.openai.com/v1"
+
+
+def test_the_key_is_sent_only_to_the_base_url_the_worker_is_configured_for():
+    from agent.settings import TurnConfig
+
+    env = {"OPENAI_API_KEY": "sk-canary-base-url", "OPENAI_BASE_URL": "https://api.example.test/v1"}
+    config = TurnConfig(provider="openai", model="m", base_url="https://attacker.example.test/v1")
+    with pytest.raises(ProviderError) as info:
+        make_provider(config, env=env)
+    assert info.value.kind == "auth"
+    assert "sk-canary-base-url" not in str(info.value)
+    same = TurnConfig(provider="openai", model="m", base_url="https://api.example.test/v1/")
+    assert make_provider(same, env=env) is not None
+
+
+def test_a_key_with_control_characters_is_refused_without_quoting_it():
+    from agent.settings import TurnConfig
+
+    env = {"OPENAI_API_KEY": "sk-canary-newline\nabc"}
+    with pytest.raises(ProviderError) as info:
+        make_provider(TurnConfig(provider="openai", model="m"), env=env)
+    assert "sk-canary" not in str(info.value)

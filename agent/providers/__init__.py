@@ -11,6 +11,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.base import Completion, Provider, ProviderError, ToolCall
@@ -52,11 +53,29 @@ def make_provider(
         return OpenAIProvider(url, config.model, None)
     if name not in API_KEY_VARIABLES:
         raise ProviderError("bad_request", f"unknown provider {name!r}")
-    base_url = config.base_url or env.get(BASE_URL_VARIABLES[name], "").strip() or DEFAULT_BASE_URLS[name]
-    key = read_secret(API_KEY_VARIABLES[name], env=env, project_root=project_root)
+    configured = env.get(BASE_URL_VARIABLES[name], "").strip() or DEFAULT_BASE_URLS[name]
+    base_url = config.base_url or configured
+    variable = API_KEY_VARIABLES[name]
+    key = read_secret(variable, env=env, project_root=project_root)
+    if key and base_url.rstrip("/") != configured.rstrip("/") and not _is_loopback(base_url):
+        # A turn's config comes from Redis: whoever can write there must not get the key sent to them.
+        # The worker's own machine (loopback) is trusted like its configured server.
+        raise ProviderError(
+            "auth",
+            f"this worker sends {variable} only to {BASE_URL_VARIABLES[name]} ({configured}), "
+            f"not to the turn's {base_url}",
+        )
+    if key and any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in key):
+        # httpx would refuse the header and quote its value, key included, in the error.
+        raise ProviderError("auth", f"{variable} contains spaces or control characters")
     if name == "anthropic":
         return AnthropicProvider(base_url, config.model, key)
     return OpenAIProvider(base_url, config.model, key)
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def read_secret(variable: str, *, env: Mapping[str, str] | None = None, project_root: Path | None = None) -> str | None:
