@@ -122,3 +122,30 @@ def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(pri
         worker.wait(20)
     assert worker.returncode == 0
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
+
+
+def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env, tmp_path):
+    from agent.connection import queue_client, state_client
+    from agent.pool import launch
+    from agent.queue import get_queue, new_id, submit_turn
+    from agent.store import Store
+    from tests.conftest import FAST
+
+    server = EmbeddedRedis()
+    url = server.acquire()
+    handle = launch(url, 1, log_path=tmp_path / "pool.log", drain=True)
+    try:
+        store = Store(state_client(url), ttl_s=600)
+        cid = new_id()
+        submit_turn(store, get_queue(queue_client(url)), cid, "What is 2*21?",
+                    FAST.with_changes(model="demo@1.0", job_timeout_s=10))
+        deadline = time.monotonic() + 10
+        while store.read_meta(cid)["status"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        handle.stop(timeout_s=30)  # the pool is asked to stop while the turn runs
+        state = store.read(cid)
+        assert state["done"] and state["status"] == "done", state["history"][-1]
+        assert "42" in state["history"][-1]["content"]
+    finally:
+        handle.stop()
+        server.stop()
