@@ -92,8 +92,11 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
                 print(json.dumps(state, ensure_ascii=False), flush=True)
             else:
                 printed_messages = _print_new(state, printed_messages)
-            if state["done"] and state["turn_id"] == turn_id:
-                return EXIT_DONE if state["status"] == "done" else EXIT_ENDED_BADLY
+            # Our turn's ending: the current state, or its summary if another turn has started since.
+            ended = state["status"] if state["done"] and state["turn_id"] == turn_id else next(
+                (t["status"] for t in state["turns"] if t.get("turn_id") == turn_id), None)
+            if ended is not None:
+                return EXIT_DONE if ended == "done" else EXIT_ENDED_BADLY
         else:
             lost_worker_check(store, queue_connection, conversation_id)  # writes the ending if so
 

@@ -136,6 +136,12 @@ def validate_clocks(turn: TurnConfig) -> None:
             "AGENT_MIN_CALL_SECONDS",
             f"must not exceed AGENT_CALL_TIMEOUT_CAP ({turn.min_call_s:g} > {turn.call_timeout_cap_s:g})",
         )
+    if turn.job_timeout_s - turn.deadline_margin_s < turn.min_call_s:
+        raise SettingsError(
+            "AGENT_MIN_CALL_SECONDS",
+            f"leaves no time for a call: the deadline is {turn.job_timeout_s - turn.deadline_margin_s:g} s after "
+            f"the job starts (AGENT_JOB_TIMEOUT - AGENT_DEADLINE_MARGIN), less than {turn.min_call_s:g} s",
+        )
     if turn.max_steps < 1:
         raise SettingsError("AGENT_MAX_STEPS", "must be at least 1")
 

@@ -45,7 +45,10 @@ def _store() -> Store:
     url = os.environ["REDIS_URL"]
     if url not in _clients:
         _clients[url] = state_client(url)
-    ttl_s = int(os.environ.get("AGENT_STATE_TTL") or DEFAULT_STATE_TTL_S)
+    try:
+        ttl_s = max(1, int(os.environ.get("AGENT_STATE_TTL") or DEFAULT_STATE_TTL_S))
+    except ValueError:  # the process that started this worker refused it already; never crash a job on it
+        ttl_s = DEFAULT_STATE_TTL_S
     return Store(_clients[url], ttl_s)
 
 
@@ -78,6 +81,7 @@ class Turn:
     pending_steps: list[dict] = field(default_factory=list)
     step_index: int = 0
     used_tools: bool = False
+    unconfirmed: list[tuple[int, int]] = field(default_factory=list)  # (messages, steps) of failed writes
     provider: object = None
 
     # -- writing ---------------------------------------------------------------------------
@@ -101,6 +105,8 @@ class Turn:
                 return
             raise TurnClosed(str(exc)) from exc
         except redis.RedisError as exc:
+            # It may still land (a timed-out write that Redis runs later): remember what it held.
+            self.unconfirmed.append((len(self.pending_messages), len(self.pending_steps)))
             if done:
                 raise
             log.warning("turn %s: state write failed, kept for the next write: %s", self.turn_id, exc)
@@ -108,6 +114,7 @@ class Turn:
         self.persisted_len += len(self.pending_messages)
         self.pending_messages = []
         self.pending_steps = []
+        self.unconfirmed = []
 
     def landed_already(self) -> bool:
         """True when the history "moved" only by our own pending messages.
@@ -123,8 +130,10 @@ class Turn:
         if not landed or landed != json.loads(json.dumps(self.pending_messages[: len(landed)])):
             return False
         log.warning("turn %s: a write that timed out had landed; carrying on", self.turn_id)
-        if len(landed) == len(self.pending_messages):
-            self.pending_steps = []  # the whole batch landed, steps included
+        # The batch that landed is one of the failed attempts: its steps landed with its messages.
+        steps_landed = next((n_steps for n_messages, n_steps in self.unconfirmed if n_messages == len(landed)), 0)
+        self.pending_steps = self.pending_steps[steps_landed:]
+        self.unconfirmed = []
         self.persisted_len += len(landed)
         self.pending_messages = self.pending_messages[len(landed):]
         return True

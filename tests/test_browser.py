@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,9 +19,9 @@ import pytest
 
 from tests.conftest import CANARY_KEY, ROOT
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"Debian's chromium is not installed ({CHROMIUM} is missing; `apt-get install chromium`)",
+    pytest.skip("Debian's chromium is not installed (no `chromium` on PATH; `apt-get install chromium`)",
                 allow_module_level=True)
 
 from playwright.sync_api import sync_playwright  # noqa: E402 - only once Chromium is known to exist

@@ -194,25 +194,35 @@ def _turn(store, cid, tid):
                 doc={"status": "running"}, persisted_len=1)
 
 
-def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store):
+def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store, monkeypatch):
     # Regression: Redis paused past the client's socket timeout runs the write when it resumes;
     # the retry then found the history "moved" (CONFLICT) and the job gave the turn up, so the
     # ending came only from the lost-worker check, after the job timeout.
+    import redis
+
     cid, tid = "landed-" + new_id(), new_id()
     _begin(store, cid, tid)
     turn = _turn(store, cid, tid)
+    real_publish = store.publish
+
+    def lands_then_times_out(*args, **kwargs):
+        monkeypatch.setattr(store, "publish", real_publish)
+        real_publish(*args, **kwargs)  # Redis ran it...
+        raise redis.TimeoutError("...after the client had given up on it")
+
+    monkeypatch.setattr(store, "publish", lands_then_times_out)
     turn.add_message({"role": "assistant", "content": "answer"})
     turn.add_step("model", "m", time.time(), "ok")
-    # What Redis ran after the client had given up on it:
-    store.publish(cid, tid, turn.doc, new_messages=turn.pending_messages, new_steps=turn.pending_steps,
-                  expected_history_len=1)
-    turn.flush()  # the retry of the same write
-    assert turn.persisted_len == 2 and turn.pending_messages == [] and turn.pending_steps == []
-    turn.add_message({"role": "assistant", "content": "more"})
+    turn.flush()  # times out, yet landed
+    turn.add_message({"role": "tool", "tool_call_id": "c1", "content": "more"})
+    turn.add_step("tool", "t", time.time(), "ok")
+    turn.flush()  # finds its own messages there: carries on, sending only what is new
+    assert turn.persisted_len == 3 and turn.pending_messages == [] and turn.pending_steps == []
+    turn.add_message({"role": "assistant", "content": "done"})
     turn.flush(done=True)
     state = store.read(cid)
-    assert [m["content"] for m in state["history"]] == ["hi", "answer", "more"]
-    assert len(state["steps"]) == 1
+    assert [m["content"] for m in state["history"]] == ["hi", "answer", "more", "done"]
+    assert [s["name"] for s in state["steps"]] == ["m", "t"]  # no step written twice
     assert state["done"]
 
 

@@ -30,6 +30,7 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
         ({"AGENT_DEADLINE_MARGIN": "120"}, "AGENT_DEADLINE_MARGIN"),
         ({"AGENT_DEADLINE_MARGIN": "0"}, "AGENT_DEADLINE_MARGIN"),
         ({"AGENT_MIN_CALL_SECONDS": "61"}, "AGENT_MIN_CALL_SECONDS"),
+        ({"AGENT_JOB_TIMEOUT": "10", "AGENT_DEADLINE_MARGIN": "8"}, "AGENT_MIN_CALL_SECONDS"),
         ({"AGENT_CALL_TIMEOUT_CAP": "-1"}, "AGENT_CALL_TIMEOUT_CAP"),
         ({"AGENT_CONNECT_TIMEOUT": "inf"}, "AGENT_CONNECT_TIMEOUT"),
         ({"AGENT_MAX_STEPS": "0"}, "AGENT_MAX_STEPS"),

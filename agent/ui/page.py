@@ -192,7 +192,7 @@ def _on_stop(settings: Settings, be: ui.Backend) -> None:
     view = st.session_state.get(ui.VIEW_KEY)
     if view and not view["state"]["done"]:
         try:
-            ui.stop(be.store, st.session_state, view["state"], settings.state_ttl_s)
+            ui.stop(be.store, st.session_state, view["state"], settings.state_ttl_s, be.queue_connection)
         except redis.RedisError as exc:
             st.session_state[ui.FLASH_KEY] = ("error", f"Could not ask the turn to stop ({type(exc).__name__}).",
                                               None)

@@ -150,12 +150,15 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     return turn_id
 
 
-def stop(store: Store, session, state: dict, ttl_s: int) -> None:
+def stop(store: Store, session, state: dict, ttl_s: int, queue_connection: redis.Redis | None = None) -> None:
     """Ask the worker to stop at its next check; a turn still waiting in the queue ends at once."""
     turn_id = state["turn_id"]
     store.request_cancel(turn_id, ttl_s)
     session[STOPPING_KEY] = turn_id
-    if state["status"] == "queued" and not state.get("started_at"):
+    # With safeguards off a running turn writes nothing until it ends, so ask RQ whether it started.
+    waiting = state["status"] == "queued" and not state.get("started_at") and (
+        queue_connection is None or job_status(queue_connection, state.get("job_id") or "") in (None, "queued"))
+    if waiting:
         # Safe against a worker that picks it up right now: a turn that has ended refuses its writes.
         write_ending(store, state["conversation_id"], turn_id, "cancelled", "cancelled",
                      "Stopped at your request, before a worker started it.")
