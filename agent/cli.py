@@ -78,12 +78,13 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     if not as_json:
         print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
     seen_version = None
+    state = None
     printed_messages = 0
     while True:
         # Wakes as soon as the worker writes; the poll interval bounds each wait.
         version = store.wait_version(conversation_id, seen_version, settings.poll_interval_ms)
         if version != seen_version:
-            state = store.read(conversation_id)
+            state = store.read_since(conversation_id, state)
             if state is None:
                 print("error: the conversation expired before the turn ended", file=sys.stderr)
                 return EXIT_ENDED_BADLY

@@ -140,6 +140,31 @@ class Store:
             return None
         return _state(conversation_id, meta, history, steps, turns)
 
+    def read_since(self, conversation_id: str, known: dict | None) -> dict | None:
+        """The whole state object, fetching only what was appended since `known` (an earlier read).
+
+        History, steps and turn summaries are append-only, so a client that follows a turn reads
+        the small fields and the new tail of each list: O(new), not O(conversation)."""
+        if not known:
+            return self.read(conversation_id)
+        keys = Keys.of(conversation_id)
+        lists = (keys.history, keys.steps, keys.turns)
+        have = [len(known["history"]), len(known["steps"]), len(known["turns"])]
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta)
+            for key, start in zip(lists, have, strict=True):
+                pipe.llen(key)
+                pipe.lrange(key, start, -1)
+            meta, n_history, history, n_steps, steps, n_turns, turns = pipe.execute()
+        if not meta:
+            return None
+        if [n_history, n_steps, n_turns] != [a + len(b) for a, b in zip(have, (history, steps, turns), strict=True)]:
+            return self.read(conversation_id)  # not the lists `known` was read from (expired, re-created)
+        fresh = _state(conversation_id, meta, history, steps, turns)
+        for field in ("history", "steps", "turns"):
+            fresh[field] = known[field] + fresh[field]
+        return fresh
+
     def read_meta(self, conversation_id: str) -> dict | None:
         """The small fields only (no history or steps)."""
         meta = self.redis.hgetall(Keys.of(conversation_id).meta)

@@ -119,7 +119,9 @@ def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait
 
 
 def _read(store: Store, session, cid: str) -> dict | None:
-    state = store.read(cid)
+    """The state, fetching only what was appended since this tab's last read of it."""
+    cached = session.get(VIEW_KEY)
+    state = store.read_since(cid, cached["state"] if cached and cached["cid"] == cid else None)
     if state is None:
         session.pop(VIEW_KEY, None)
     else:

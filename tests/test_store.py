@@ -1,0 +1,86 @@
+"""The state store on a real Redis: the contract's object, one turn at a time, refusals, cheap reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agent.queue import new_id
+from agent.store import StoreError, TurnInFlight
+
+DOC = {"status": "queued", "error": None, "job_id": "j", "enqueued_at": 0.0}
+
+
+def begin(store, cid=None, tid=None):
+    cid, tid = cid or new_id(), tid or new_id()
+    store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, DOC)
+    return cid, tid
+
+
+def test_a_turn_in_flight_refuses_another_turn_but_not_a_double_submit_of_itself(store):
+    cid, tid = begin(store)
+    assert store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, DOC)[0] is False  # same turn again
+    with pytest.raises(TurnInFlight):
+        store.begin_turn(cid, new_id(), {"role": "user", "content": "another"}, DOC)
+    assert len(store.read(cid)["history"]) == 1
+
+
+def test_done_never_reverts_and_an_ended_turn_refuses_writes(store):
+    cid, tid = begin(store)
+    store.publish(cid, tid, {**DOC, "status": "done"}, done=True)
+    with pytest.raises(StoreError) as info:
+        store.publish(cid, tid, {**DOC, "status": "running"}, new_messages=[{"role": "assistant", "content": "x"}])
+    assert info.value.reason == "CLOSED"
+    state = store.read(cid)
+    assert state["done"] and state["status"] == "done" and len(state["history"]) == 1
+
+
+def test_a_write_for_a_turn_that_is_not_current_is_refused(store):
+    cid, old = begin(store)
+    store.publish(cid, old, DOC, done=True)
+    begin(store, cid)
+    with pytest.raises(StoreError) as info:
+        store.publish(cid, old, DOC)
+    assert info.value.reason == "STALE"
+
+
+def test_a_write_expecting_another_history_length_is_refused(store):
+    cid, tid = begin(store)
+    with pytest.raises(StoreError) as info:
+        store.publish(cid, tid, DOC, new_messages=[{"role": "assistant", "content": "x"}], expected_history_len=5)
+    assert info.value.reason == "CONFLICT"
+
+
+def test_every_write_bumps_the_version_by_one_and_refreshes_the_ttl(store):
+    cid, tid = begin(store)
+    versions = [store.version(cid)]
+    for _ in range(3):
+        store.redis.expire(f"agent:conv:{cid}:history", 5)
+        versions.append(store.publish(cid, tid, DOC, new_messages=[{"role": "assistant", "content": "x"}]))
+    assert versions == [1, 2, 3, 4]
+    assert store.redis.ttl(f"agent:conv:{cid}:history") > 500
+
+
+def test_read_since_returns_the_same_object_as_a_full_read(store):
+    cid, tid = begin(store)
+    first = store.read(cid)
+    store.publish(cid, tid, {**DOC, "status": "running"}, new_messages=[{"role": "assistant", "content": "a"}],
+                  new_steps=[{"turn_id": tid, "index": 1}])
+    assert store.read_since(cid, first) == store.read(cid)
+    store.publish(cid, tid, {**DOC, "status": "done"}, done=True, summary={"turn_id": tid, "status": "done"})
+    assert store.read_since(cid, first) == store.read(cid)
+
+
+def test_wait_version_wakes_as_soon_as_a_write_lands(store):
+    cid, tid = begin(store)
+    threading.Timer(0.2, lambda: store.publish(cid, tid, DOC)).start()
+    started = time.monotonic()
+    assert store.wait_version(cid, 1, timeout_ms=1400) == 2
+    assert time.monotonic() - started < 1.0
+
+
+def test_an_unknown_conversation_reads_as_none(store):
+    assert store.read("nope-" + new_id()) is None
+    assert store.version("nope-" + new_id()) is None
