@@ -107,7 +107,9 @@ METHOD = {
     "usec per call.",
     "cost_vs_history": "Conversations prepared with exactly 10/100/1000 messages (user, tool call, tool "
     "result, answer). publish: one round-trip's write (one message, one step, the small fields) via the Lua "
-    "script. poll_no_change: Store.version (one HGET). Contrasts: the full-state read, and a whole-state "
+    "script. poll_no_change: Store.version (one HGET). poll_one_new_message: Store.read_since with a state "
+    "one message old (the small fields and the new tail of each list). Contrasts: the full-state read, and a "
+    "whole-state "
     "rewrite (one SET of the state JSON, what a single-key layout would send per write). Bytes: Redis's own "
     "total_net_input/output_bytes counters, both directions, per operation. Time: client-side, per call.",
     "throughput": "N one-call turns (demo@{latency}: 1 model call each) submitted at once to a pool of W "

@@ -96,10 +96,19 @@ def history_cost(lab: Lab, samples: int) -> list[dict]:
             lab.client.set(f"bench:rewrite:{cid}", blobs[cid], ex=60)
 
         cids = [cid for cid, _ in convs]
-        rows.append({
+        row = {
             "messages": length,
             "publish": _measure(lab, publish, cids),
             "poll_no_change": _measure(lab, store.version, cids),
+        }
+        # What a follower knew one message ago: its next read fetches just that message.
+        known = {}
+        for cid in cids:
+            state = store.read(cid)
+            known[cid] = {**state, "history": state["history"][:-1]}
+        rows.append({
+            **row,
+            "poll_one_new_message": _measure(lab, lambda cid, known=known: store.read_since(cid, known[cid]), cids),
             "contrast_full_read": _measure(lab, store.read, cids),
             "contrast_whole_state_rewrite": _measure(lab, rewrite, cids),
         })

@@ -52,6 +52,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     f"{row['publish']['bytes']} B, {row['publish']['time_us']['p50']:g} us", "", ""))
         out.append((f"{row['messages']:>4} messages: no-change poll bytes, p50 time",
                     f"{row['poll_no_change']['bytes']} B, {row['poll_no_change']['time_us']['p50']:g} us", "", ""))
+        if "poll_one_new_message" in row:
+            new = row["poll_one_new_message"]
+            out.append((f"{row['messages']:>4} messages: poll that finds one new message",
+                        f"{new['bytes']} B, {new['time_us']['p50']:g} us", "", ""))
     if "cost_vs_history" in results:
         out.append(("  publish / no-change poll bytes, 1000 vs 10 messages",
                     f"{results['publish_growth_1000_vs_10']:.2f}x / {results['poll_growth_1000_vs_10']:.2f}x",
@@ -131,6 +135,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
         series = (
             ("publish (append-only)", "publish", "o-"),
             ("poll, no change (HGET version)", "poll_no_change", "s-"),
+            ("poll, one new message (read_since)", "poll_one_new_message", "^-"),
             ("contrast: whole-state rewrite", "contrast_whole_state_rewrite", "x--"),
             ("contrast: full-state read", "contrast_full_read", "d--"),
         )
