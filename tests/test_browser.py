@@ -209,7 +209,7 @@ def test_a_question_shows_each_tool_step_before_the_answer_then_stops_polling(se
                     reason="set AGENT_SCREENSHOTS=1 to refresh the README's screenshots")
 def test_screenshots_for_the_readme(server, browser):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1300, "height": 1500}, device_scale_factor=1)
+    context = browser.new_context(viewport={"width": 1300, "height": 1950}, device_scale_factor=1)
     page = context.new_page()
     try:
         ask(page, server.url, QUESTION)
