@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import json
-import select
 import socket
 import struct
 import threading
@@ -23,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from agent.demo.server import client_left_or_stopped
 
 POLL_S = 0.05  # seconds between checks for stop() or a client that went away
 
@@ -316,21 +317,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _wait(self, seconds: float | None) -> bool:
         """Sleep up to `seconds` (None: for ever); True when the client left or the server is stopping."""
-        deadline = None if seconds is None else time.monotonic() + seconds
-        stopping = self.server.script.stopping
-        while not stopping.is_set():
-            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
-            if left <= 0:
-                return False
-            try:
-                readable, _, _ = select.select([self.connection], [], [], left)
-                if readable:
-                    if not self.connection.recv(1, socket.MSG_PEEK):
-                        self.close_connection = True
-                        return True
-                    time.sleep(left)  # a pipelined request is waiting: not a disconnect, and no busy loop
-            except (OSError, ValueError):
-                self.close_connection = True
-                return True
-        self.close_connection = True
-        return True
+        if client_left_or_stopped(self.connection, seconds, self.server.script.stopping, POLL_S):
+            self.close_connection = True
+            return True
+        return False

@@ -34,6 +34,29 @@ LISTEN_BACKLOG = 1024  # the default of 5 refuses connections when 100 turns cal
 FLAKY_MAX_KEYS = 10_000  # attempt counters are forgotten past this, so a long-running server stays small
 
 
+def client_left_or_stopped(
+    connection: socket.socket, seconds: float | None, stopping: threading.Event, poll_s: float = HANG_POLL_S
+) -> bool:
+    """Wait up to `seconds` (None: for ever) without reading the request; no busy loop.
+
+    True as soon as the client closes its end or `stopping` is set; False when the time is up.
+    Shared by every loopback server that must hold a connection open (hang, slow replies)."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while not stopping.is_set():
+        left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        try:
+            readable, _, _ = select.select([connection], [], [], left)
+            if readable:
+                if not connection.recv(1, socket.MSG_PEEK):
+                    return True  # the client closed its end
+                stopping.wait(left)  # a pipelined request is waiting: not a disconnect, and select fires at once
+        except (OSError, ValueError):
+            return True  # the socket is gone (reset, or closed by a stop)
+    return True
+
+
 class DemoServer:
     """An OpenAI-compatible server for the demo model, bound to 127.0.0.1 only."""
 
@@ -186,19 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _hang(self) -> None:
         """Send nothing until the client disconnects, the server stops, or the cap passes; no busy loop."""
-        stop = self.server.demo._stop
-        give_up_at = time.monotonic() + HANG_CAP_S
         self.close_connection = True
-        while not stop.is_set() and time.monotonic() < give_up_at:
-            try:
-                readable, _, _ = select.select([self.connection], [], [], HANG_POLL_S)
-                if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
-                    return  # the client closed its end
-            except (OSError, ValueError):
-                return  # the socket is gone (reset, or closed by stop())
-            if readable:
-                # The client sent more bytes (a pipelined request); select would fire at once, so sleep instead.
-                stop.wait(HANG_POLL_S)
+        client_left_or_stopped(self.connection, HANG_CAP_S, self.server.demo._stop, HANG_POLL_S)
 
     def _trickle(self, payload: dict) -> None:
         """A correct response whose body arrives one byte a second, defeating per-read timeouts."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import random
-import select
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from agent.demo.server import client_left_or_stopped
 
 LOOPBACK_HOST = "127.0.0.1"
 POLL_S = 0.05  # seconds between checks for a client that left or a server that stops
@@ -280,21 +281,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`; True when the client left or the server is stopping."""
-        end = time.monotonic() + seconds
-        stopping = self.server.provider.stopping
-        while not stopping.is_set():
-            left = min(POLL_S, end - time.monotonic())
-            if left <= 0:
-                return False
-            try:
-                readable, _, _ = select.select([self.connection], [], [], left)
-                if readable:
-                    if not self.connection.recv(1, socket.MSG_PEEK):
-                        self.close_connection = True
-                        return True
-                    time.sleep(left)
-            except (OSError, ValueError):
-                self.close_connection = True
-                return True
-        self.close_connection = True
-        return True
+        if client_left_or_stopped(self.connection, seconds, self.server.provider.stopping, POLL_S):
+            self.close_connection = True
+            return True
+        return False
