@@ -21,6 +21,7 @@ from rq.timeouts import JobTimeoutException
 from agent import tools as tool_registry
 from agent.connection import state_client
 from agent.deadline import Budget, CallTimeout, retry_wait_s
+from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
 from agent.providers.base import Completion, ProviderError
 from agent.queue import JOB_FUNCTION
@@ -358,20 +359,6 @@ class Turn:
                 delay = min(delay * 2, 1.0)
 
 
-def turn_summary(turn_id: str, doc: dict, ended_at: float) -> dict:
-    return {
-        "turn_id": turn_id,
-        "status": doc.get("status"),
-        "error": doc.get("error"),
-        "enqueued_at": doc.get("enqueued_at"),
-        "started_at": doc.get("started_at"),
-        "deadline_at": doc.get("deadline_at"),
-        "job_timeout_at": doc.get("job_timeout_at"),
-        "ended_at": ended_at,
-        "config": doc.get("config"),
-    }
-
-
 def _job_started_at() -> tuple[float, str]:
     job = get_current_job()
     if job is None:
@@ -447,37 +434,3 @@ def on_failure(job, connection, exc_type, exc_value, tb) -> None:
     job_timeout_at = started_at + job.timeout if started_at is not None and job.timeout else None
     write_ending(_store(), conversation_id, turn_id, status, kind, message,
                  started_at=started_at, job_timeout_at=job_timeout_at)
-
-
-def write_ending(
-    store: Store,
-    conversation_id: str,
-    turn_id: str,
-    status: str,
-    kind: str,
-    message: str,
-    *,
-    started_at: float | None = None,
-    job_timeout_at: float | None = None,
-) -> bool:
-    """End a turn from outside its job (failure callback, lost worker, stop). False if already ended."""
-    state = store.read_meta(conversation_id)
-    if state is None or state["turn_id"] != turn_id or state["done"]:
-        return False
-    doc = {k: state[k] for k in ("deadline_at", "job_timeout_at", "started_at", "enqueued_at", "config", "job_id")}
-    doc["started_at"] = doc["started_at"] or started_at
-    doc["job_timeout_at"] = doc["job_timeout_at"] or job_timeout_at
-    now = time.time()
-    doc.update(status=status, error={"kind": kind, "message": message}, current_step=None, ended_at=now)
-    try:
-        store.publish(
-            conversation_id,
-            turn_id,
-            doc,
-            done=True,
-            new_messages=[{"role": "assistant", "content": message}],
-            summary=turn_summary(turn_id, doc, now),
-        )
-    except StoreError:
-        return False
-    return True

@@ -14,9 +14,9 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
+from agent.endings import write_ending
 from agent.queue import SafeJob, get_queue
 from agent.store import Store
-from agent.turn import write_ending
 
 LOST_GRACE_S = 5.0  # seconds past the job timeout before a silent turn counts as lost
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first

@@ -12,9 +12,9 @@ from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
 from agent import services
+from agent.endings import turn_summary, write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.store import Store
-from agent.turn import turn_summary, write_ending
 from agent.ui import render, timeline
 from agent.ui.markdown import safe_markdown
 from tests.conftest import FAST, ROOT, wait_done

@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rq.serializers import JSONSerializer
 
+from agent.endings import write_ending
 from agent.faults.checks import check_observations, percentile
 from agent.faults.runner import Options, run_faults
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
-from agent.turn import UNANSWERED_CALL_RESULT, write_ending
+from agent.turn import UNANSWERED_CALL_RESULT
 from agent.watch import lost_worker_check
 from tests.conftest import FAST, wait_done
 from tests.scripted_server import chat_reply, tool_call

@@ -14,10 +14,10 @@ import redis
 from rq import Queue, Worker
 
 from agent import services
+from agent.endings import write_ending
 from agent.queue import BadMessage, get_queue, job_status, new_id, queue_position, running_count, submit_turn
 from agent.settings import Settings, TurnConfig
 from agent.store import Store, TurnInFlight
-from agent.turn import write_ending
 from agent.ui.markdown import inert
 from agent.watch import lost_worker_check
 
