@@ -3,6 +3,7 @@ turn must actually run). States are written with the Store API to see how each o
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -345,3 +346,20 @@ def test_turns_are_split_at_each_user_message_with_their_own_steps():
     turns = render.split_turns(state)
     assert [len(t["steps"]) for t in turns] == [1, 1]
     assert [t["in_flight"] for t in turns] == [False, True]
+
+
+def test_a_finished_turns_timeline_is_built_once_not_on_every_poll(monkeypatch):
+    from agent.ui import render
+
+    built = []
+    real = render.timeline_chart
+    monkeypatch.setattr(render, "timeline_chart", lambda *a, **k: built.append(1) or real(*a, **k))
+    t0 = 1_000_000.0
+    steps = json.dumps([step("t-cache", 1, "model", "demo", t0)])
+    summary = json.dumps(turn_summary("t-cache", {"status": "done", "started_at": t0, "deadline_at": t0 + 100,
+                                                  "job_timeout_at": t0 + 120, "config": {}}, t0 + 2))
+    render.finished_chart_spec.clear()
+    first = render.finished_chart_spec(steps, summary, False)
+    second = render.finished_chart_spec(steps, summary, False)
+    assert first == second and first["layer"]
+    assert len(built) == 1

@@ -204,6 +204,14 @@ def clocks_caption(summary: dict, steps: list[dict]) -> str:
     return ", ".join(parts) + f". {calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}."
 
 
+@st.cache_data(max_entries=512, show_spinner=False)
+def finished_chart_spec(steps_json: str, summary_json: str, zoom: bool) -> dict | None:
+    """A finished turn's timeline never changes: build it once (Altair takes ~70 ms a chart), not
+    on every poll, so a long conversation still renders well inside the refresh interval."""
+    chart = timeline_chart(json.loads(steps_json), json.loads(summary_json), zoom=zoom)
+    return None if chart is None else chart.to_dict()
+
+
 def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
     summary, steps = turn["summary"], turn["steps"]
     if not summary.get("started_at"):
@@ -211,14 +219,11 @@ def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
         return
     with st.expander("⏱️ The three clocks for this turn", expanded=expanded):
         whole, zoomed = st.tabs(["Against the clocks", "Zoomed in on the steps"])
-        with whole:
-            chart = timeline_chart(steps, summary)
-            if chart is not None:
-                st.altair_chart(chart, width="stretch")
-        with zoomed:
-            chart = timeline_chart(steps, summary, zoom=True)
-            if chart is not None:
-                st.altair_chart(chart, width="stretch")
+        for tab, zoom in ((whole, False), (zoomed, True)):
+            with tab:
+                spec = finished_chart_spec(json.dumps(steps), json.dumps(summary), zoom)
+                if spec is not None:
+                    st.vega_lite_chart(spec, width="stretch")
         st.caption(clocks_caption(summary, steps))
 
 
