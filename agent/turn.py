@@ -19,7 +19,7 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from agent import tools as tool_registry
-from agent.connection import state_client
+from agent.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, state_client
 from agent.deadline import Budget, CallTimeout, retry_wait_s
 from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS_PER_CALL = 5  # one model round-trip: the first try and up to four retries
 FINAL_WRITE_RESERVE_S = 1.0  # seconds before the job timeout when final-write retries give up
+WORST_STATE_WRITE_S = STATE_SOCKET_TIMEOUT_S * (STATE_RETRIES + 1)  # one write against a stalled Redis
 CANCEL_CHECK_S = 0.25  # seconds between stop-flag checks while sleeping
 NAIVE_TIMEOUT_S = 3600.0  # seconds: what "safeguards off" gives a call or tool (no real bound)
 LAST_CALL_NUDGE = (
@@ -352,7 +353,8 @@ class Turn:
             except TurnClosed:
                 return
             except redis.RedisError as exc:
-                if time.time() + delay >= give_up_at:
+                # A retry that could still be blocked when the queue's alarm fires is not started.
+                if time.time() + delay + WORST_STATE_WRITE_S >= give_up_at:
                     log.error("turn %s: final write failed, leaving it to the failure callback: %s", self.turn_id, exc)
                     return
                 time.sleep(delay)
