@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 import redis
 
 from agent import services
-from agent.queue import BadMessage, clean_message, get_queue, new_id, submit_turn
+from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.settings import Settings, SettingsError
 from agent.store import TurnInFlight
 from agent.watch import lost_worker_check
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--json", action="store_true", help="print each state as one JSON object a line")
     ask.add_argument("message")
     args = parser.parse_args(argv)
+    # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
@@ -53,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         services.shutdown()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def ask_and_follow(settings: Settings, message: str, conversation_id: str | None, *, as_json: bool) -> int:
@@ -80,6 +87,7 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     seen_version = None
     state = None
     printed_messages = 0
+    hinted = False
     while True:
         # Wakes as soon as the worker writes; the poll interval bounds each wait.
         version = store.wait_version(conversation_id, seen_version, settings.poll_interval_ms)
@@ -100,6 +108,10 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
                 return EXIT_DONE if ended == "done" else EXIT_ENDED_BADLY
         else:
             lost_worker_check(store, queue_connection, conversation_id)  # writes the ending if so
+            if not hinted and state is not None and state["status"] == "queued" and not running_workers(queue):
+                print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
+                      "`python worker.py`", file=sys.stderr, flush=True)
+                hinted = True
 
 
 def _print_new(state: dict, printed: int) -> int:

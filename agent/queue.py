@@ -11,7 +11,7 @@ import time
 import uuid
 
 import redis
-from rq import Queue
+from rq import Queue, Worker
 from rq.callbacks import Callback
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
@@ -152,6 +152,11 @@ def queue_position(queue: Queue, job_id: str) -> int | None:
     """1-based place of a waiting job, or None when it is not waiting."""
     position = queue.get_job_position(job_id)
     return None if position is None else position + 1
+
+
+def running_workers(queue: Queue) -> int:
+    """How many workers are registered for this queue."""
+    return Worker.count(connection=queue.connection, queue=queue)
 
 
 def running_count(queue: Queue) -> int:

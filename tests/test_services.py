@@ -149,3 +149,22 @@ def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env,
     finally:
         handle.stop()
         server.stop()
+
+
+def test_a_cli_without_workers_says_so_and_a_sigterm_stops_it_cleanly(private_env, monkeypatch):
+    monkeypatch.setenv("AGENT_WORKERS", "0")
+    cli = subprocess.Popen([sys.executable, "-m", "agent", "ask", "hi"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while EmbeddedRedis().pid is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.5)  # a couple of poll intervals with the turn still queued
+        cli.terminate()
+        _, stderr = cli.communicate(timeout=20)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+    assert "none is running" in stderr and "python worker.py" in stderr
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []
+    assert EmbeddedRedis().pid is None  # its Redis stopped with it

@@ -11,11 +11,20 @@ import time
 from dataclasses import dataclass
 
 import redis
-from rq import Queue, Worker
+from rq import Queue
 
 from agent import services
 from agent.endings import write_ending
-from agent.queue import BadMessage, get_queue, job_status, new_id, queue_position, running_count, submit_turn
+from agent.queue import (
+    BadMessage,
+    get_queue,
+    job_status,
+    new_id,
+    queue_position,
+    running_count,
+    running_workers,
+    submit_turn,
+)
 from agent.settings import Settings, TurnConfig
 from agent.store import Store, TurnInFlight
 from agent.ui.markdown import inert
@@ -178,7 +187,7 @@ def queue_info(backend: Backend, state: dict) -> QueueInfo:
     job_id = state.get("job_id")
     position = queue_position(backend.queue, job_id) if job_id else None
     status = job_status(backend.queue_connection, job_id) if job_id else None
-    workers = Worker.count(connection=backend.queue_connection, queue=backend.queue)
+    workers = running_workers(backend.queue)
     return QueueInfo(position, workers, running_count(backend.queue), status)
 
 
