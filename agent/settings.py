@@ -6,6 +6,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from urllib.parse import urlsplit
 
 PROVIDERS = ("demo", "openai", "anthropic")
 
@@ -86,7 +87,7 @@ class Settings:
             if not base_url.startswith(("http://", "https://")):
                 raise SettingsError(BASE_URL_VARIABLES[provider], "must start with http:// or https://")
             key_var = API_KEY_VARIABLES[provider]
-            if not _is_local(base_url) and not _has_secret(key_var, env):
+            if not is_local_url(base_url) and not _has_secret(key_var, env):
                 raise SettingsError(key_var, f"is required for AGENT_PROVIDER={provider} (environment or secrets.toml)")
         turn = TurnConfig(
             provider=provider,
@@ -189,7 +190,7 @@ def _has_secret(variable: str, env: Mapping[str, str]) -> bool:
     return read_secret(variable, env=env) is not None
 
 
-def _is_local(url: str) -> bool:
-    """A local OpenAI-compatible server (Ollama, llama.cpp, vLLM) usually needs no key."""
-    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "127.0.0.1", "::1")
+def is_local_url(url: str) -> bool:
+    """A server on this machine (loopback), such as Ollama, llama.cpp or vLLM, which usually needs no key."""
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -11,12 +11,11 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.base import Completion, Provider, ProviderError, ToolCall
 from agent.providers.openai import OpenAIProvider
-from agent.settings import API_KEY_VARIABLES, BASE_URL_VARIABLES, DEFAULT_BASE_URLS
+from agent.settings import API_KEY_VARIABLES, BASE_URL_VARIABLES, DEFAULT_BASE_URLS, is_local_url
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def make_provider(
     base_url = config.base_url or configured
     variable = API_KEY_VARIABLES[name]
     key = read_secret(variable, env=env, project_root=project_root)
-    if key and base_url.rstrip("/") != configured.rstrip("/") and not _is_loopback(base_url):
+    if key and base_url.rstrip("/") != configured.rstrip("/") and not is_local_url(base_url):
         # A turn's config comes from Redis: whoever can write there must not get the key sent to them.
         # The worker's own machine (loopback) is trusted like its configured server.
         raise ProviderError(
@@ -71,11 +70,6 @@ def make_provider(
     if name == "anthropic":
         return AnthropicProvider(base_url, config.model, key)
     return OpenAIProvider(base_url, config.model, key)
-
-
-def _is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def read_secret(variable: str, *, env: Mapping[str, str] | None = None, project_root: Path | None = None) -> str | None:

@@ -20,7 +20,7 @@ from agent.settings import (
     PROVIDERS,
     SettingsError,
     TurnConfig,
-    _is_local,
+    is_local_url,
 )
 
 SCENARIOS = {  # the picker's order and the plain-words description of each
@@ -115,7 +115,7 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
     else:
         model = (ss.get(K["model"]) or DEFAULT_MODELS[provider]).strip()
     base_url = _base_url(provider, base)
-    if provider != "demo" and key_status(provider) == "not set" and not _is_local(base_url or ""):
+    if provider != "demo" and key_status(provider) == "not set" and not is_local_url(base_url or ""):
         raise SettingsError(API_KEY_VARIABLES[provider], "is not set (environment or .streamlit/secrets.toml)")
     return base.with_changes(
         provider=provider,
