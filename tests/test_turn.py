@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 
 import pytest
 from rq.serializers import JSONSerializer
@@ -265,3 +266,19 @@ def test_the_flaky_scenario_is_retried_to_success_inside_the_budget(store, queue
     outcomes = [(s["kind"], s["outcome"]) for s in state["steps"]]
     assert outcomes[:4] == [("model", "error"), ("retry", "ok"), ("model", "error"), ("retry", "ok")]
     assert outcomes[4] == ("model", "ok")
+
+
+def test_a_job_carries_only_ids_as_json_never_the_message_or_a_key(store, queue, redis_client):
+    message = "What is 12*12? secret-message-text"
+    cid = ask(store, queue, message)
+    job_id = store.read_meta(cid)["job_id"]
+    raw = redis_client.hgetall(f"rq:job:{job_id}")
+    job = SafeJob.fetch(job_id, connection=redis_client, serializer=JSONSerializer)
+    assert job.func_name == "agent.turn.run_turn"
+    assert list(job.args) == [cid, store.read_meta(cid)["turn_id"]] and job.kwargs == {}
+    data = zlib.decompress(raw[b"data"])  # RQ compresses the payload
+    assert json.loads(data)[0] == "agent.turn.run_turn"  # RQ's JSON serializer, not pickle
+    everything = b"".join(raw.values()) + data
+    assert b"secret-message-text" not in everything
+    assert CANARY_KEY.encode() not in everything
+    wait_done(store, cid)
