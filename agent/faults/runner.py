@@ -48,12 +48,11 @@ from agent.watch import LOST_GRACE_S, lost_worker_check
 ROOT = Path(__file__).resolve().parents[2]
 CANARY_KEY = "sk-faults-canary-3b9d2e7a41c6"  # given to the workers; must never reach Redis or the logs
 
-DEFAULT_JOB_TIMEOUT_S = 5  # seconds: the clocks scaled down so a run takes a few seconds
-DEFAULT_MARGIN_S = 1.5  # seconds
-DEFAULT_CALL_CAP_S = 2.0  # seconds
-DEFAULT_MIN_CALL_S = 0.4  # seconds
-DEFAULT_CONNECT_S = 0.5  # seconds
-DEFAULT_MAX_STEPS = 6
+# The clocks scaled down so a run takes a few seconds; each turn runs with these plus its provider.
+FAULT_CLOCKS = TurnConfig(
+    provider="openai", job_timeout_s=5, deadline_margin_s=1.5, call_timeout_cap_s=2.0, connect_timeout_s=0.5,
+    min_call_s=0.4, max_steps=6,
+)
 DEFAULT_CONCURRENCY = 4  # turns in flight at once, one worker each
 POLL_S = 0.05  # seconds between a client's polls
 LOST_CHECK_S = 0.5  # seconds between a client's lost-worker checks while nothing moves
@@ -72,12 +71,7 @@ class Options:
     runs: int = 1000
     seed: int = 1
     concurrency: int = DEFAULT_CONCURRENCY
-    job_timeout_s: int = DEFAULT_JOB_TIMEOUT_S
-    margin_s: float = DEFAULT_MARGIN_S
-    call_cap_s: float = DEFAULT_CALL_CAP_S
-    min_call_s: float = DEFAULT_MIN_CALL_S
-    connect_s: float = DEFAULT_CONNECT_S
-    max_steps: int = DEFAULT_MAX_STEPS
+    clocks: TurnConfig = FAULT_CLOCKS
     process_fault_share: float = 0.35  # of runs
     fork_share: float = 0.3  # of runs, on forking workers (the job's process is not the worker)
     refused_share: float = 0.04  # of runs, pointed at a closed port (connection refused)
@@ -126,7 +120,7 @@ def make_plans(options: Options) -> list[Plan]:
             worker_class="fork" if rng.random() < options.fork_share else "simple",
             process_fault=fault,
             # Mostly early in the turn (most turns end well before the deadline), sometimes late.
-            fault_at_s=round(rng.uniform(0.0, 1.5 if rng.random() < 0.7 else options.job_timeout_s), 3),
+            fault_at_s=round(rng.uniform(0.0, 1.5 if rng.random() < 0.7 else options.clocks.job_timeout_s), 3),
             pause_s=round(rng.uniform(0.2, 2.5), 3),
             refused=rng.random() < options.refused_share,
         ))
@@ -250,11 +244,7 @@ def run_one(lab: Lab, plan: Plan) -> RunResult:
     turn_id = new_id()
     result = RunResult(plan=plan, conversation_id=cid)
     base_url = f"http://127.0.0.1:{lab.closed_port}/v1" if plan.refused else lab.provider.url
-    config = TurnConfig(
-        provider="openai", model=model, base_url=base_url, job_timeout_s=options.job_timeout_s,
-        deadline_margin_s=options.margin_s, call_timeout_cap_s=options.call_cap_s,
-        connect_timeout_s=options.connect_s, min_call_s=options.min_call_s, max_steps=options.max_steps,
-    )
+    config = options.clocks.with_changes(model=model, base_url=base_url)
     text = f"run {plan.index}: what is 17*23, and what time is it in Tokyo?"
     submitted = result.submitted_at = time.time()
     _retry(lambda: submit_turn(store, lab.queue, cid, text, config, turn_id=turn_id))
@@ -264,7 +254,7 @@ def run_one(lab: Lab, plan: Plan) -> RunResult:
         injector = threading.Thread(target=_inject_later, args=(lab, plan, job_id, result), daemon=True)
         injector.start()
 
-    limit = submitted + options.job_timeout_s + LOST_GRACE_S + STUCK_AFTER_S
+    limit = submitted + options.clocks.job_timeout_s + LOST_GRACE_S + STUCK_AFTER_S
     seen, last_check, done_at = None, 0.0, None
     while time.time() < limit:
         try:
@@ -285,7 +275,7 @@ def run_one(lab: Lab, plan: Plan) -> RunResult:
             break
         time.sleep(POLL_S)
     if injector is not None:
-        injector.join(timeout=options.job_timeout_s + 10)
+        injector.join(timeout=options.clocks.job_timeout_s + 10)
     finish_result(lab, plan, result, turn_id, text, model, job_id)
     return result
 
@@ -307,7 +297,7 @@ def finish_result(lab: Lab, plan: Plan, result: RunResult, turn_id: str, text: s
     rq_job = _fetch(lab, job_id)
     if job_timeout_at is None and rq_job is not None and rq_job.started_at is not None:
         started_at = rq_job.started_at.timestamp()
-        job_timeout_at = started_at + lab.options.job_timeout_s
+        job_timeout_at = started_at + lab.options.clocks.job_timeout_s
     if rq_job is not None:
         status = rq_job.get_status(refresh=False)
         exc = ""
@@ -319,7 +309,7 @@ def finish_result(lab: Lab, plan: Plan, result: RunResult, turn_id: str, text: s
     if job_timeout_at is None:
         return  # the job never started: the turn ended (e.g. lost) before any clock ran
     final_write = final["updated_at"]
-    deadline_at = job_timeout_at - lab.options.margin_s
+    deadline_at = job_timeout_at - lab.options.clocks.deadline_margin_s
     result.final_minus_deadline_s = final_write - deadline_at
     result.final_minus_job_timeout_s = final_write - job_timeout_at
     hard_kill = result.fault_applied and plan.process_fault in HARD_KILLS
@@ -504,8 +494,8 @@ def summarize(options: Options, results: list[RunResult], elapsed_s: float, leak
         "statuses": dict(Counter(r.status or "stuck" for r in results).most_common()),
         "endings": dict(Counter(r.error_kind or "answer" for r in results if not r.stuck).most_common()),
         "call_faults": dict(Counter(f for r in results for f in r.call_faults).most_common()),
-        "clocks": {"job_timeout_s": options.job_timeout_s, "margin_s": options.margin_s,
-                   "call_cap_s": options.call_cap_s, "min_call_s": options.min_call_s,
+        "clocks": {"job_timeout_s": options.clocks.job_timeout_s, "margin_s": options.clocks.deadline_margin_s,
+                   "call_cap_s": options.clocks.call_timeout_cap_s, "min_call_s": options.clocks.min_call_s,
                    "lost_grace_s": LOST_GRACE_S, "concurrency": options.concurrency},
         "failed_runs": [
             {"run": r.plan.index, "fault": r.plan.process_fault, "class": r.plan.worker_class,
@@ -622,8 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="turns in flight (= workers)")
-    parser.add_argument("--job-timeout", type=int, default=DEFAULT_JOB_TIMEOUT_S, help="seconds")
-    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN_S, help="seconds")
+    parser.add_argument("--job-timeout", type=int, default=FAULT_CLOCKS.job_timeout_s, help="seconds")
+    parser.add_argument("--margin", type=float, default=FAULT_CLOCKS.deadline_margin_s, help="seconds")
     parser.add_argument("--json", help="also write the report to this file")
     parser.add_argument("--verbose", action="store_true", help="print every run")
     args = parser.parse_args(argv)
@@ -633,8 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.margin < args.job_timeout:
         print("--margin: must be more than 0 and less than --job-timeout", file=sys.stderr)
         return 2
-    options = Options(runs=args.runs, seed=args.seed, concurrency=args.concurrency,
-                      job_timeout_s=args.job_timeout, margin_s=args.margin, verbose=args.verbose)
+    clocks = FAULT_CLOCKS.with_changes(job_timeout_s=args.job_timeout, deadline_margin_s=args.margin)
+    options = Options(runs=args.runs, seed=args.seed, concurrency=args.concurrency, clocks=clocks,
+                      verbose=args.verbose)
     report = run_faults(options)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
