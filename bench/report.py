@@ -121,14 +121,7 @@ def plots(results: dict, directory: Path) -> list[Path]:
         right.set(xscale="log", xlabel="workers", ylabel="p95 turn latency (s)",
                   title="p95 latency, submit to final write (label: turns)")
         right.set_xticks(workers, [str(w) for w in workers])
-        for ax in (left, right):
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = directory / "throughput.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, directory / "throughput.png"))
     if results.get("cost_vs_history"):
         data = results["cost_vs_history"]
         lengths = [r["messages"] for r in data]
@@ -149,11 +142,16 @@ def plots(results: dict, directory: Path) -> list[Path]:
                   title="Time per operation")
         for ax in (left, right):
             ax.set_xticks(lengths, [str(n) for n in lengths])
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = directory / "history_cost.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, directory / "history_cost.png"))
     return written
+
+
+def _save(plt, fig, path: Path) -> Path:
+    """Grid and legend on every panel, then the PNG."""
+    for ax in fig.axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
