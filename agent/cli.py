@@ -107,7 +107,7 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
             if ended is not None:
                 return EXIT_DONE if ended == "done" else EXIT_ENDED_BADLY
         else:
-            lost_worker_check(store, queue_connection, conversation_id)  # writes the ending if so
+            lost_worker_check(store, queue_connection, conversation_id, state)  # writes the ending if so
             if not hinted and state is not None and state["status"] == "queued" and not running_workers(queue):
                 print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
                       "`python worker.py`", file=sys.stderr, flush=True)

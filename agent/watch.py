@@ -27,8 +27,11 @@ def lost_reason(
     store: Store, queue_connection: redis.Redis, conversation_id: str, now: float | None = None
 ) -> str | None:
     """Why the in-flight turn can no longer end by itself, or None while it still can."""
+    return _lost_reason(store, queue_connection, store.read_meta(conversation_id), now)
+
+
+def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None, now: float | None) -> str | None:
     now = time.time() if now is None else now
-    meta = store.read_meta(conversation_id)
     if meta is None or meta["done"] or not meta.get("job_id"):
         return None
     try:
@@ -67,12 +70,16 @@ def _in_limbo(store: Store, queue_connection: redis.Redis, job_id: str, now: flo
     return now - first_seen > LIMBO_GRACE_S
 
 
-def lost_worker_check(store: Store, queue_connection: redis.Redis, conversation_id: str) -> bool:
-    """Write the ending for a lost turn. True when this call wrote it."""
-    reason = lost_reason(store, queue_connection, conversation_id)
+def lost_worker_check(
+    store: Store, queue_connection: redis.Redis, conversation_id: str, known: dict | None = None
+) -> bool:
+    """Write the ending for a lost turn. True when this call wrote it.
+
+    `known` is the state the caller read at the current version, which saves reading it again."""
+    meta = known if known is not None else store.read_meta(conversation_id)
+    reason = _lost_reason(store, queue_connection, meta, None)
     if reason is None:
         return False
-    meta = store.read_meta(conversation_id)
     message = (
         f"The worker was lost ({reason}), so this reply could not be finished. "
         "Nothing is running for it any more: you can send your message again."

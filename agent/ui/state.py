@@ -122,7 +122,7 @@ def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait
         state, changed = _read(store, session, cid), True
     lost = False
     if state is not None and not state["done"] and (not changed or cached is None):
-        if lost_worker_check(store, queue_connection, cid):
+        if lost_worker_check(store, queue_connection, cid, state):
             state, changed, lost = _read(store, session, cid), True, True
     return Poll(state, changed, lost)
 
