@@ -3,6 +3,7 @@ loopback or a unix socket, all stopped at the end (also on failure)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -141,3 +142,26 @@ def redis_dump(client: redis.Redis) -> bytes:
                     out.extend((k, v))
         out.append(key)
     return b"\n".join(out)
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live pids whose environment has name=value: how a test finds every process it started."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

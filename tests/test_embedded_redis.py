@@ -22,6 +22,7 @@ import redis
 from agent.connection import describe, state_client
 from agent.embedded_redis import EmbeddedRedis, redis_binary
 from agent.services import ServiceError, check_redis
+from tests.conftest import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_WAIT_S = 10.0  # seconds for a released server to be gone
@@ -65,16 +66,6 @@ class User:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(FileNotFoundError):
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    return False
 
 
 def wait_dead(pid: int, timeout_s: float = STOP_WAIT_S) -> bool:

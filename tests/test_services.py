@@ -14,25 +14,9 @@ import pytest
 from agent import services
 from agent.embedded_redis import EmbeddedRedis
 from agent.settings import Settings
+from tests.conftest import processes_with_env
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Live pids whose environment has name=value: how we find every process a test started."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                stat = (entry / "stat").read_text()
-                if stat.split(") ", 1)[1][:1] != "Z":
-                    found.append(int(entry.name))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return found
 
 
 def wait_gone(name: str, value: str, timeout_s: float = 15.0) -> list[int]:
