@@ -9,14 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from agent.queue import MAX_MESSAGE_CHARS, BadMessage, clean_message, job_id_for, new_id
-from tests.conftest import FAST
+from tests.conftest import FAST, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 30  # seconds for any one CLI run
 FAST_CLOCKS = {
     "AGENT_JOB_TIMEOUT": "6",

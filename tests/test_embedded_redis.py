@@ -22,9 +22,8 @@ import redis
 from agent.connection import describe, state_client
 from agent.embedded_redis import EmbeddedRedis, redis_binary
 from agent.services import ServiceError, check_redis
-from tests.conftest import alive
+from tests.conftest import ROOT, alive
 
-ROOT = Path(__file__).resolve().parent.parent
 STOP_WAIT_S = 10.0  # seconds for a released server to be gone
 
 USER_SCRIPT = """

@@ -19,10 +19,9 @@ from rq.serializers import JSONSerializer
 
 from agent.embedded_redis import EmbeddedRedis
 from agent.queue import JOB_FUNCTION, QUEUE_NAME, new_id
-from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done
+from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
 from tests.scripted_server import chat_reply, reply, tool_call
 
-ROOT = Path(__file__).resolve().parent.parent
 FORGED_WAIT_S = 10.0  # seconds for a worker to pick up and refuse a forged job
 
 

@@ -14,9 +14,7 @@ import pytest
 from agent import services
 from agent.embedded_redis import EmbeddedRedis
 from agent.settings import Settings
-from tests.conftest import processes_with_env
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, processes_with_env
 
 
 def wait_gone(name: str, value: str, timeout_s: float = 15.0) -> list[int]:
