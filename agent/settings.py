@@ -83,7 +83,7 @@ class Settings:
         model = env.get("AGENT_MODEL", "").strip() or DEFAULT_MODELS[provider]
         base_url = None
         if provider in BASE_URL_VARIABLES:
-            base_url = env.get(BASE_URL_VARIABLES[provider], "").strip() or DEFAULT_BASE_URLS[provider]
+            base_url = configured_base_url(provider, env)
             if not base_url.startswith(("http://", "https://")):
                 raise SettingsError(BASE_URL_VARIABLES[provider], "must start with http:// or https://")
             key_var = API_KEY_VARIABLES[provider]
@@ -113,6 +113,12 @@ class Settings:
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
         )
+
+
+def configured_base_url(provider: str, env: Mapping[str, str] | None = None) -> str:
+    """The server a provider's key belongs to: its *_BASE_URL variable, else the official default."""
+    env = os.environ if env is None else env
+    return env.get(BASE_URL_VARIABLES[provider], "").strip() or DEFAULT_BASE_URLS[provider]
 
 
 def validate_clocks(turn: TurnConfig) -> None:

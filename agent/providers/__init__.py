@@ -15,7 +15,7 @@ from pathlib import Path
 from agent.providers.anthropic import AnthropicProvider
 from agent.providers.base import Completion, Provider, ProviderError, ToolCall
 from agent.providers.openai import OpenAIProvider
-from agent.settings import API_KEY_VARIABLES, BASE_URL_VARIABLES, DEFAULT_BASE_URLS, is_local_url
+from agent.settings import API_KEY_VARIABLES, BASE_URL_VARIABLES, configured_base_url, is_local_url
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def make_provider(
         return OpenAIProvider(url, config.model, None)
     if name not in API_KEY_VARIABLES:
         raise ProviderError("bad_request", f"unknown provider {name!r}")
-    configured = env.get(BASE_URL_VARIABLES[name], "").strip() or DEFAULT_BASE_URLS[name]
+    configured = configured_base_url(name, env)
     base_url = config.base_url or configured
     variable = API_KEY_VARIABLES[name]
     key = read_secret(variable, env=env, project_root=project_root)

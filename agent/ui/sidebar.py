@@ -6,20 +6,17 @@ send callback and the sidebar agree on what the next turn runs with.
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
 from agent.demo.scenarios import SCENARIO_LATENCIES_S, Scenario, UnknownModelError, parse_model_name
 from agent.providers import read_secret
 from agent.settings import (
     API_KEY_VARIABLES,
-    BASE_URL_VARIABLES,
-    DEFAULT_BASE_URLS,
     DEFAULT_MODELS,
     PROVIDERS,
     SettingsError,
     TurnConfig,
+    configured_base_url,
     is_local_url,
 )
 
@@ -92,7 +89,7 @@ def _base_url(provider: str, base: TurnConfig) -> str | None:
         return None
     if provider == base.provider and base.base_url:
         return base.base_url
-    return os.environ.get(BASE_URL_VARIABLES[provider], "").strip() or DEFAULT_BASE_URLS[provider]
+    return configured_base_url(provider)
 
 
 def key_status(provider: str) -> str | None:
