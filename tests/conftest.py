@@ -3,7 +3,6 @@ loopback or a unix socket, all stopped at the end (also on failure)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from agent.pool import PoolHandle, launch
 from agent.queue import get_queue, new_id, submit_turn
 from agent.settings import TurnConfig
 from agent.store import Store
+from tests.page_harness import alive, processes_with_env  # noqa: F401 - shared with the tests
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4680"  # must never be seen in Redis, the page or logs
@@ -142,26 +142,3 @@ def redis_dump(client: redis.Redis) -> bytes:
                     out.extend((k, v))
         out.append(key)
     return b"\n".join(out)
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Live pids whose environment has name=value: how a test finds every process it started."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found

@@ -3,133 +3,43 @@ Debian's Chromium through Playwright. Set AGENT_SCREENSHOTS=1 to also refresh do
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import CANARY_KEY, ROOT, alive, processes_with_env
+from tests.conftest import CANARY_KEY, ROOT
+from tests.page_harness import AUTOREFRESH, INPUT, START_TIMEOUT_S, chromium, chromium_available, page_server
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
+if not chromium_available():
     pytest.skip("Debian's chromium is not installed (no `chromium` on PATH; `apt-get install chromium`)",
                 allow_module_level=True)
 
-from playwright.sync_api import sync_playwright  # noqa: E402 - only once Chromium is known to exist
-
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 QUESTION = "What is 17*23, and what time is it in Tokyo?"
 ANSWER = "17*23 = 391"
-POLL_INTERVAL_MS = 1000  # the default: a page run (~0.3 s here) must be well inside it
-START_TIMEOUT_S = 60
-INPUT = 'textarea[data-testid="stChatInputTextArea"]'
-AUTOREFRESH = 'iframe[title="streamlit_autorefresh.st_autorefresh"]'
+POLL_INTERVAL_MS = 1000  # the default
 SCREENSHOTS = ROOT / "docs" / "screenshots"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PageServer:
-    """`streamlit run app.py` in its own session, with a private data dir (its own Redis and pool)."""
-
-    def __init__(self, data_dir: Path, log_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.data_dir = data_dir
-        self.marker = f"browser-{time.time_ns()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "REDIS_URL"))}
-        env.update(AGENT_DATA_DIR=str(data_dir), AGENT_POLL_INTERVAL_MS=str(POLL_INTERVAL_MS),
-                   AGENT_MODEL="demo@0.8",  # each model call takes 0.8 s, so every step can be seen landing
-                   AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker,
-                   OPENAI_API_KEY=CANARY_KEY)  # the sidebar may say a key is set, never show it
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
-             "--server.address", "127.0.0.1", "--server.headless", "true"],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.redis_pid: int | None = None
-        end = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < end:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.url + "_stcore/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"streamlit did not start: {log_path.read_text(errors='replace')[-2000:]}")
-
-    def note_redis(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.redis_pid = int((self.data_dir / "redis.pid").read_text().strip())
-
-    def stop(self) -> None:
-        """SIGTERM (Streamlit then runs its atexit handlers: pool and Redis stop), SIGKILL if it hangs."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self.log.close()
-
-    def leftovers(self, timeout_s: float = 15.0) -> list[int]:
-        end = time.monotonic() + timeout_s
-        while True:
-            left = [p for p in processes_with_env("AGENT_TEST_MARKER", self.marker) if alive(p)]
-            if self.redis_pid and alive(self.redis_pid):
-                left.append(self.redis_pid)
-            if not left or time.monotonic() > end:
-                return left
-            time.sleep(0.2)
-
-    def kill_leftovers(self) -> None:
-        for pid in self.leftovers(timeout_s=0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+PAGE_ENV = {
+    "AGENT_POLL_INTERVAL_MS": str(POLL_INTERVAL_MS),
+    "AGENT_MODEL": "demo@0.8",  # each model call takes 0.8 s, so every step can be seen landing
+    "OPENAI_API_KEY": CANARY_KEY,  # the sidebar may say a key is set, never show it
+}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("page")
-    page_server = PageServer(tmp / "data", tmp / "streamlit.log")
-    try:
-        yield page_server
-    finally:
-        page_server.stop()
-        page_server.kill_leftovers()
+    with page_server(tmp / "data", tmp / "streamlit.log", PAGE_ENV) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as running:
+        yield running
 
 
 @pytest.fixture
@@ -299,3 +209,35 @@ def test_stopping_the_page_stops_its_redis_and_workers(server):
     assert server.leftovers(timeout_s=0), "the pool and Redis ran while the page did"
     server.stop()
     assert server.leftovers() == []
+
+
+LONG_CHAT_TURNS = 30
+LONG_CHAT_SETTLE_S = 3.0  # seconds from a turn's final write to the page settled (answer, no polling, input on)
+LONG_CHAT_HOGS = 2  # busy loops: a 2-core machine with something else running
+
+
+def long_chat_question(n: int) -> tuple[str, str]:
+    return f"What is {n}*37, and what time is it in Tokyo?", f"{n}*37 = {n * 37}"
+
+
+def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path):
+    """Each turn's answer appears and the page stops polling and re-enables the input within a few
+    seconds of the final write, at turn 1 and at turn 30, with two CPU hogs running."""
+    from tests.page_harness import conversation_id, cpu_hogs, final_write_at, open_chat, send, wait_settled
+
+    env = {"AGENT_POLL_INTERVAL_MS": "1000", "AGENT_MODEL": "demo@0.2"}
+    settle_s: list[float] = []
+    with page_server(tmp_path / "data", tmp_path / "streamlit.log", env) as running, cpu_hogs(LONG_CHAT_HOGS), \
+            chromium() as browser:
+        page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+        open_chat(page, running.url)
+        redis_url = running.redis_url()
+        cid = None
+        for n in range(1, LONG_CHAT_TURNS + 1):
+            question, answer = long_chat_question(n)
+            send(page, question)
+            cid = cid or conversation_id(page)
+            settled_at = wait_settled(page, answer, timeout_s=60)
+            settle_s.append(settled_at - final_write_at(redis_url, cid))
+    late = [(n, round(s, 2)) for n, s in enumerate(settle_s, start=1) if s > LONG_CHAT_SETTLE_S]
+    assert not late, f"turns that settled late (turn, seconds): {late}; all: {[round(s, 2) for s in settle_s]}"

@@ -1,8 +1,16 @@
-"""The page: wiring of state, sidebar and rendering. Every error ends as readable text, never a traceback."""
+"""The page: wiring of state, sidebar and rendering. Every error ends as readable text, never a traceback.
+
+A full run draws the finished turns once. While a turn is in flight, only `_live_turn` (an
+`st.fragment` holding that turn and the polling component) reruns on each tick, so a poll costs the
+same at turn 1 and turn 100. A fragment rerun never pre-empts a full run (Streamlit queues it), so a
+tick cannot cut a run short and livelock the page; the fragment asks for one full run when the turn
+ends, which redraws the finished turn and re-enables the input.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 import streamlit as st
@@ -18,16 +26,24 @@ log = logging.getLogger(__name__)
 
 INPUT_KEY = "chat_input"
 REDIS_RETRY_MS = 3000  # milliseconds between retries while Redis does not answer
+HANDOFF_KEY = "agent_live_handoff"  # the state a full run read, handed to the fragment it draws
+TICK_COST_KEY = "agent_tick_cost_s"  # how long the last fragment run took, for the adaptive interval
+SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns the user asked to see
 EXAMPLES = (
     "What is 17*23, and what time is it in Tokyo?",
     "How does the deadline work?",
     "Please be slow 5 seconds, then tell me the time in Paris.",
 )
-INTRO = (
+LEAD = (
+    "You are watching an AI assistant answer with tools, live: each step appears as it happens, and "
+    "whatever goes wrong (a model that hangs, a tool that is slow), the reply always comes back in time."
+)
+HOW_IT_WORKS = (
     "Each message starts a **turn** that runs as a job on a queue, in a worker process, under three clocks: "
     "every model call has its own **timeout**; the turn stops itself at its **deadline**; and the queue kills "
     "the job at its **job timeout**, a margin later. The turn writes its progress after every step, so you "
-    "see each tool call as it lands, and it always says how it ended."
+    "see each tool call as it lands, and it always says how it ended. Try a scenario from the sidebar "
+    "(*hang*, *slow tool*) to watch the clocks at work."
 )
 
 
@@ -38,9 +54,6 @@ def backend(redis_url: str | None, workers: int, state_ttl_s: int) -> ui.Backend
 
 
 def main() -> None:
-    # The page's first element, whatever happens next: the polling component lives in this one slot,
-    # so a run that sees `done` always replaces it, and nothing drawn before it can shift it.
-    poll_slot = st.empty()
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
@@ -53,13 +66,10 @@ def main() -> None:
                "Check REDIS_URL (or unset it to use the embedded Redis), then reload this page.")
         return
     try:
-        _page(settings, be, poll_slot)
+        _page(settings, be)
     except redis.RedisError as exc:
         log.warning("redis failed during a page run: %s", exc)
-        st.error(f"**Redis is not answering** ({type(exc).__name__}). This page retries every few seconds; "
-                 "nothing you sent is lost.", icon="🔌")
-        with poll_slot:
-            st_autorefresh(interval=REDIS_RETRY_MS, key="redis-retry")
+        _redis_down(exc)
     except Exception as exc:  # noqa: BLE001 - a page shows a sentence, never a traceback
         log.exception("page run failed")
         st.error(f"Something went wrong while drawing this page ({type(exc).__name__}). Reload to try again.")
@@ -70,30 +80,37 @@ def _fatal(title: str, detail: str, hint: str) -> None:
     st.error(f"**{title}.**\n\n{detail}\n\n{hint}", icon="🛑")
 
 
-def _page(settings: Settings, be: ui.Backend, poll_slot) -> None:
+def _redis_down(exc: Exception) -> None:
+    st.error(f"**Redis is not answering** ({type(exc).__name__}). This page retries every few seconds; "
+             "nothing you sent is lost.", icon="🔌")
+    st_autorefresh(interval=REDIS_RETRY_MS, key="redis-retry")
+
+
+def _page(settings: Settings, be: ui.Backend) -> None:
     session = st.session_state
     conversation = ui.resolve_conversation(st.query_params.get(ui.CID_PARAM), session, be.store, settings.state_ttl_s)
     cid = conversation.id
-    result = ui.poll(be.store, be.queue_connection, session, cid,
-                     wait_ms=ui.poll_wait_ms(settings.poll_interval_ms))
+    result = ui.poll(be.store, be.queue_connection, session, cid)
     state = result.state
     in_flight = state is not None and not state["done"]
-    # Polling, as the page's FIRST element: a run that sees `done` replaces the component at once with
-    # an empty slot. Drawn last, it would go only when a run completes, and a tick that interrupts
-    # every run (a run slower than the interval) would keep it, and the reruns, alive for ever.
-    if in_flight:
-        with poll_slot:
-            st_autorefresh(interval=settings.poll_interval_ms, key=f"poll-{cid}")
-    else:
-        poll_slot.empty()
-    # The sidebar comes after: its widgets are places where a tick's rerun request can cut a run short,
-    # and a run must reach the component above first, or a page that is done could keep polling.
+
     config, config_error = sidebar.render_sidebar(settings.turn)
     st.sidebar.divider()
     st.sidebar.button("🗨️ New chat", on_click=_new_chat, width="stretch")
+    # The input is drawn early (Streamlit pins it to the bottom wherever it is called), so a run that
+    # starts a turn disables it at once, not after the whole conversation has been drawn.
+    st.chat_input(
+        "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
+        key=INPUT_KEY,
+        disabled=in_flight or config is None,
+        on_submit=_on_send,
+        args=(settings, be, cid),
+    )
 
     st.title("⏱️ An agent that always finishes")
-    st.caption(INTRO)
+    st.markdown(LEAD)
+    with st.expander("How it works", expanded=state is None):
+        st.markdown(HOW_IT_WORKS)
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
@@ -107,10 +124,11 @@ def _page(settings: Settings, be: ui.Backend, poll_slot) -> None:
         _empty_chat(settings, be, cid)
     else:
         turns = render.split_turns(state)
-        for index, turn in enumerate(turns):
-            render.render_turn(turn, latest=index == len(turns) - 1)
+        finished = turns[:-1] if in_flight else turns
+        _finished_turns(cid, finished)
         if in_flight:
-            _in_flight(settings, be, state, turns[-1])
+            session[HANDOFF_KEY] = state
+            _live_turn(settings, be, cid, state["turn_id"])
 
     _flash(session)
     if in_flight:
@@ -118,13 +136,42 @@ def _page(settings: Settings, be: ui.Backend, poll_slot) -> None:
                    "Press **Stop** to end it early.")
     elif config is None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
-    st.chat_input(
-        "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
-        key=INPUT_KEY,
-        disabled=in_flight or config is None,
-        on_submit=_on_send,
-        args=(settings, be, cid),
-    )
+
+
+def _finished_turns(cid: str, turns: list[dict]) -> None:
+    """Drawn once per full run. Past RECENT_TURNS, earlier turns wait behind a button, so a full run
+    (the one that ends each turn) costs the same at turn 30 and turn 300."""
+    hidden = 0 if st.session_state.get(SHOW_ALL_KEY) == cid else max(0, len(turns) - render.RECENT_TURNS)
+    if hidden:
+        st.button(f"Show {hidden} earlier turn{'s' * (hidden != 1)}", key="show-earlier",
+                  on_click=_show_all, args=(cid,))
+    for index, turn in enumerate(turns[hidden:], start=hidden):
+        render.render_turn(turn, latest=index == len(turns) - 1)
+
+
+@st.fragment
+def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> None:
+    """The turn in flight and the polling component: the only part a tick reruns."""
+    session = st.session_state
+    state = session.pop(HANDOFF_KEY, None)
+    if state is None or state.get("turn_id") != turn_id:  # a tick: this run is the fragment alone
+        try:
+            state = ui.poll(be.store, be.queue_connection, session, cid,
+                            wait_ms=ui.poll_wait_ms(settings.poll_interval_ms)).state
+        except redis.RedisError as exc:
+            log.warning("redis failed during a poll: %s", exc)
+            _redis_down(exc)
+            return
+        if state is None or state["done"] or state["turn_id"] != turn_id:
+            # One full run draws the ending, drops this fragment (and its poller) and re-enables the input.
+            st.rerun(scope="app")
+    started = time.perf_counter()  # after the poll: its wait for the next write is idle time, not cost
+    turn = render.current_turn(state)
+    render.render_turn(turn, latest=True)
+    _in_flight(settings, be, state, turn)
+    interval_ms = ui.adaptive_interval_ms(settings.poll_interval_ms, session.get(TICK_COST_KEY))
+    st_autorefresh(interval=interval_ms, key=f"poll-{cid}")
+    session[TICK_COST_KEY] = time.perf_counter() - started
 
 
 def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
@@ -135,12 +182,14 @@ def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
 
 def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> None:
     now = ui.now()
+    config = state.get("config") or {}
+    safeguards_off = config.get("safeguards") is False
     with st.container(border=True):
         if state["status"] == "queued":
             info = ui.queue_info(be, state)
-            if info.job_status == "started":
+            if info.job_status == "started" and safeguards_off:
                 # Safeguards off: the job runs but writes nothing until it ends.
-                timeout = (state.get("config") or {}).get("job_timeout_s")
+                timeout = config.get("job_timeout_s")
                 st.markdown(f"**A worker is running this turn with safeguards off.** It writes nothing until it "
                             f"ends, so there is nothing to show yet. The queue kills it {timeout} s after it "
                             f"started at the latest, and this page will say so.")
@@ -148,6 +197,8 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> N
                 if timeout:
                     st.progress(min(1.0, waited / timeout),
                                 text=f"{waited:.0f} s since it was sent, of the {timeout} s job timeout")
+            elif info.job_status == "started":
+                st.markdown(f"**{render.STATUS_LABELS['running']}** · a worker has picked this turn up")
             else:
                 place = f"place **{info.position}** in the queue" if info.position else "about to start"
                 st.markdown(f"**{render.STATUS_LABELS['queued']}**: {place} · **{info.workers}** worker"
@@ -164,8 +215,7 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> N
             if chart is not None:
                 st.altair_chart(chart, width="stretch")
         if st.session_state.get(ui.STOPPING_KEY) == state["turn_id"]:
-            st.info("Stop requested: the turn stops at its next check, at the latest when the running step's "
-                    "timeout runs out.", icon="⏹️")
+            st.info("Stop requested: the running step is being stopped.", icon="⏹️")
         else:
             st.button("⏹️ Stop", key="stop", on_click=_on_stop, args=(settings, be))
 
@@ -200,15 +250,27 @@ def _on_stop(settings: Settings, be: ui.Backend) -> None:
 
 def _new_chat() -> None:
     ui.new_chat(st.session_state)
+    st.session_state.pop(SHOW_ALL_KEY, None)
     st.query_params.pop(ui.CID_PARAM, None)
 
 
+def _show_all(cid: str) -> None:
+    st.session_state[SHOW_ALL_KEY] = cid
+
+
+def _dismiss_flash() -> None:
+    st.session_state.pop(ui.FLASH_KEY, None)
+
+
 def _flash(session) -> None:
-    flash = session.pop(ui.FLASH_KEY, None)
+    """A refusal stays, with the unsent text, until it is dismissed or a message is sent."""
+    flash = session.get(ui.FLASH_KEY)
     if not flash:
         return
     kind, text, unsent = flash
-    (st.warning if kind == "warning" else st.error)(text, icon="✋")
-    if unsent and unsent.strip():
-        with st.expander("Your message, not sent (copy it from here)", expanded=False):
+    with st.container(border=True):
+        (st.warning if kind == "warning" else st.error)(text, icon="✋")
+        if unsent and unsent.strip():
+            st.caption("Your message, not sent (copy it from here):")
             st.code(unsent, language=None, wrap_lines=True)
+        st.button("Dismiss", key="dismiss-flash", on_click=_dismiss_flash)

@@ -24,6 +24,36 @@ def _words(status: str) -> str:
     return STATUS_LABELS.get(status, status).split(" ", 1)[-1]
 
 
+RECENT_TURNS = 10  # finished turns a full run draws; earlier ones wait behind a button
+
+
+def _live_summary(state: dict) -> dict:
+    """The turn in flight has no summary until it ends: its fields come from the state itself."""
+    return {
+        "turn_id": state.get("turn_id"),
+        "status": state.get("status"),
+        "error": state.get("error"),
+        "started_at": state.get("started_at"),
+        "deadline_at": state.get("deadline_at"),
+        "job_timeout_at": state.get("job_timeout_at"),
+        "config": state.get("config"),
+    }
+
+
+def current_turn(state: dict) -> dict:
+    """The latest turn alone, found from the end: a poll's cost must not grow with the conversation."""
+    history = state.get("history") or []
+    start = len(history) - 1
+    while start > 0 and history[start].get("role") != "user":
+        start -= 1
+    steps = state.get("steps") or []
+    first = len(steps)
+    while first > 0 and steps[first - 1].get("turn_id") == state.get("turn_id"):
+        first -= 1
+    return {"messages": history[max(start, 0):], "summary": _live_summary(state), "steps": steps[first:],
+            "current": True, "in_flight": not state.get("done")}
+
+
 def split_turns(state: dict) -> list[dict]:
     """The history cut at each user message: one entry per turn, with its steps and summary."""
     segments: list[list[dict]] = []
@@ -37,16 +67,7 @@ def split_turns(state: dict) -> list[dict]:
         if index < len(summaries):
             summary, current = summaries[index], False
         else:  # the turn in flight (no summary until it ends)
-            summary = {
-                "turn_id": state.get("turn_id"),
-                "status": state.get("status"),
-                "error": state.get("error"),
-                "started_at": state.get("started_at"),
-                "deadline_at": state.get("deadline_at"),
-                "job_timeout_at": state.get("job_timeout_at"),
-                "config": state.get("config"),
-            }
-            current = True
+            summary, current = _live_summary(state), True
         turn_id = summary.get("turn_id")
         steps = [s for s in state.get("steps") or [] if s.get("turn_id") == turn_id]
         turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
@@ -85,18 +106,18 @@ def _short_arguments(arguments) -> str:
     return text if len(text) <= 48 else text[:45] + "…"
 
 
-def tool_status_label(step: dict) -> str:
-    icon = "🔧" if step.get("outcome") == "ok" else "⚠️"
+def tool_status_label(step: dict, *, safeguards: bool = True) -> str:
+    icon = {"ok": "🔧", "stopped": "⏹️"}.get(step.get("outcome"), "⚠️")
     took = _seconds(step.get("duration_s"))
     timeout = step.get("timeout_s")
-    limit = f" of its {_seconds(timeout)} timeout" if timeout is not None else ""
+    limit = f" of its {_seconds(timeout)} timeout" if timeout is not None and safeguards else ""
     name, arguments = inert(step.get("name")), inert(_short_arguments(step.get("arguments")))
     return f"{icon} **{name}**({arguments}) · {took}{limit}"
 
 
-def render_tool_step(step: dict, *, expanded: bool) -> None:
-    state = "complete" if step.get("outcome") == "ok" else "error"
-    with st.status(tool_status_label(step), state=state, expanded=expanded):
+def render_tool_step(step: dict, *, expanded: bool, safeguards: bool = True) -> None:
+    state = "complete" if step.get("outcome") in ("ok", "stopped") else "error"
+    with st.status(tool_status_label(step, safeguards=safeguards), state=state, expanded=expanded):
         left, right = st.columns(2)
         with left:
             st.caption("Arguments")
@@ -104,17 +125,23 @@ def render_tool_step(step: dict, *, expanded: bool) -> None:
         with right:
             st.caption("Result")
             st.code(step.get("result") or "", language=None, wrap_lines=True)
-        st.caption(
-            f"Took {_seconds(step.get('duration_s'))}; it was given {_seconds(step.get('timeout_s'))} "
-            f"(the time left before the deadline)."
-        )
+        st.caption(tool_step_caption(step, safeguards=safeguards))
 
 
-def model_step_caption(step: dict) -> str:
+def tool_step_caption(step: dict, *, safeguards: bool = True) -> str:
+    took = _seconds(step.get("duration_s"))
+    if step.get("outcome") == "stopped":
+        return f"Stopped at your request after {took}."
+    if not safeguards:
+        return f"Took {took}; safeguards were off, so it had no time limit of its own."
+    return f"Took {took}; it was given {_seconds(step.get('timeout_s'))} (the time left before the deadline)."
+
+
+def model_step_caption(step: dict, *, safeguards: bool = True) -> str:
     kind, outcome = step.get("kind"), step.get("outcome")
     took, timeout = _seconds(step.get("duration_s")), _seconds(step.get("timeout_s"))
     left = step.get("remaining_s")
-    left_text = f", {_seconds(left)} left before the deadline" if left is not None else ""
+    left_text = f", {_seconds(left)} left before the deadline" if left is not None and safeguards else ""
     detail = inert(step.get("detail") or "")  # a provider's error text: untrusted
     if kind == "skip":
         return f"⏭️ Model call not started: {detail or 'too little time left'}."
@@ -126,6 +153,10 @@ def model_step_caption(step: dict) -> str:
         return f"⏱️ {name} hit its {timeout} timeout{left_text}: {detail}"
     if outcome == "error":
         return f"⚠️ {name} failed after {took}: {detail}"
+    if outcome == "stopped":
+        return f"⏹️ {name} stopped at your request after {took}."
+    if not safeguards:
+        return f"🧠 {name}: {took} (safeguards off: no timeout of its own)."
     return f"🧠 {name}: {took} of its {timeout} timeout{left_text}."
 
 
@@ -140,15 +171,16 @@ def render_turn(turn: dict, *, latest: bool) -> None:
     if not messages and not turn["steps"] and not turn["in_flight"]:
         return
     error = summary.get("error") or {}
+    safeguards = (summary.get("config") or {}).get("safeguards") is not False
     with st.chat_message("assistant"):
         assistant = [m for m in messages if m.get("role") == "assistant"]
         replies = iter(assistant)
         shown = 0
         for step in turn["steps"]:
             if step.get("kind") == "tool":
-                render_tool_step(step, expanded=latest)
+                render_tool_step(step, expanded=latest, safeguards=safeguards)
                 continue
-            st.caption(model_step_caption(step))
+            st.caption(model_step_caption(step, safeguards=safeguards))
             if step.get("kind") == "model" and step.get("outcome") == "ok":
                 reply = next(replies, None)
                 shown += reply is not None
@@ -187,21 +219,27 @@ def render_ending(summary: dict) -> None:
 
 
 def clocks_caption(summary: dict, steps: list[dict]) -> str:
+    """One sentence per clock, each a point in time after the job started, never two durations in a row."""
     started, ended = summary.get("started_at"), summary.get("ended_at")
     deadline, kill = summary.get("deadline_at"), summary.get("job_timeout_at")
     if not started or not ended:
         return ""
-    took = ended - started
-    parts = [f"The job ran for **{_seconds(took)}**"]
+    sentences = [f"The job ran for **{_seconds(ended - started)}**."]
     if deadline:
         spare = deadline - ended
-        parts.append(f"{'**' + _seconds(spare) + '** before' if spare >= 0 else _seconds(-spare) + ' past'} "
-                     f"its deadline ({_seconds(deadline - started)})")
+        when = f"**{_seconds(spare)}** early" if spare >= 0 else f"**{_seconds(-spare)}** late"
+        sentences.append(f"Its own deadline was at {_seconds(deadline - started)}: it ended {when}.")
     if kill:
-        parts.append(f"the queue would have killed it at {_seconds(kill - started)}")
+        killed = (summary.get("error") or {}).get("kind") == "job_timeout"
+        verb = "killed it" if killed else "would have killed it"
+        sentences.append(f"The queue {verb} at {_seconds(kill - started)}.")
     calls = sum(1 for s in steps if s.get("kind") == "model")
     tools = sum(1 for s in steps if s.get("kind") == "tool")
-    return ", ".join(parts) + f". {calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}."
+    if steps:
+        sentences.append(f"{calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}.")
+    elif (summary.get("config") or {}).get("safeguards") is False:
+        sentences.append("No step was recorded: with safeguards off the job writes only when it ends.")
+    return " ".join(sentences)
 
 
 @st.cache_data(max_entries=512, show_spinner=False)
@@ -213,18 +251,36 @@ def finished_chart_spec(steps_json: str, summary_json: str, zoom: bool) -> dict 
 
 
 def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
+    """The latest turn shows its charts; an earlier one draws them only when asked (a toggle in a
+    fragment of its own), so a long conversation does not send two charts per turn on every full run."""
     summary, steps = turn["summary"], turn["steps"]
     if not summary.get("started_at"):
         st.caption("This turn ended before a worker started it, so no clock ran.")
         return
-    with st.expander("⏱️ The three clocks for this turn", expanded=expanded):
+    if expanded:
+        with st.expander("⏱️ The three clocks for this turn", expanded=True):
+            _clock_charts(summary, steps)
+    else:
+        _lazy_clocks(summary, steps)
+
+
+@st.fragment
+def _lazy_clocks(summary: dict, steps: list[dict]) -> None:
+    if st.toggle("⏱️ The three clocks for this turn", key=f"clocks-{summary.get('turn_id')}"):
+        _clock_charts(summary, steps)
+    else:
+        st.caption(clocks_caption(summary, steps))
+
+
+def _clock_charts(summary: dict, steps: list[dict]) -> None:
+    if steps:  # a turn that recorded no step (safeguards off, killed) has nothing to chart
         whole, zoomed = st.tabs(["Against the clocks", "Zoomed in on the steps"])
         for tab, zoom in ((whole, False), (zoomed, True)):
             with tab:
                 spec = finished_chart_spec(json.dumps(steps), json.dumps(summary), zoom)
                 if spec is not None:
                     st.vega_lite_chart(spec, width="stretch")
-        st.caption(clocks_caption(summary, steps))
+    st.caption(clocks_caption(summary, steps))
 
 
 def budget_text(state: dict, now: float) -> tuple[float, str]:

@@ -6,6 +6,7 @@ its version moved), sending, stopping, the queue, and the never-stuck check.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from agent.watch import lost_worker_check
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
 POLL_WAIT_FRACTION = 0.3  # of the poll interval: a poll may block this long for the next write
+TICK_COST_FACTOR = 4  # the refresh interval is at least this many times what the last tick cost
+MAX_POLL_INTERVAL_MS = 10_000  # milliseconds: however slow a tick, the page still looks every 10 s
 _CID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
@@ -140,6 +143,14 @@ def _read(store: Store, session, cid: str) -> dict | None:
 
 def poll_wait_ms(poll_interval_ms: int) -> int:
     return int(poll_interval_ms * POLL_WAIT_FRACTION)
+
+
+def adaptive_interval_ms(poll_interval_ms: int, last_tick_s: float | None) -> int:
+    """The refresh interval: the configured one, lengthened to a few times what a tick costs, so the
+    page spends most of its time idle however slow the machine is."""
+    if not last_tick_s or last_tick_s <= 0:
+        return poll_interval_ms
+    return min(max(poll_interval_ms, math.ceil(last_tick_s * 1000 * TICK_COST_FACTOR)), MAX_POLL_INTERVAL_MS)
 
 
 def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,

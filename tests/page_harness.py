@@ -1,0 +1,276 @@
+"""The page as a person uses it: `streamlit run app.py` on its own embedded Redis and workers,
+Debian's Chromium driven by Playwright, CPU hogs for a busy machine, and a chat driver that
+measures what each rerun costs and how long the page takes to settle after a turn's final write.
+
+Shared by the browser tests and `python -m bench`. Everything started here is stopped by the
+context managers, also on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+START_TIMEOUT_S = 60  # seconds for `streamlit run` to answer its health check
+STOP_TIMEOUT_S = 30  # seconds for Streamlit to stop its pool and Redis after SIGTERM
+INPUT = 'textarea[data-testid="stChatInputTextArea"]'
+AUTOREFRESH = 'iframe[title="streamlit_autorefresh.st_autorefresh"]'
+
+# True once the page has settled after a turn: the expected text is on screen, no polling component
+# is left (stale or not), and the chat input is enabled. Returns the browser's clock (epoch ms).
+SETTLED_JS = """(expected) => {
+    const input = document.querySelector('textarea[data-testid="stChatInputTextArea"]');
+    const polling = document.querySelector('iframe[title="streamlit_autorefresh.st_autorefresh"]');
+    const shown = document.body.innerText.includes(expected);
+    return shown && !polling && input && !input.disabled ? Date.now() : false;
+}"""
+
+
+def chromium_available() -> bool:
+    return Path(CHROMIUM).exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live pids whose environment has name=value: how a test finds every process it started."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+class PageServer:
+    """`streamlit run app.py` in its own session, with a private data dir (its own Redis and pool)."""
+
+    def __init__(self, data_dir: Path, log_path: Path, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.marker = f"page-{time.time_ns()}"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "REDIS_URL"))}
+        full_env.update(AGENT_DATA_DIR=str(data_dir), AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker)
+        full_env.update(env or {})
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
+             "--server.address", "127.0.0.1", "--server.headless", "true"],
+            cwd=ROOT, env=full_env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.redis_pid: int | None = None
+        end = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "_stcore/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"streamlit did not start: {log_path.read_text(errors='replace')[-2000:]}")
+
+    def redis_url(self) -> str:
+        """The page's own embedded Redis (it exists once the page has been opened)."""
+        from agent.embedded_redis import EmbeddedRedis
+
+        return EmbeddedRedis(self.data_dir).url
+
+    def note_redis(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.redis_pid = int((self.data_dir / "redis.pid").read_text().strip())
+
+    def stop(self) -> None:
+        """SIGTERM (Streamlit then runs its atexit handlers: pool and Redis stop), SIGKILL if it hangs."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.log.close()
+
+    def leftovers(self, timeout_s: float = 15.0) -> list[int]:
+        end = time.monotonic() + timeout_s
+        while True:
+            left = [p for p in processes_with_env("AGENT_TEST_MARKER", self.marker) if alive(p)]
+            if self.redis_pid and alive(self.redis_pid):
+                left.append(self.redis_pid)
+            if not left or time.monotonic() > end:
+                return left
+            time.sleep(0.2)
+
+    def kill_leftovers(self) -> None:
+        for pid in self.leftovers(timeout_s=0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = None):
+    server = PageServer(data_dir, log_path, env)
+    try:
+        yield server
+    finally:
+        server.note_redis()
+        server.stop()
+        server.kill_leftovers()
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int):
+    """`count` busy loops, one process each, for a machine as busy as a shared demo laptop."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                              start_new_session=True) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(5)
+
+
+@dataclass
+class Tick:
+    """One rerun as the browser saw it: the request it sent, and what came back until the run ended."""
+
+    sent_at: float  # monotonic seconds
+    fragment: bool  # a fragment rerun (a poll) rather than a full run
+    finished_at: float | None = None
+    bytes_received: int = 0
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.sent_at
+
+
+@dataclass
+class WireLog:
+    """Every rerun request on the page's websocket and the bytes and end of the run it caused."""
+
+    ticks: list[Tick] = field(default_factory=list)
+
+    def attach(self, page) -> None:
+        page.on("websocket", self._on_socket)
+
+    def _on_socket(self, ws) -> None:
+        if "_stcore/stream" in ws.url:
+            ws.on("framesent", self._sent)
+            ws.on("framereceived", self._received)
+
+    def _sent(self, payload) -> None:
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+
+        if not isinstance(payload, bytes):
+            return
+        msg = BackMsg()
+        with contextlib.suppress(Exception):
+            msg.ParseFromString(payload)
+        if msg.WhichOneof("type") == "rerun_script":
+            self.ticks.append(Tick(time.monotonic(), fragment=bool(msg.rerun_script.fragment_id)))
+
+    def _received(self, payload) -> None:
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        if not isinstance(payload, bytes) or not self.ticks:
+            return
+        tick = self.ticks[-1]
+        if tick.finished_at is not None:
+            return
+        tick.bytes_received += len(payload)
+        msg = ForwardMsg()
+        with contextlib.suppress(Exception):
+            msg.ParseFromString(payload)
+        if msg.WhichOneof("type") == "script_finished":
+            tick.finished_at = time.monotonic()
+
+    def fragment_ticks(self, since: int = 0) -> list[Tick]:
+        return [t for t in self.ticks[since:] if t.fragment and t.finished_at is not None]
+
+
+@contextlib.contextmanager
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_chat(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)
+
+
+def send(page, text: str, timeout_s: float = 30) -> None:
+    """Type a message and press Enter once the input is enabled (the previous turn settled)."""
+    page.wait_for_selector(f"{INPUT}:not([disabled])", timeout=timeout_s * 1000)
+    page.fill(INPUT, text)
+    page.keyboard.press("Enter")
+
+
+def wait_settled(page, expected: str, timeout_s: float) -> float:
+    """Wait until the page has settled showing `expected`; returns when it did (epoch seconds)."""
+    handle = page.wait_for_function(SETTLED_JS, arg=expected, timeout=timeout_s * 1000, polling=50)
+    return handle.json_value() / 1000
+
+
+def final_write_at(redis_url: str, conversation_id: str) -> float:
+    """When the turn's done write landed (the state's updated_at, epoch seconds)."""
+    from agent.connection import state_client
+    from agent.store import Store
+
+    client = state_client(redis_url)
+    try:
+        state = Store(client, ttl_s=600).read_meta(conversation_id)
+    finally:
+        client.close()
+    if state is None or not state["done"]:
+        raise AssertionError(f"the turn has not ended: {state}")
+    return state["updated_at"]
+
+
+def conversation_id(page) -> str:
+    page.wait_for_url("**/?c=*", timeout=15000)
+    return page.url.split("c=", 1)[1].split("&", 1)[0]
