@@ -59,7 +59,7 @@ def texts(at: AppTest) -> str:
     parts = []
     for kind in ("markdown", "caption", "error", "warning", "info", "success", "code", "title", "toast"):
         parts += [str(e.value) for e in getattr(at, kind)]
-    parts += [str(e.label) for e in at.status]
+    parts += [str(e.label) for e in at.expander]
     # Untrusted text reaches the page with its Markdown characters escaped; read it as shown.
     return re.sub(r"\\(.)", r"\1", "\n".join(parts))
 
@@ -161,7 +161,7 @@ def test_a_submitted_message_is_enqueued_and_followed_until_the_answer(store, po
     at.run()  # the poll that sees done
     assert_no_exception(at)
     assert "17*23 = 391" in texts(at)
-    assert any("calculator" in s.label for s in at.status)
+    assert any("calculator" in e.label for e in at.expander)
     assert not autorefresh_present(at)
     assert not at.chat_input[0].disabled
 

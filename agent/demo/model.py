@@ -224,12 +224,44 @@ def _describe(name: str, arguments: dict, result: str) -> str:
     if name == "search_docs":
         if failed:
             return f"I couldn't search the docs: {result}"
-        quoted = "\n".join(f"> {line}" if line else ">" for line in result.splitlines())
-        return f"From the docs:\n\n{quoted}"
+        return docs_answer(result)
     if name == "wait":
         seconds = arguments.get("seconds", "?")
         return f"The wait of {seconds} s failed: {result}" if failed else f"I waited {seconds} s as asked: {result}"
     return f"`{name}` failed: {result}" if failed else f"`{name}` returned: {result}"
+
+
+DOCS_ANSWER_CHARS = 600  # the reply quotes about this much of the best passage; the tool step holds them all
+
+
+def docs_answer(result: str) -> str:
+    """A short reply from search_docs' passages: the best one's first items or paragraphs, whole,
+    with its source. Tables and code stay in the tool step, so one question does not fill the page."""
+    first = result.split("\n\n[", 1)[0]
+    header, _, body = first.partition("\n")
+    if not body:
+        return f"From the docs: {result.strip()}"
+    items: list[list[str]] = []
+    for line in body.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("|", "```")):
+            continue
+        starts_item = stripped.startswith(("- ", "* ")) or stripped[:1].isdigit() or not items
+        if starts_item:
+            items.append([])
+        items[-1].append(stripped)
+    kept, size = [], 0
+    for item in items:
+        text = " ".join(item)
+        if kept and size + len(text) > DOCS_ANSWER_CHARS:
+            break
+        if len(text) > DOCS_ANSWER_CHARS:  # one long paragraph: its first sentences
+            cut = text.rfind(". ", 0, DOCS_ANSWER_CHARS)
+            text = text[: cut + 1] if cut > 0 else text[:DOCS_ANSWER_CHARS] + " …"
+        kept.append(text)
+        size += len(text)
+    quoted = "\n".join(f"> {text}" for text in kept) or "> (a table or code: open the tool step to read it)"
+    return f"From the docs ({header.strip('[]').strip()}):\n\n{quoted}"
 
 
 def _brief(call: PlannedCall) -> str:

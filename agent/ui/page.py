@@ -17,7 +17,7 @@ import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
 from agent import services
-from agent.settings import Settings, SettingsError
+from agent.settings import MIN_POLL_INTERVAL_MS, Settings, SettingsError
 from agent.ui import render, sidebar
 from agent.ui import state as ui
 from agent.ui.timeline import timeline_chart
@@ -154,7 +154,8 @@ def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> No
     """The turn in flight and the polling component: the only part a tick reruns."""
     session = st.session_state
     state = session.pop(HANDOFF_KEY, None)
-    if state is None or state.get("turn_id") != turn_id:  # a tick: this run is the fragment alone
+    first = state is not None and state.get("turn_id") == turn_id  # drawn by a full run, not by a tick
+    if not first:  # a tick: this run is the fragment alone
         try:
             state = ui.poll(be.store, be.queue_connection, session, cid,
                             wait_ms=ui.poll_wait_ms(settings.poll_interval_ms)).state
@@ -169,7 +170,10 @@ def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> No
     turn = render.current_turn(state)
     render.render_turn(turn, latest=True)
     _in_flight(settings, be, state, turn)
-    interval_ms = ui.adaptive_interval_ms(settings.poll_interval_ms, session.get(TICK_COST_KEY))
+    # The first tick comes at once and waits on the event stream for the next write, so an ending
+    # that lands right after a full run is not left unseen for a whole interval.
+    interval_ms = MIN_POLL_INTERVAL_MS if first else ui.adaptive_interval_ms(settings.poll_interval_ms,
+                                                                              session.get(TICK_COST_KEY))
     st_autorefresh(interval=interval_ms, key=f"poll-{cid}")
     session[TICK_COST_KEY] = time.perf_counter() - started
 

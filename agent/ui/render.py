@@ -1,4 +1,4 @@
-"""Drawing the conversation: messages, one st.status per tool step, endings, the clocks."""
+"""Drawing the conversation: messages, one expander per tool step, endings, the clocks."""
 
 from __future__ import annotations
 
@@ -116,8 +116,9 @@ def tool_status_label(step: dict, *, safeguards: bool = True) -> str:
 
 
 def render_tool_step(step: dict, *, expanded: bool, safeguards: bool = True) -> None:
-    state = "complete" if step.get("outcome") in ("ok", "stopped") else "error"
-    with st.status(tool_status_label(step, safeguards=safeguards), state=state, expanded=expanded):
+    # An expander, not st.status: Streamlit sleeps 50 ms in every st.status it draws, which made a
+    # poll's cost grow with the number of tool steps on screen.
+    with st.expander(tool_status_label(step, safeguards=safeguards), expanded=expanded):
         left, right = st.columns(2)
         with left:
             st.caption("Arguments")
@@ -161,38 +162,92 @@ def model_step_caption(step: dict, *, safeguards: bool = True) -> str:
 
 
 def render_turn(turn: dict, *, latest: bool) -> None:
-    """One turn: the user's message, then the assistant's steps as they landed, then the ending."""
+    """One turn: the user's message, then the assistant's steps as they landed, then the ending.
+
+    The latest turn (and the one in flight) is drawn in full. An earlier one is drawn compact: its
+    tool calls on one line, the reply and the ending, with the steps and charts behind a toggle, so
+    a full run sends a few elements per earlier turn instead of dozens."""
     messages = turn["messages"]
-    summary = turn["summary"]
     if messages and messages[0].get("role") == "user":
         with st.chat_message("user"):
             st.markdown(safe_markdown(messages[0].get("content")))
         messages = messages[1:]
     if not messages and not turn["steps"] and not turn["in_flight"]:
         return
-    error = summary.get("error") or {}
-    safeguards = (summary.get("config") or {}).get("safeguards") is not False
     with st.chat_message("assistant"):
-        assistant = [m for m in messages if m.get("role") == "assistant"]
-        replies = iter(assistant)
-        shown = 0
-        for step in turn["steps"]:
-            if step.get("kind") == "tool":
-                render_tool_step(step, expanded=latest, safeguards=safeguards)
-                continue
-            st.caption(model_step_caption(step, safeguards=safeguards))
-            if step.get("kind") == "model" and step.get("outcome") == "ok":
-                reply = next(replies, None)
-                shown += reply is not None
-                if reply and reply.get("content"):
-                    st.markdown(safe_markdown(reply.get("content")))
-        for reply in assistant[shown:]:  # endings written without a step (deadline, stop, lost worker)
-            if reply.get("content") and reply.get("content") == error.get("message"):
-                continue  # shown as the ending's banner below
+        if latest or turn["in_flight"]:
+            _full_body(turn, messages, expanded=latest)
+        else:
+            _compact_body(turn, messages)
+
+
+def _safeguards(summary: dict) -> bool:
+    return (summary.get("config") or {}).get("safeguards") is not False
+
+
+def _is_ending_text(reply: dict, summary: dict) -> bool:
+    """An ending written as a reply is shown as the ending's banner, not twice."""
+    return bool(reply.get("content")) and reply.get("content") == (summary.get("error") or {}).get("message")
+
+
+def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
+    summary = turn["summary"]
+    safeguards = _safeguards(summary)
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    replies = iter(assistant)
+    shown = 0
+    for step in turn["steps"]:
+        if step.get("kind") == "tool":
+            render_tool_step(step, expanded=expanded, safeguards=safeguards)
+            continue
+        st.caption(model_step_caption(step, safeguards=safeguards))
+        if step.get("kind") == "model" and step.get("outcome") == "ok":
+            reply = next(replies, None)
+            shown += reply is not None
+            if reply and reply.get("content"):
+                st.markdown(safe_markdown(reply.get("content")))
+    for reply in assistant[shown:]:  # endings written without a step (deadline, stop, lost worker)
+        if reply.get("content") and not _is_ending_text(reply, summary):
             st.markdown(safe_markdown(reply.get("content")))
-        if not turn["in_flight"]:  # the live part of a turn in flight is drawn by the page, below
-            render_ending(summary)
-            render_turn_clocks(turn, expanded=latest)
+    if not turn["in_flight"]:  # the live part of a turn in flight is drawn by the page, below
+        render_ending(summary)
+        render_turn_clocks(turn, expanded=expanded)
+
+
+def tools_line(steps: list[dict]) -> str:
+    """Every tool run of a turn on one line, for a compact turn."""
+    icons = {"ok": "🔧", "stopped": "⏹️"}
+    return " · ".join(
+        f"{icons.get(s.get('outcome'), '⚠️')} {inert(s.get('name'))}({inert(_short_arguments(s.get('arguments')))})"
+        for s in steps if s.get("kind") == "tool"
+    )
+
+
+def _compact_body(turn: dict, messages: list[dict]) -> None:
+    summary = turn["summary"]
+    line = tools_line(turn["steps"])
+    if line:
+        st.caption(line)
+    for reply in messages:
+        if reply.get("role") == "assistant" and reply.get("content") and not _is_ending_text(reply, summary):
+            st.markdown(safe_markdown(reply.get("content")))
+    render_ending(summary)
+    _turn_details(turn)
+
+
+@st.fragment
+def _turn_details(turn: dict) -> None:
+    """An earlier turn's steps and clocks, drawn only when asked (the toggle reruns this fragment alone)."""
+    summary = turn["summary"]
+    if not st.toggle("Steps and clocks", key=f"details-{summary.get('turn_id')}"):
+        return
+    safeguards = _safeguards(summary)
+    for step in turn["steps"]:
+        if step.get("kind") == "tool":
+            render_tool_step(step, expanded=False, safeguards=safeguards)
+        else:
+            st.caption(model_step_caption(step, safeguards=safeguards))
+    render_turn_clocks(turn, expanded=True)
 
 
 def render_ending(summary: dict) -> None:
@@ -251,35 +306,23 @@ def finished_chart_spec(steps_json: str, summary_json: str, zoom: bool) -> dict 
 
 
 def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
-    """The latest turn shows its charts; an earlier one draws them only when asked (a toggle in a
-    fragment of its own), so a long conversation does not send two charts per turn on every full run."""
     summary, steps = turn["summary"], turn["steps"]
     if not summary.get("started_at"):
         st.caption("This turn ended before a worker started it, so no clock ran.")
         return
-    if expanded:
-        with st.expander("⏱️ The three clocks for this turn", expanded=True):
-            _clock_charts(summary, steps)
-    else:
-        _lazy_clocks(summary, steps)
+    with st.expander("⏱️ The three clocks for this turn", expanded=expanded):
+        _clock_charts(summary, steps)
 
 
 @st.fragment
-def _lazy_clocks(summary: dict, steps: list[dict]) -> None:
-    if st.toggle("⏱️ The three clocks for this turn", key=f"clocks-{summary.get('turn_id')}"):
-        _clock_charts(summary, steps)
-    else:
-        st.caption(clocks_caption(summary, steps))
-
-
 def _clock_charts(summary: dict, steps: list[dict]) -> None:
+    """One chart (Vega takes the browser a while to draw), zoomed on request: the toggle reruns
+    this fragment alone."""
     if steps:  # a turn that recorded no step (safeguards off, killed) has nothing to chart
-        whole, zoomed = st.tabs(["Against the clocks", "Zoomed in on the steps"])
-        for tab, zoom in ((whole, False), (zoomed, True)):
-            with tab:
-                spec = finished_chart_spec(json.dumps(steps), json.dumps(summary), zoom)
-                if spec is not None:
-                    st.vega_lite_chart(spec, width="stretch")
+        zoom = st.toggle("Zoom in on the steps", key=f"zoom-{summary.get('turn_id')}")
+        spec = finished_chart_spec(json.dumps(steps), json.dumps(summary), zoom)
+        if spec is not None:
+            st.vega_lite_chart(spec, width="stretch")
     st.caption(clocks_caption(summary, steps))
 
 

@@ -33,6 +33,8 @@ PRESETS = {
     "stakeholder": {"job_timeout_s": 20, "deadline_margin_s": 5.0, "call_timeout_cap_s": 8.0, "min_call_s": 2.0},
 }
 
+DEMO_CLOCKS_OFFER_S = 30  # seconds: on a longer job timeout, choosing a slow scenario offers the demo clocks
+
 K = {  # widget keys
     "provider": "sb_provider",
     "scenario": "sb_scenario",
@@ -46,33 +48,100 @@ K = {  # widget keys
 }
 
 
-def init_defaults(base: TurnConfig) -> None:
-    """The widgets start from the environment's settings (once per browser session)."""
-    ss = st.session_state
-    ss.setdefault(K["provider"], base.provider)
+# The next turn's settings live in the URL too (only where they differ from the defaults), so a
+# reload or a shared link keeps them. Each parameter: (widget, parse a string or raise ValueError).
+URL_PARAMS = {
+    "provider": ("provider", lambda v: _one_of(v, PROVIDERS)),
+    "scenario": ("scenario", lambda v: _one_of(v, SCENARIOS)),
+    "latency": ("latency", lambda v: _number(v, 0.0, 600.0)),
+    "model": ("model", lambda v: _text(v, 200)),
+    "job_timeout": ("job_timeout_s", lambda v: int(_number(v, 1, 3600, whole=True))),
+    "margin": ("deadline_margin_s", lambda v: _number(v, 0.0, 3600.0)),
+    "call_cap": ("call_timeout_cap_s", lambda v: _number(v, 0.0, 3600.0)),
+    "min_call": ("min_call_s", lambda v: _number(v, 0.0, 3600.0)),
+    "safeguards": ("naive", lambda v: {"off": True, "on": False}[v]),
+}
+
+
+def _one_of(value: str, allowed) -> str:
+    if value not in allowed:
+        raise ValueError(value)
+    return value
+
+
+def _number(value: str, low: float, high: float, *, whole: bool = False) -> float:
+    number = float(value)
+    if not low <= number <= high or (whole and number != int(number)):
+        raise ValueError(value)
+    return number
+
+
+def _text(value: str, limit: int) -> str:
+    if not value.strip() or len(value) > limit or not value.isprintable():
+        raise ValueError(value)
+    return value.strip()
+
+
+def _url_value(name: str, value) -> str:
+    if name == "safeguards":
+        return "off" if value else "on"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def defaults(base: TurnConfig) -> dict:
+    """Each widget's starting value, from the environment's settings."""
     try:
         scenario = parse_model_name(base.model) if base.provider == "demo" else Scenario()
     except UnknownModelError:
         scenario = Scenario()
-    ss.setdefault(K["scenario"], scenario.name if scenario.name in SCENARIOS else "healthy")
-    ss.setdefault(K["latency"], float(scenario.latency_s))
-    ss.setdefault(K["model"], base.model if base.provider != "demo" else DEFAULT_MODELS["openai"])
-    _set_clocks(base, only_missing=True)
-    ss.setdefault(K["naive"], not base.safeguards)
-
-
-def _set_clocks(config: TurnConfig, *, only_missing: bool = False) -> None:
-    values = {
-        "job_timeout_s": int(config.job_timeout_s),
-        "deadline_margin_s": float(config.deadline_margin_s),
-        "call_timeout_cap_s": float(config.call_timeout_cap_s),
-        "min_call_s": float(config.min_call_s),
+    return {
+        K["provider"]: base.provider,
+        K["scenario"]: scenario.name if scenario.name in SCENARIOS else "healthy",
+        K["latency"]: float(scenario.latency_s),
+        K["model"]: base.model if base.provider != "demo" else DEFAULT_MODELS["openai"],
+        K["job_timeout_s"]: int(base.job_timeout_s),
+        K["deadline_margin_s"]: float(base.deadline_margin_s),
+        K["call_timeout_cap_s"]: float(base.call_timeout_cap_s),
+        K["min_call_s"]: float(base.min_call_s),
+        K["naive"]: not base.safeguards,
     }
-    for name, value in values.items():
-        if only_missing:
-            st.session_state.setdefault(K[name], value)
-        else:
-            st.session_state[K[name]] = value
+
+
+def init_defaults(base: TurnConfig, params=None) -> None:
+    """The widgets start from the URL where it names a valid value, else from the environment's
+    settings (once per browser session). A value the URL gets wrong is ignored, not an error."""
+    ss = st.session_state
+    params = st.query_params if params is None else params
+    start = defaults(base)
+    for name, (widget, parse) in URL_PARAMS.items():
+        raw = params.get(name)
+        if raw is not None and K[widget] not in ss:
+            try:
+                start[K[widget]] = parse(raw)
+            except (ValueError, KeyError):
+                pass
+    for key, value in start.items():
+        ss.setdefault(key, value)
+
+
+def sync_url(base: TurnConfig, params=None) -> None:
+    """Write the widgets that differ from the defaults into the URL; drop the others."""
+    ss = st.session_state
+    params = st.query_params if params is None else params
+    start = defaults(base)
+    for name, (widget, _) in URL_PARAMS.items():
+        value = ss.get(K[widget])
+        if value is None or value == start[K[widget]]:
+            if name in params:
+                del params[name]
+        elif params.get(name) != _url_value(name, value):
+            params[name] = _url_value(name, value)
+
+
+def _set_clocks(config: TurnConfig) -> None:
+    start = defaults(config)
+    for name in ("job_timeout_s", "deadline_margin_s", "call_timeout_cap_s", "min_call_s"):
+        st.session_state[K[name]] = start[K[name]]
 
 
 def _apply_preset(values: dict) -> None:
@@ -140,6 +209,11 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
         sb.selectbox("Scenario", list(SCENARIOS), key=K["scenario"], on_change=_scenario_changed,
                      format_func=lambda s: s.replace("-", " "))
         sb.caption(SCENARIOS[st.session_state[K["scenario"]]].capitalize() + ".")
+        if st.session_state[K["scenario"]] != "healthy" and st.session_state[K["job_timeout_s"]] > DEMO_CLOCKS_OFFER_S:
+            sb.info(f"On these clocks this scenario can take up to {st.session_state[K['job_timeout_s']]} s to "
+                    "end. The demo clocks show the same story in seconds.", icon="⏱️")
+            sb.button("Use the demo clocks", key="offer-demo-clocks", on_click=_apply_preset,
+                      args=(PRESETS["stakeholder"],), width="stretch")
         sb.number_input("Model latency (s)", min_value=0.0, max_value=600.0, step=0.5, key=K["latency"],
                         help="How long the demo model thinks before each reply. 1 s makes each step easy to follow.")
     else:
@@ -163,6 +237,7 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
 
     sb.subheader("Safeguards")
     sb.toggle("Safeguards off (the naive loop)", key=K["naive"])
+    sync_url(base)
     config, error = None, None
     try:
         config = next_turn_config(base)

@@ -32,7 +32,10 @@ from agent.ui.markdown import inert
 from agent.watch import lost_worker_check
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
-POLL_WAIT_FRACTION = 0.3  # of the poll interval: a poll may block this long for the next write
+# Of the poll interval: a tick blocks this long for the next write, so a step (or the ending) shows
+# within milliseconds of its write rather than up to a whole interval later. A click on Stop waits
+# at most this long, since a fragment rerun never pre-empts the one in progress.
+POLL_WAIT_FRACTION = 0.8
 TICK_COST_FACTOR = 4  # the refresh interval is at least this many times what the last tick cost
 MAX_POLL_INTERVAL_MS = 10_000  # milliseconds: however slow a tick, the page still looks every 10 s
 _CID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
