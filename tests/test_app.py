@@ -84,9 +84,10 @@ def assert_no_exception(at: AppTest) -> None:
 
 
 def begin(store: Store, text: str = "What is 17*23?", *, job_id: str | None = None,
-          enqueued_at: float | None = None) -> tuple[str, str]:
-    cid, turn_id = new_id(), new_id()
-    doc = {"status": "queued", "error": None, "config": FAST.to_dict(), "job_id": job_id or f"turn-{turn_id}",
+          enqueued_at: float | None = None, cid: str | None = None, config: dict | None = None) -> tuple[str, str]:
+    cid, turn_id = cid or new_id(), new_id()
+    doc = {"status": "queued", "error": None, "config": config or FAST.to_dict(),
+           "job_id": job_id or f"turn-{turn_id}",
            "enqueued_at": enqueued_at or time.time(), "deadline_at": None, "job_timeout_at": None,
            "started_at": None, "current_step": None}
     store.begin_turn(cid, turn_id, {"role": "user", "content": text}, doc)
@@ -363,3 +364,196 @@ def test_a_finished_turns_timeline_is_built_once_not_on_every_poll(monkeypatch):
     second = render.finished_chart_spec(steps, summary, False)
     assert first == second and first["layer"]
     assert len(built) == 1
+
+
+# -- issue: the page stays live at any length --------------------------------------------------
+
+
+def chat_of(store: Store, turns: int) -> str:
+    """A conversation of `turns` finished turns, each with a tool step."""
+    cid = None
+    for n in range(1, turns + 1):
+        cid, turn_id = begin(store, f"What is {n}*37?", cid=cid)
+        make_done(store, cid, turn_id, f"{n}*37 = {n * 37}")
+    return cid
+
+
+def elements(at: AppTest) -> int:
+    return sum(1 for _ in _walk(at._tree))
+
+
+def test_a_full_run_draws_the_same_amount_at_100_turns_as_at_12(store):
+    # Before: every turn was drawn in full on every run, so a run cost grew with the conversation.
+    sizes = {}
+    for turns in (12, 100):
+        at = app(chat_of(store, turns))
+        at.run()
+        assert_no_exception(at)
+        sizes[turns] = elements(at)
+        assert f"{turns}*37 = {turns * 37}" in texts(at)
+        assert at.button(key="show-earlier").label == f"Show {turns - render.RECENT_TURNS} earlier turns"
+    assert sizes[100] == sizes[12]
+
+
+def test_earlier_turns_are_shown_on_request(store):
+    at = app(chat_of(store, render.RECENT_TURNS + 3))
+    at.run()
+    assert "1*37 = 37" not in texts(at)
+    at.button(key="show-earlier").click().run()
+    assert_no_exception(at)
+    assert "1*37 = 37" in texts(at)
+
+
+def test_the_turn_in_flight_is_found_from_the_end_without_walking_the_conversation():
+    history = [{"role": "user", "content": "old"}, {"role": "assistant", "content": "A"}] * 500
+    history += [{"role": "user", "content": "now"}, {"role": "assistant", "content": None, "tool_calls": []}]
+    steps = [{"turn_id": f"t{i // 2}", "kind": "model"} for i in range(1000)] + [{"turn_id": "live", "kind": "model"}]
+    state = {"history": history, "steps": steps, "turn_id": "live", "done": False, "status": "running"}
+    turn = render.current_turn(state)
+    assert [m.get("content") for m in turn["messages"]] == ["now", None]
+    assert turn["steps"] == [{"turn_id": "live", "kind": "model"}]
+    assert turn["in_flight"]
+
+
+@pytest.mark.parametrize(("base_ms", "tick_s", "expected_ms"), [
+    (1000, None, 1000),  # no tick measured yet
+    (1000, 0.05, 1000),  # a cheap tick keeps the configured interval
+    (1000, 0.5, 2000),  # a slow tick: at least four times its cost
+    (250, 0.2, 800),
+    (1000, 30.0, 10_000),  # however slow, the page still looks every 10 s
+])
+def test_the_refresh_interval_is_never_shorter_than_a_few_times_what_a_tick_costs(base_ms, tick_s, expected_ms):
+    from agent.ui.state import adaptive_interval_ms
+
+    assert adaptive_interval_ms(base_ms, tick_s) == expected_ms
+
+
+def test_a_started_turn_with_safeguards_on_is_not_said_to_run_with_safeguards_off(store, queue):
+    # Before: any turn whose job had started but not yet written was described as "safeguards off".
+    from rq.job import JobStatus
+
+    results = {}
+    for safeguards in (True, False):
+        cid, turn_id = begin(store, config=FAST.with_changes(safeguards=safeguards).to_dict())
+        job = SafeJob.create(JOB_FUNCTION, args=(cid, turn_id), id=f"turn-{turn_id}", connection=queue.connection,
+                             serializer=JSONSerializer)
+        job.save()
+        job.set_status(JobStatus.STARTED)
+        at = app(cid)
+        at.run()
+        assert_no_exception(at)
+        results[safeguards] = texts(at)
+    assert "safeguards off" not in results[True] and "picked this turn up" in results[True]
+    assert "running this turn with safeguards off" in results[False]
+
+
+def test_a_refusal_and_its_unsent_text_stay_until_dismissed(store):
+    # Before: the "Not sent" box and the unsent text vanished at the next refresh.
+    cid, _ = make_status(store, "running")
+    at = app(cid)
+    at.run()
+    at.session_state["agent_flash"] = ("warning", "Not sent: a turn is in flight.", "my long question")
+    for _ in range(3):  # polls
+        at.run()
+        assert "my long question" in [c.value for c in at.code]
+        assert "Not sent: a turn is in flight." in texts(at)
+    at.button(key="dismiss-flash").click().run()
+    assert_no_exception(at)
+    assert "my long question" not in [c.value for c in at.code]
+
+
+def test_the_next_turns_settings_survive_a_reload():
+    # Before: a reload put the scenario back to healthy and the clocks back to the defaults.
+    at = app()
+    at.run()
+    at.selectbox(key="sb_scenario").set_value("hang").run()
+    at.number_input(key="sb_job_timeout_s").set_value(20).run()
+    assert_no_exception(at)
+    params = {name: at.query_params[name] for name in at.query_params}
+    assert params["scenario"] == "hang" and params["job_timeout"] == "20"
+    reloaded = AppTest.from_file(APP, default_timeout=RUN_TIMEOUT_S)
+    for name, value in params.items():
+        reloaded.query_params[name] = value
+    reloaded.run()
+    assert_no_exception(reloaded)
+    assert reloaded.selectbox(key="sb_scenario").value == "hang"
+    assert reloaded.number_input(key="sb_job_timeout_s").value == 20
+
+
+def test_settings_in_the_url_that_are_not_valid_are_ignored():
+    at = app()
+    for name, value in {"scenario": "rm -rf", "job_timeout": "-5", "margin": "nan", "latency": "1e9",
+                        "provider": "evil", "safeguards": "maybe", "model": "x" * 500}.items():
+        at.query_params[name] = value
+    at.run()
+    assert_no_exception(at)
+    assert at.selectbox(key="sb_scenario").value == "healthy"
+    assert at.number_input(key="sb_job_timeout_s").value == FAST.job_timeout_s
+    assert not at.chat_input[0].disabled
+
+
+def test_choosing_a_slow_scenario_on_long_clocks_offers_the_demo_clocks(monkeypatch):
+    monkeypatch.setenv("AGENT_JOB_TIMEOUT", "120")
+    monkeypatch.setenv("AGENT_DEADLINE_MARGIN", "20")
+    at = app()
+    at.run()
+    assert not any("demo clocks" in i.value for i in at.sidebar.info), "healthy needs no offer"
+    at.selectbox(key="sb_scenario").set_value("hang").run()
+    assert any("demo clocks" in i.value for i in at.sidebar.info)
+    at.button(key="offer-demo-clocks").click().run()
+    assert at.number_input(key="sb_job_timeout_s").value == 20
+    assert not any("demo clocks" in i.value for i in at.sidebar.info)
+
+
+def test_the_first_screen_says_in_one_sentence_what_is_being_watched():
+    at = app()
+    at.run()
+    first = at.markdown[0].value
+    assert first.startswith("You are watching an AI assistant")
+    assert first.count(". ") == 0 and len(first) < 250
+
+
+# -- the words ----------------------------------------------------------------------------------
+
+
+def clocks_summary(**extra) -> dict:
+    t0 = 1_000_000.0
+    return {"turn_id": "t", "status": "done", "started_at": t0, "deadline_at": t0 + 100, "job_timeout_at": t0 + 120,
+            "ended_at": t0 + 0.625, "config": {}, **extra}
+
+
+def test_the_clocks_sentence_gives_points_in_time_not_two_durations_in_a_row():
+    text = render.clocks_caption(clocks_summary(), [step("t", 1, "model", "demo", 1_000_000.0)])
+    assert "The job ran for **625 ms**." in text
+    assert "Its own deadline was at 100.0 s: it ended **99.4 s** early." in text
+    assert "The queue would have killed it at 120.0 s." in text
+    assert "625 ms, 99.4 s before" not in text
+
+
+def test_a_turn_the_queue_killed_says_it_did_and_does_not_count_zero_calls():
+    summary = clocks_summary(status="timed_out", deadline_at=None, ended_at=1_000_000.0 + 120,
+                             error={"kind": "job_timeout", "message": "killed"}, config={"safeguards": False})
+    text = render.clocks_caption(summary, [])
+    assert "The queue killed it at 120.0 s." in text and "would have" not in text
+    assert "0 model calls" not in text and "No step was recorded" in text
+
+
+def test_with_safeguards_off_no_step_mentions_a_deadline_or_its_huge_timeout():
+    model = {**step("t", 1, "model", "demo", 0.0), "timeout_s": 3600.0, "remaining_s": 15.0}
+    tool = {**step("t", 2, "tool", "wait", 0.0), "timeout_s": 3600.0, "arguments": "{}"}
+    for text in (render.model_step_caption(model, safeguards=False), render.tool_status_label(tool, safeguards=False),
+                 render.tool_step_caption(tool, safeguards=False)):
+        assert "deadline" not in text and "3600" not in text and "1.0 h" not in text
+    assert "before the deadline" in render.model_step_caption(model)
+
+
+def test_a_turn_with_no_steps_draws_no_empty_chart(store):
+    cid, turn_id = begin(store, config=FAST.with_changes(safeguards=False).to_dict())
+    now = time.time()
+    write_ending(store, cid, turn_id, "timed_out", "job_timeout", "The queue's job timeout killed it.",
+                 started_at=now - 6, job_timeout_at=now)
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    assert not at.get("arrow_vega_lite_chart") and not at.main.toggle
+    assert "No step was recorded" in texts(at)

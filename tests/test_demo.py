@@ -252,3 +252,16 @@ def test_many_concurrent_slow_calls_are_served_in_parallel(server):
         statuses = list(pool.map(one_call, range(100)))
     assert statuses == [200] * 100
     assert time.monotonic() - started < 6  # in series this would take 100 s
+
+
+def test_a_docs_question_gets_a_short_answer_without_tables():
+    # Before: the reply quoted every passage found, a reliability table included (a 4,000 px page).
+    from agent.demo.model import DOCS_ANSWER_CHARS, docs_answer
+    from agent.tools import search_docs
+
+    for question in ("How does the deadline work?", "reliability table", "stop button", "worker pool"):
+        result = search_docs(question)
+        reply = docs_answer(result)
+        assert reply.startswith("From the docs (")
+        assert len(reply) < DOCS_ANSWER_CHARS + 200, reply
+        assert "| ---" not in reply and "\n> |" not in reply
