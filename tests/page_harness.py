@@ -39,6 +39,24 @@ SETTLED_JS = """(expected) => {
 }"""
 
 
+# Installed in the page before it loads: records every moment the chat input is enabled while a
+# live (not stale) "in flight" box is on screen, which would let a second message race the first.
+OVERLAP_WATCH_JS = """(() => {
+    window.__inputOpenWhileBusy = [];
+    const busy = ["Working on it", "Waiting for a worker"];
+    const check = () => {
+        const input = document.querySelector('textarea[data-testid="stChatInputTextArea"]');
+        if (!input || input.disabled) return;
+        for (const el of document.querySelectorAll('[data-testid="stMarkdownContainer"]')) {
+            if (el.closest('[data-stale="true"]')) continue;
+            const text = el.innerText || "";
+            if (busy.some((b) => text.includes(b))) { window.__inputOpenWhileBusy.push(text.slice(0, 80)); return; }
+        }
+    };
+    new MutationObserver(check).observe(document, {subtree: true, childList: true, attributes: true});
+})()"""
+
+
 def chromium_available() -> bool:
     return Path(CHROMIUM).exists()
 

@@ -223,13 +223,22 @@ def long_chat_question(n: int) -> tuple[str, str]:
 def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path):
     """Each turn's answer appears and the page stops polling and re-enables the input within a few
     seconds of the final write, at turn 1 and at turn 30, with two CPU hogs running."""
-    from tests.page_harness import conversation_id, cpu_hogs, final_write_at, open_chat, send, wait_settled
+    from tests.page_harness import (
+        OVERLAP_WATCH_JS,
+        conversation_id,
+        cpu_hogs,
+        final_write_at,
+        open_chat,
+        send,
+        wait_settled,
+    )
 
     env = {"AGENT_POLL_INTERVAL_MS": "1000", "AGENT_MODEL": "demo@0.2"}
     settle_s: list[float] = []
     with page_server(tmp_path / "data", tmp_path / "streamlit.log", env) as running, cpu_hogs(LONG_CHAT_HOGS), \
             chromium() as browser:
         page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+        page.add_init_script(OVERLAP_WATCH_JS)
         open_chat(page, running.url)
         redis_url = running.redis_url()
         cid = None
@@ -239,5 +248,7 @@ def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path):
             cid = cid or conversation_id(page)
             settled_at = wait_settled(page, answer, timeout_s=60)
             settle_s.append(settled_at - final_write_at(redis_url, cid))
+        overlaps = page.evaluate("() => window.__inputOpenWhileBusy")
     late = [(n, round(s, 2)) for n, s in enumerate(settle_s, start=1) if s > LONG_CHAT_SETTLE_S]
     assert not late, f"turns that settled late (turn, seconds): {late}; all: {[round(s, 2) for s in settle_s]}"
+    assert overlaps == [], "the input was enabled while a turn was shown in flight"
