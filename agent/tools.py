@@ -23,6 +23,7 @@ from pathlib import Path
 
 from agent import calculator as calculator_module
 from agent.calculator import MAX_EXPRESSION_CHARS  # noqa: F401 - part of this module's interface
+from agent.surrogates import scrub
 
 MAX_OUTPUT_CHARS = 4000  # characters of a tool's output sent back to the model
 TRUNCATED_MARKER = "\n... [output truncated]"
@@ -216,6 +217,8 @@ def _to_text(result: object) -> str:
 
 
 def _truncate(text: str) -> str:
+    # A tool's output goes to Redis and back to the provider as UTF-8: no lone surrogates.
+    text = scrub(text)
     if len(text) <= MAX_OUTPUT_CHARS:
         return text
     return text[: MAX_OUTPUT_CHARS - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER

@@ -27,6 +27,7 @@ import httpx
 
 from agent.deadline import CallTimeout
 from agent.providers.base import ProviderError
+from agent.surrogates import scrub
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
             text = json.dumps(data["detail"])[:ERROR_TEXT_LIMIT]
     if secret:
         text = text.replace(secret, "[redacted]")
-    return _short(text)
+    return _short(scrub(text))
 
 
 def parse_retry_after(headers: dict[str, str], *, now: float | None = None) -> float | None:

@@ -8,6 +8,7 @@ from typing import Any
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import check_status, post_json
+from agent.surrogates import scrub_json
 
 
 class OpenAIProvider:
@@ -34,9 +35,9 @@ class OpenAIProvider:
 
 
 def decode_json(body: bytes) -> Any:
-    """The parsed body, or ProviderError("malformed")."""
+    """The parsed body, lone surrogates replaced (see agent.surrogates), or ProviderError("malformed")."""
     try:
-        return json.loads(body)
+        return scrub_json(json.loads(body))
     except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
         raise malformed("the body is not JSON") from exc
 
