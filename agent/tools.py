@@ -28,6 +28,7 @@ from agent.surrogates import scrub
 MAX_OUTPUT_CHARS = 4000  # characters of a tool's output sent back to the model
 TRUNCATED_MARKER = "\n... [output truncated]"
 RETURN_GRACE_S = 0.2  # seconds a deadline-aware tool gets to return after its own budget ends
+WAIT_SLICE_S = 0.05  # seconds between heartbeats while a tool runs
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _HIDDEN_PARAMETER = "timeout_s"  # filled by run_tool with the remaining time, never shown to the model
@@ -132,8 +133,12 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return description, args
 
 
-def run_tool(name: str, arguments_json: str, timeout_s: float) -> ToolResult:
-    """Run a registered tool within timeout_s; tool problems become an "Error: ..." result, never an exception."""
+def run_tool(
+    name: str, arguments_json: str, timeout_s: float, *, heartbeat: Callable[[], None] | None = None
+) -> ToolResult:
+    """Run a registered tool within timeout_s; tool problems become an "Error: ..." result, never an exception.
+
+    `heartbeat`, when given, is called in the caller's thread about every WAIT_SLICE_S while the tool runs."""
     started = time.monotonic()
 
     def failed(reason: str) -> ToolResult:
@@ -166,8 +171,12 @@ def run_tool(name: str, arguments_json: str, timeout_s: float) -> ToolResult:
     # A daemon thread, not a `with ThreadPoolExecutor()`: a stuck tool must not block the turn or process exit.
     threading.Thread(target=work, name=f"tool-{name}", daemon=True).start()
     # No broad except here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
-    if not finished.wait(min(timeout_s, threading.TIMEOUT_MAX)):
-        return failed(f"{name} did not finish within {timeout_s:.1f} s (the turn's time budget) and was abandoned")
+    give_up_at = started + min(timeout_s, threading.TIMEOUT_MAX)
+    while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
+        if time.monotonic() >= give_up_at:
+            return failed(f"{name} did not finish within {timeout_s:.1f} s (the turn's time budget) and was abandoned")
+        if heartbeat is not None:
+            heartbeat()
     error = outcome.get("error")
     if error is not None:
         if not isinstance(error, Exception):
