@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from agent.providers.base import Completion, ProviderError
 from agent.queue import JOB_FUNCTION
 from agent.response_limits import PlannedCall, bound_response
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
+from agent.stop_watch import StopWatch
 from agent.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ class Turn:
     unconfirmed: list[tuple[int, int]] = field(default_factory=list)  # (messages, steps) of failed writes
     provider: object = None
     last_write_at: float = 0.0  # budget clock time of the last write that landed
+    stop: threading.Event = field(default_factory=threading.Event)  # set once a stop request is seen
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -186,7 +189,9 @@ class Turn:
             else:
                 self.doc.update(deadline_at=None, job_timeout_at=self.budget.job_timeout_at)
             self.provider = make_provider(self.config)
-            self.loop()
+            with StopWatch(self.stop_requested) as watch:
+                self.stop = watch.event
+                self.loop()
             ending = TurnEnded("done", "", "")
         except TurnEnded as exc:
             ending = exc
@@ -241,18 +246,23 @@ class Turn:
             f"I stopped after {self.config.max_steps} model round-trips (the step limit) without a final answer.",
         )
 
+    def stop_requested(self) -> bool:
+        """The cooperative flag the page and the CLI set (called from the stop watch's thread too)."""
+        return self.store.cancel_requested(self.turn_id)
+
     def check_cancel(self) -> None:
-        try:
-            cancelled = self.store.cancel_requested(self.turn_id)
-        except redis.RedisError:
-            return
-        if cancelled:
-            raise TurnEnded("cancelled", "cancelled", "Stopped at your request.")
+        if not self.stop.is_set():
+            try:
+                if not self.stop_requested():
+                    return
+            except redis.RedisError:
+                return
+        raise TurnEnded("cancelled", "cancelled", "Stopped at your request.")
 
     def sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
-            time.sleep(min(CANCEL_CHECK_S, left))
+            self.stop.wait(min(CANCEL_CHECK_S, left))
             self.check_cancel()
 
     def call_timeout(self) -> CallTimeout | None:
@@ -283,9 +293,15 @@ class Turn:
             if self.config.safeguards:
                 self.flush()
             try:
-                completion = self.provider.complete(messages, tools, timeout)
+                completion = self.provider.complete(messages, tools, timeout, stop=self.stop)
             except ProviderError as exc:
                 self.set_current(None)
+                if exc.kind == "stopped":
+                    self.add_step("model", name, started, "stopped", timeout_s=round(timeout.total_s, 3),
+                                  remaining_s=round(remaining, 3), attempt=attempt, detail=exc.message,
+                                  last_call=last_call)
+                    raise TurnEnded("cancelled", "cancelled", "Stopped at your request, while waiting for the "
+                                    f"model's reply ({self.budget.now() - started:.1f} s into the call).") from None
                 outcome = "timeout" if exc.kind == "timeout" else "error"
                 self.add_step("model", name, started, outcome, timeout_s=round(timeout.total_s, 3),
                               remaining_s=round(remaining, 3), attempt=attempt, detail=exc.message,
@@ -320,7 +336,13 @@ class Turn:
         self.set_current("retry", f"wait {wait_s:.1f} s", wait_s)
         if self.config.safeguards:
             self.flush()
-        self.sleep(wait_s)
+        try:
+            self.sleep(wait_s)
+        except TurnEnded:
+            self.set_current(None)
+            self.add_step("retry", f"attempt {attempt + 1}", started, "stopped", timeout_s=round(wait_s, 3),
+                          remaining_s=round(self.budget.remaining_s(), 3), detail="stopped at your request")
+            raise
         self.set_current(None)
         self.add_step("retry", f"attempt {attempt + 1}", started, "ok", timeout_s=round(wait_s, 3),
                       remaining_s=round(self.budget.remaining_s(), 3),
@@ -330,28 +352,43 @@ class Turn:
     def run_tools(self, planned: list[PlannedCall]) -> None:
         """One response's tool calls, in order. Once the deadline has passed, none is started:
         the calls left are answered in one step and the turn ends."""
-        for index, item in enumerate(planned):
-            self.check_cancel()
-            if item.refusal is not None:
-                self.refuse_tool(item)
-            elif self.config.safeguards and self.budget.remaining_s() <= 0:
-                self.skip_tools(planned[index:])
-            else:
-                self.run_tool(item.call)
-            if self.config.safeguards and (index < EAGER_PUBLISHED_TOOLS or index == len(planned) - 1
-                                           or self.budget.now() - self.last_write_at >= PUBLISH_INTERVAL_S):
-                self.flush()
+        first_result = len(self.history)
+        try:
+            for index, item in enumerate(planned):
+                self.check_cancel()
+                if item.refusal is not None:
+                    self.refuse_tool(item)
+                elif self.config.safeguards and self.budget.remaining_s() <= 0:
+                    self.skip_tools(planned[index:])
+                else:
+                    self.run_tool(item.call)
+                if self.config.safeguards and (index < EAGER_PUBLISHED_TOOLS or index == len(planned) - 1
+                                               or self.budget.now() - self.last_write_at >= PUBLISH_INTERVAL_S):
+                    self.flush()
+        except TurnEnded:
+            # A stop between or during tools: every call still gets a result, so the history can be sent as is.
+            answered = {m.get("tool_call_id") for m in self.history[first_result:]}
+            for item in planned:
+                if item.call.id not in answered:
+                    self.add_message({"role": "tool", "tool_call_id": item.call.id, "content": UNANSWERED_CALL_RESULT})
+            raise
 
     def run_tool(self, call) -> None:
         remaining = self.budget.remaining_s() if self.config.safeguards else NAIVE_TIMEOUT_S
         started = self.budget.now()
         self.set_current("tool", call.name, remaining)
-        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=remaining, heartbeat=self.heartbeat)
+        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=remaining, stop=self.stop,
+                                        heartbeat=self.heartbeat)
         self.used_tools = True
         self.set_current(None)
         self.add_message({"role": "tool", "tool_call_id": call.id, "content": result.output})
-        self.add_step("tool", call.name, started, "ok" if result.ok else "error", timeout_s=round(remaining, 3),
+        outcome = "stopped" if result.stopped else "ok" if result.ok else "error"
+        self.add_step("tool", call.name, started, outcome, timeout_s=round(remaining, 3),
                       remaining_s=round(remaining, 3), arguments=call.arguments[:2000], result=result.output[:2000])
+        if result.stopped:
+            # Says what the tool's own result says: it was cut, not finished.
+            raise TurnEnded("cancelled", "cancelled", f"Stopped at your request, while the {call.name} tool was "
+                            f"running: it was cut short after {result.duration_s:.1f} s.")
 
     def heartbeat(self) -> None:
         """While a tool runs: publish what is pending, and that the tool is running, every so often."""
