@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import redis
 
+from agent.surrogates import scrub
+
 KEY_PREFIX = "agent:"
 STATUSES = ("queued", "running", "done", "failed", "timed_out", "cancelled")
 ENDED_STATUSES = ("done", "failed", "timed_out", "cancelled")
@@ -99,7 +101,9 @@ class Keys:
 
 
 def _dumps(value) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    # A lone surrogate that got this far (a tool's output, a quoted error) would make Redis's
+    # UTF-8 encoding fail and lose the whole write: it is written as U+FFFD instead.
+    return scrub(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 class Store:

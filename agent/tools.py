@@ -23,13 +23,17 @@ from pathlib import Path
 
 from agent import calculator as calculator_module
 from agent.calculator import MAX_EXPRESSION_CHARS  # noqa: F401 - part of this module's interface
+from agent.surrogates import scrub
 
 MAX_OUTPUT_CHARS = 4000  # characters of a tool's output sent back to the model
 TRUNCATED_MARKER = "\n... [output truncated]"
 RETURN_GRACE_S = 0.2  # seconds a deadline-aware tool gets to return after its own budget ends
+WAIT_SLICE_S = 0.05  # seconds between heartbeats while a tool runs
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _HIDDEN_PARAMETER = "timeout_s"  # filled by run_tool with the remaining time, never shown to the model
+_STOP_PARAMETER = "stop"  # filled by run_tool with an Event set when the user stops the turn; never shown
+STOP_GRACE_S = 0.2  # seconds a tool gets to return its own result once a stop is requested
 
 
 class ToolError(Exception):
@@ -49,6 +53,7 @@ class ToolResult:
     ok: bool
     output: str  # the tool message content; starts with "Error: " when ok is False
     duration_s: float
+    stopped: bool = False  # a stop request ended the run (the output says how far it got)
 
 
 REGISTRY: dict[str, Tool] = {}
@@ -66,6 +71,11 @@ def make_tool(func: Callable) -> Tool:
         if param.name == _HIDDEN_PARAMETER:
             if param.kind is not param.KEYWORD_ONLY or hints.get(param.name) is not float:
                 raise TypeError(f"tool {func.__name__}: {_HIDDEN_PARAMETER} must be keyword-only and a float")
+            continue
+        if param.name == _STOP_PARAMETER:
+            if param.kind is not param.KEYWORD_ONLY or hints.get(param.name) != threading.Event | None:
+                raise TypeError(f"tool {func.__name__}: {_STOP_PARAMETER} must be keyword-only and a threading.Event "
+                                "| None")
             continue
         json_type = _JSON_TYPES.get(hints.get(param.name))
         if json_type is None:
@@ -131,12 +141,24 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return description, args
 
 
-def run_tool(name: str, arguments_json: str, timeout_s: float) -> ToolResult:
-    """Run a registered tool within timeout_s; tool problems become an "Error: ..." result, never an exception."""
+def run_tool(
+    name: str,
+    arguments_json: str,
+    timeout_s: float,
+    *,
+    stop: threading.Event | None = None,
+    heartbeat: Callable[[], None] | None = None,
+) -> ToolResult:
+    """Run a registered tool within timeout_s; tool problems become an "Error: ..." result, never an exception.
+
+    Setting `stop` (from another thread) ends the run within about STOP_GRACE_S: a tool that takes
+    a `stop` parameter returns its own account, any other is abandoned. `heartbeat`, when given, is
+    called in the caller's thread about every WAIT_SLICE_S while the tool runs."""
     started = time.monotonic()
 
-    def failed(reason: str) -> ToolResult:
-        return ToolResult(ok=False, output=_truncate(f"Error: {reason}"), duration_s=time.monotonic() - started)
+    def failed(reason: str, stopped: bool = False) -> ToolResult:
+        output = _truncate(f"Error: {reason}")
+        return ToolResult(ok=False, output=output, duration_s=time.monotonic() - started, stopped=stopped)
 
     found = REGISTRY.get(name)
     if found is None:
@@ -148,8 +170,13 @@ def run_tool(name: str, arguments_json: str, timeout_s: float) -> ToolResult:
         return failed(str(exc))
     if not timeout_s > 0:  # also catches NaN
         return failed(f"no time left in this turn to run {name}")
-    if _HIDDEN_PARAMETER in inspect.signature(found.func).parameters:
+    if stop is not None and stop.is_set():
+        return failed(f"stopped at your request before {name} started", stopped=True)
+    parameters = inspect.signature(found.func).parameters
+    if _HIDDEN_PARAMETER in parameters:
         kwargs[_HIDDEN_PARAMETER] = max(0.0, timeout_s - min(RETURN_GRACE_S, timeout_s / 10))
+    if _STOP_PARAMETER in parameters:
+        kwargs[_STOP_PARAMETER] = stop if stop is not None else threading.Event()
 
     outcome: dict = {}
     finished = threading.Event()
@@ -165,16 +192,30 @@ def run_tool(name: str, arguments_json: str, timeout_s: float) -> ToolResult:
     # A daemon thread, not a `with ThreadPoolExecutor()`: a stuck tool must not block the turn or process exit.
     threading.Thread(target=work, name=f"tool-{name}", daemon=True).start()
     # No broad except here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
-    if not finished.wait(min(timeout_s, threading.TIMEOUT_MAX)):
-        return failed(f"{name} did not finish within {timeout_s:.1f} s (the turn's time budget) and was abandoned")
+    give_up_at = started + min(timeout_s, threading.TIMEOUT_MAX)
+    stopped = False
+    while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
+        if stop is not None and stop.is_set():
+            stopped = True
+            if finished.wait(STOP_GRACE_S):
+                break
+            took_s = time.monotonic() - started
+            return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
+        if time.monotonic() >= give_up_at:
+            return failed(f"{name} did not finish within {timeout_s:.1f} s (the turn's time budget) and was abandoned")
+        if heartbeat is not None:
+            heartbeat()
+    # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.
+    stopped = stopped or (stop is not None and stop.is_set())
     error = outcome.get("error")
     if error is not None:
         if not isinstance(error, Exception):
             raise error  # SystemExit, KeyboardInterrupt: never swallowed
         if isinstance(error, ToolError):
-            return failed(str(error))
-        return failed(f"{name} raised {type(error).__name__}: {error}")
-    return ToolResult(ok=True, output=_truncate(outcome["output"]), duration_s=time.monotonic() - started)
+            return failed(str(error), stopped)
+        return failed(f"{name} raised {type(error).__name__}: {error}", stopped)
+    output = _truncate(outcome["output"])
+    return ToolResult(ok=True, output=output, duration_s=time.monotonic() - started, stopped=stopped)
 
 
 def _parse_arguments(found: Tool, arguments_json: str) -> dict:
@@ -216,6 +257,8 @@ def _to_text(result: object) -> str:
 
 
 def _truncate(text: str) -> str:
+    # A tool's output goes to Redis and back to the provider as UTF-8: no lone surrogates.
+    text = scrub(text)
     if len(text) <= MAX_OUTPUT_CHARS:
         return text
     return text[: MAX_OUTPUT_CHARS - len(TRUNCATED_MARKER)] + TRUNCATED_MARKER
@@ -383,7 +426,7 @@ MAX_WAIT_S = 600.0  # seconds
 
 
 @tool
-def wait(seconds: float, *, timeout_s: float) -> str:
+def wait(seconds: float, *, timeout_s: float, stop: threading.Event | None = None) -> str:
     """A slow tool for demonstrations: waits the given number of seconds, or until the turn's deadline.
 
     Args:
@@ -393,8 +436,10 @@ def wait(seconds: float, *, timeout_s: float) -> str:
         raise ToolError(f"seconds must be between 0 and {MAX_WAIT_S:g}, not {seconds:g}")
     planned_s = min(seconds, max(0.0, timeout_s))
     started = time.monotonic()
-    time.sleep(planned_s)
+    stopped = (stop or threading.Event()).wait(planned_s)
     waited_s = time.monotonic() - started
+    if stopped:
+        return f"Waited {waited_s:.1f} of {seconds:g} s: stopped at your request"
     if planned_s < seconds:
         return f"Waited {waited_s:.1f} of {seconds:g} s: stopped at the turn's deadline"
     return f"Waited {waited_s:.1f} s"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +26,9 @@ from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
 from agent.providers.base import Completion, ProviderError
 from agent.queue import JOB_FUNCTION
+from agent.response_limits import PlannedCall, bound_response
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
+from agent.stop_watch import StopWatch
 from agent.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ FINAL_WRITE_RESERVE_S = 1.0  # seconds before the job timeout when final-write r
 WORST_STATE_WRITE_S = STATE_SOCKET_TIMEOUT_S * (STATE_RETRIES + 1)  # one write against a stalled Redis
 CANCEL_CHECK_S = 0.25  # seconds between stop-flag checks while sleeping
 NAIVE_TIMEOUT_S = 3600.0  # seconds: what "safeguards off" gives a call or tool (no real bound)
+MAX_RECORDED_STEPS = 400  # steps one turn may record; a round already started may add one round's worth
+EAGER_PUBLISHED_TOOLS = 4  # the first tools of a response are published one by one, as they land
+PUBLISH_INTERVAL_S = 0.25  # seconds: after those, tool results are written at most this often
+NOT_RUN_RESULT = "Error: not run: the turn's deadline came before this tool could start"
 LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
     "Do not call any tools."
@@ -85,6 +92,8 @@ class Turn:
     used_tools: bool = False
     unconfirmed: list[tuple[int, int]] = field(default_factory=list)  # (messages, steps) of failed writes
     provider: object = None
+    last_write_at: float = 0.0  # budget clock time of the last write that landed
+    stop: threading.Event = field(default_factory=threading.Event)  # set once a stop request is seen
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -117,6 +126,7 @@ class Turn:
         self.pending_messages = []
         self.pending_steps = []
         self.unconfirmed = []
+        self.last_write_at = self.budget.now()
 
     def landed_already(self) -> bool:
         """True when the history "moved" only by our own pending messages.
@@ -179,7 +189,9 @@ class Turn:
             else:
                 self.doc.update(deadline_at=None, job_timeout_at=self.budget.job_timeout_at)
             self.provider = make_provider(self.config)
-            self.loop()
+            with StopWatch(self.stop_requested) as watch:
+                self.stop = watch.event
+                self.loop()
             ending = TurnEnded("done", "", "")
         except TurnEnded as exc:
             ending = exc
@@ -211,37 +223,46 @@ class Turn:
     def loop(self) -> None:
         for _ in range(self.config.max_steps):
             self.check_cancel()
+            if self.step_index >= MAX_RECORDED_STEPS:
+                raise TurnEnded(
+                    "failed",
+                    "step_limit",
+                    f"I stopped after {self.step_index} steps, the most one turn may record, without a final answer.",
+                )
             last_call = self.config.safeguards and self.used_tools and self.budget.only_one_call_left()
-            completion = self.call_model(last_call=last_call)
-            message = completion.as_message()
+            response = bound_response(self.call_model(last_call=last_call))
+            message = response.completion.as_message()
             if last_call:
                 message.pop("tool_calls", None)
             self.add_message(message)
             if self.config.safeguards:
                 self.flush()
-            if last_call or not completion.tool_calls:
+            if last_call or not response.calls:
                 return
-            for call in completion.tool_calls:
-                self.check_cancel()
-                self.run_tool(call)
+            self.run_tools(response.calls)
         raise TurnEnded(
             "failed",
             "step_limit",
             f"I stopped after {self.config.max_steps} model round-trips (the step limit) without a final answer.",
         )
 
+    def stop_requested(self) -> bool:
+        """The cooperative flag the page and the CLI set (called from the stop watch's thread too)."""
+        return self.store.cancel_requested(self.turn_id)
+
     def check_cancel(self) -> None:
-        try:
-            cancelled = self.store.cancel_requested(self.turn_id)
-        except redis.RedisError:
-            return
-        if cancelled:
-            raise TurnEnded("cancelled", "cancelled", "Stopped at your request.")
+        if not self.stop.is_set():
+            try:
+                if not self.stop_requested():
+                    return
+            except redis.RedisError:
+                return
+        raise TurnEnded("cancelled", "cancelled", "Stopped at your request.")
 
     def sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
-            time.sleep(min(CANCEL_CHECK_S, left))
+            self.stop.wait(min(CANCEL_CHECK_S, left))
             self.check_cancel()
 
     def call_timeout(self) -> CallTimeout | None:
@@ -272,9 +293,15 @@ class Turn:
             if self.config.safeguards:
                 self.flush()
             try:
-                completion = self.provider.complete(messages, tools, timeout)
+                completion = self.provider.complete(messages, tools, timeout, stop=self.stop)
             except ProviderError as exc:
                 self.set_current(None)
+                if exc.kind == "stopped":
+                    self.add_step("model", name, started, "stopped", timeout_s=round(timeout.total_s, 3),
+                                  remaining_s=round(remaining, 3), attempt=attempt, detail=exc.message,
+                                  last_call=last_call)
+                    raise TurnEnded("cancelled", "cancelled", "Stopped at your request, while waiting for the "
+                                    f"model's reply ({self.budget.now() - started:.1f} s into the call).") from None
                 outcome = "timeout" if exc.kind == "timeout" else "error"
                 self.add_step("model", name, started, outcome, timeout_s=round(timeout.total_s, 3),
                               remaining_s=round(remaining, 3), attempt=attempt, detail=exc.message,
@@ -309,29 +336,92 @@ class Turn:
         self.set_current("retry", f"wait {wait_s:.1f} s", wait_s)
         if self.config.safeguards:
             self.flush()
-        self.sleep(wait_s)
+        try:
+            self.sleep(wait_s)
+        except TurnEnded:
+            self.set_current(None)
+            self.add_step("retry", f"attempt {attempt + 1}", started, "stopped", timeout_s=round(wait_s, 3),
+                          remaining_s=round(self.budget.remaining_s(), 3), detail="stopped at your request")
+            raise
         self.set_current(None)
         self.add_step("retry", f"attempt {attempt + 1}", started, "ok", timeout_s=round(wait_s, 3),
                       remaining_s=round(self.budget.remaining_s(), 3),
                       detail=f"after {exc.kind}" + (f" (Retry-After {exc.retry_after_s:g} s)"
                                                     if exc.retry_after_s is not None else ""))
 
+    def run_tools(self, planned: list[PlannedCall]) -> None:
+        """One response's tool calls, in order. Once the deadline has passed, none is started:
+        the calls left are answered in one step and the turn ends."""
+        first_result = len(self.history)
+        try:
+            for index, item in enumerate(planned):
+                self.check_cancel()
+                if item.refusal is not None:
+                    self.refuse_tool(item)
+                elif self.config.safeguards and self.budget.remaining_s() <= 0:
+                    self.skip_tools(planned[index:])
+                else:
+                    self.run_tool(item.call)
+                if self.config.safeguards and (index < EAGER_PUBLISHED_TOOLS or index == len(planned) - 1
+                                               or self.budget.now() - self.last_write_at >= PUBLISH_INTERVAL_S):
+                    self.flush()
+        except TurnEnded:
+            # A stop between or during tools: every call still gets a result, so the history can be sent as is.
+            answered = {m.get("tool_call_id") for m in self.history[first_result:]}
+            for item in planned:
+                if item.call.id not in answered:
+                    self.add_message({"role": "tool", "tool_call_id": item.call.id, "content": UNANSWERED_CALL_RESULT})
+            raise
+
     def run_tool(self, call) -> None:
         remaining = self.budget.remaining_s() if self.config.safeguards else NAIVE_TIMEOUT_S
         started = self.budget.now()
         self.set_current("tool", call.name, remaining)
-        if remaining <= 0:
-            result_text, ok = "Error: no time left to run this tool before the turn's deadline", False
-        else:
-            result = tool_registry.run_tool(call.name, call.arguments, timeout_s=remaining)
-            result_text, ok = result.output, result.ok
+        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=remaining, stop=self.stop,
+                                        heartbeat=self.heartbeat)
         self.used_tools = True
         self.set_current(None)
-        self.add_message({"role": "tool", "tool_call_id": call.id, "content": result_text})
-        self.add_step("tool", call.name, started, "ok" if ok else "error", timeout_s=round(remaining, 3),
-                      remaining_s=round(remaining, 3), arguments=call.arguments[:2000], result=result_text[:2000])
-        if self.config.safeguards:
-            self.flush()
+        self.add_message({"role": "tool", "tool_call_id": call.id, "content": result.output})
+        outcome = "stopped" if result.stopped else "ok" if result.ok else "error"
+        self.add_step("tool", call.name, started, outcome, timeout_s=round(remaining, 3),
+                      remaining_s=round(remaining, 3), arguments=call.arguments[:2000], result=result.output[:2000])
+        if result.stopped:
+            # Says what the tool's own result says: it was cut, not finished.
+            raise TurnEnded("cancelled", "cancelled", f"Stopped at your request, while the {call.name} tool was "
+                            f"running: it was cut short after {result.duration_s:.1f} s.")
+
+    def heartbeat(self) -> None:
+        """While a tool runs: publish what is pending, and that the tool is running, every so often."""
+        if self.config.safeguards and self.budget.now() - self.last_write_at >= PUBLISH_INTERVAL_S:
+            current = self.doc.get("current_step") or {}
+            if self.pending_steps or current.get("started_at", 0) > self.last_write_at:
+                self.flush()
+
+    def refuse_tool(self, item: PlannedCall) -> None:
+        """A call the response's limits refused: its error goes back to the model; nothing runs."""
+        now = self.budget.now()
+        self.add_message({"role": "tool", "tool_call_id": item.call.id, "content": item.refusal})
+        extra = {"refused_calls": item.refused_calls} if item.refused_calls else {}
+        self.add_step("tool", item.call.name, now, "refused" if item.refused_calls else "error",
+                      arguments=item.call.arguments[:2000], result=item.refusal, **extra)
+
+    def skip_tools(self, left: list[PlannedCall]) -> None:
+        """The deadline has passed: answer every call left (the model needs a result for each) in one step."""
+        now = self.budget.now()
+        for item in left:
+            self.add_message({"role": "tool", "tool_call_id": item.call.id, "content": item.refusal or NOT_RUN_RESULT})
+        not_run = sum(1 for item in left if item.refusal is None)
+        noun = "tool call" if not_run == 1 else "tool calls"
+        self.add_step("tool", f"{not_run} {noun} not run", now, "skipped", remaining_s=0.0, not_run_calls=not_run,
+                      arguments="{}", result=NOT_RUN_RESULT,
+                      detail=f"the deadline came before {not_run} {noun} could start")
+        log.info("turn %s: deadline passed with %d tool calls left; none started", self.turn_id, not_run)
+        raise TurnEnded(
+            "timed_out",
+            "deadline",
+            f"I ran out of time: the turn's deadline came before {not_run} of the {noun} I asked for could run, "
+            "so I stopped here.",
+        )
 
     # -- the ending ------------------------------------------------------------------------
 

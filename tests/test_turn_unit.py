@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -11,8 +12,9 @@ from rq.timeouts import JobTimeoutException
 from agent.deadline import Budget
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.queue import new_id
+from agent.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
 from agent.store import Store
-from agent.turn import Turn
+from agent.turn import EAGER_PUBLISHED_TOOLS, Turn
 from tests.conftest import FAST
 
 
@@ -23,7 +25,7 @@ class ScriptedModel:
         self.outputs = list(outputs)
         self.calls = []
 
-    def complete(self, messages, tools, timeout):
+    def complete(self, messages, tools, timeout, stop=None):
         self.calls.append({"messages": list(messages), "tools": tools, "timeout": timeout})
         output = self.outputs.pop(0)
         if isinstance(output, BaseException):
@@ -167,3 +169,73 @@ def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scr
     assert [m["role"] for m in state["history"]] == ["user", "assistant", "tool", "assistant"]
     assert state["history"][-1]["content"] == "Stopped at your request."
     assert len(model.calls) == 1
+
+
+class RecordingStore(Store):
+    """A real store that records what each publish carried."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.writes: list[dict] = []
+
+    def publish(self, conversation_id, turn_id, doc, **kwargs):
+        self.writes.append({"doc": json.loads(json.dumps(doc)), "steps": list(kwargs.get("new_steps") or ())})
+        return super().publish(conversation_id, turn_id, doc, **kwargs)
+
+
+def calculator_calls(count: int) -> Completion:
+    return Completion(None, [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') for i in range(count)])
+
+
+def tool_writes(store: RecordingStore) -> list[list[str]]:
+    return [[s["name"] for s in w["steps"] if s["kind"] == "tool"] for w in store.writes
+            if any(s["kind"] == "tool" for s in w["steps"])]
+
+
+def frozen_clock(turn: Turn) -> None:
+    """Time stands still for the turn's own clock: only the number of tools decides when it writes."""
+    now = time.time()
+    turn.budget = Budget.for_turn(turn.config, now, clock=lambda: now + 0.1)
+
+
+def test_each_of_a_few_quick_tools_is_published_as_it_lands(redis_client, scripted_model):
+    store = RecordingStore(redis_client, ttl_s=600)
+    scripted_model(calculator_calls(2), Completion("4 and 4"))
+    turn = make_turn(store)
+    frozen_clock(turn)
+    assert turn.run() == "done"
+    assert tool_writes(store) == [["calculator"], ["calculator"]]
+
+
+def test_many_quick_tools_in_one_response_are_published_in_batches(redis_client, scripted_model):
+    store = RecordingStore(redis_client, ttl_s=600)
+    scripted_model(calculator_calls(MAX_TOOL_CALLS_PER_RESPONSE), Completion("all 4"))
+    turn = make_turn(store)
+    frozen_clock(turn)
+    assert turn.run() == "done"
+    writes = tool_writes(store)
+    assert sum(len(w) for w in writes) == MAX_TOOL_CALLS_PER_RESPONSE  # every step lands, once
+    assert len(writes) == EAGER_PUBLISHED_TOOLS + 1  # the first few one by one, then the rest in one write
+
+
+def test_while_a_slow_tool_runs_it_is_shown_running_with_the_results_before_it(redis_client, scripted_model):
+    store = RecordingStore(redis_client, ttl_s=600)
+    quick = [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') for i in range(EAGER_PUBLISHED_TOOLS + 2)]
+    scripted_model(Completion(None, [*quick, ToolCall("w", "wait", '{"seconds": 0.6}')]), Completion("done"))
+    turn = make_turn(store)
+    assert turn.run() == "done"
+    running = next(w for w in store.writes if (w["doc"].get("current_step") or {}).get("name") == "wait")
+    written_before = [s["name"] for w in store.writes[: store.writes.index(running) + 1] for s in w["steps"]]
+    assert written_before.count("calculator") == len(quick)
+    assert "wait" not in written_before
+
+
+def test_a_turn_records_a_bounded_number_of_steps_whatever_its_step_limit(store, scripted_model, monkeypatch):
+    monkeypatch.setattr("agent.turn.MAX_RECORDED_STEPS", 10)
+    scripted_model(*[calculator_calls(1)] * 100)
+    turn = make_turn(store, FAST.with_changes(max_steps=100, job_timeout_s=60))
+    assert turn.run() == "failed"
+    state = store.read(turn.conversation_id)
+    assert state["error"]["kind"] == "step_limit"
+    assert 10 <= len(state["steps"]) <= 10 + 2
+    assert "the most one turn may record" in state["history"][-1]["content"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 from agent.deadline import CallTimeout
@@ -30,7 +31,9 @@ class AnthropicProvider:
         key = "set" if self._api_key else "none"
         return f"AnthropicProvider(base_url={self.base_url!r}, model={self.model!r}, key={key})"
 
-    def complete(self, messages: list[dict], tools: list[dict], timeout: CallTimeout) -> Completion:
+    def complete(
+        self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
+    ) -> Completion:
         system, mapped = to_anthropic_messages(messages)
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": mapped}
         if system:
@@ -40,7 +43,7 @@ class AnthropicProvider:
         headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        reply = post_json(f"{self.base_url}/v1/messages", headers=headers, body=body, timeout=timeout)
+        reply = post_json(f"{self.base_url}/v1/messages", headers=headers, body=body, timeout=timeout, stop=stop)
         check_status(reply, secret=self._api_key)
         return parse_message(decode_json(reply.body))
 

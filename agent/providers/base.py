@@ -5,6 +5,7 @@ Nothing above agent/providers/ imports httpx: transport errors become ProviderEr
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,7 +41,7 @@ class Completion:
 
 class ProviderError(Exception):
     """A call failed. `kind` is one of: timeout, connection, rate_limited, server, auth,
-    bad_request, not_found, malformed. `message` is for a person."""
+    bad_request, not_found, malformed, stopped (its stop event was set). `message` is for a person."""
 
     def __init__(
         self,
@@ -64,6 +65,9 @@ class ProviderError(Exception):
 
 
 class Provider(Protocol):
-    def complete(self, messages: list[dict], tools: list[dict], timeout: CallTimeout) -> Completion:
-        """One model call, bounded as a whole by `timeout.total_s`. Raises ProviderError."""
+    def complete(
+        self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
+    ) -> Completion:
+        """One model call, bounded as a whole by `timeout.total_s`, and ended at once when `stop`
+        is set (from another thread). Raises ProviderError."""
         ...

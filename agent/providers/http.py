@@ -27,12 +27,14 @@ import httpx
 
 from agent.deadline import CallTimeout
 from agent.providers.base import ProviderError
+from agent.surrogates import scrub
 
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # bytes; a larger reply is refused as malformed
 ERROR_TEXT_LIMIT = 300  # characters of a provider's error message kept in ours
 CLEANUP_TIMEOUT_S = 1.0  # seconds allowed for closing a discarded client
+STOP_POLL_S = 0.05  # seconds between checks of a call's stop event
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,14 @@ def discard_session() -> None:
         session.close()
 
 
-def post_json(url: str, *, headers: dict, body: dict, timeout: CallTimeout) -> HTTPReply:
-    """POST `body` as JSON; the whole call is bounded by `timeout.total_s`. Raises ProviderError."""
+def post_json(
+    url: str, *, headers: dict, body: dict, timeout: CallTimeout, stop: threading.Event | None = None
+) -> HTTPReply:
+    """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
+    `stop` is set (ProviderError "stopped"). Raises ProviderError."""
     session = _session()
     try:
-        return session.loop.run_until_complete(_post(session.client, url, headers, body, timeout))
+        return session.loop.run_until_complete(_post_unless_stopped(session.client, url, headers, body, timeout, stop))
     except ProviderError:
         raise
     except BaseException:  # noqa: B036
@@ -117,6 +122,27 @@ def post_json(url: str, *, headers: dict, body: dict, timeout: CallTimeout) -> H
         # SIGALRM handler, KeyboardInterrupt): the loop may hold a half-done request, so drop it.
         discard_session()
         raise
+
+
+async def _post_unless_stopped(
+    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout, stop: threading.Event | None
+) -> HTTPReply:
+    """The POST, raced against `stop` (set from another thread): cancelling it closes its socket."""
+    if stop is None:
+        return await _post(client, url, headers, body, timeout)
+    if stop.is_set():
+        raise _stopped()
+    post = asyncio.ensure_future(_post(client, url, headers, body, timeout))
+    while not post.done():
+        if stop.is_set():
+            post.cancel()
+            try:
+                await post
+            except (asyncio.CancelledError, ProviderError):
+                pass  # the call is over either way: it was stopped
+            raise _stopped()
+        await asyncio.wait({post}, timeout=STOP_POLL_S)
+    return post.result()
 
 
 async def _post(client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout) -> HTTPReply:
@@ -164,6 +190,10 @@ async def _post(client: httpx.AsyncClient, url: str, headers: dict, body: dict, 
 
 def _timed_out(timeout: CallTimeout) -> ProviderError:
     return ProviderError("timeout", f"the provider did not answer within {timeout.total_s:.1f} s")
+
+
+def _stopped() -> ProviderError:
+    return ProviderError("stopped", "the call was stopped at your request")
 
 
 def _too_large() -> ProviderError:
@@ -238,7 +268,7 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
             text = json.dumps(data["detail"])[:ERROR_TEXT_LIMIT]
     if secret:
         text = text.replace(secret, "[redacted]")
-    return _short(text)
+    return _short(scrub(text))
 
 
 def parse_retry_after(headers: dict[str, str], *, now: float | None = None) -> float | None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import check_status, post_json
+from agent.surrogates import scrub_json
 
 
 class OpenAIProvider:
@@ -21,22 +23,24 @@ class OpenAIProvider:
         key = "set" if self._api_key else "none"
         return f"OpenAIProvider(base_url={self.base_url!r}, model={self.model!r}, key={key})"
 
-    def complete(self, messages: list[dict], tools: list[dict], timeout: CallTimeout) -> Completion:
+    def complete(
+        self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
+    ) -> Completion:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             body["tools"] = tools
         headers = {"content-type": "application/json", "accept": "application/json"}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        reply = post_json(f"{self.base_url}/chat/completions", headers=headers, body=body, timeout=timeout)
+        reply = post_json(f"{self.base_url}/chat/completions", headers=headers, body=body, timeout=timeout, stop=stop)
         check_status(reply, secret=self._api_key)
         return parse_completion(decode_json(reply.body))
 
 
 def decode_json(body: bytes) -> Any:
-    """The parsed body, or ProviderError("malformed")."""
+    """The parsed body, lone surrogates replaced (see agent.surrogates), or ProviderError("malformed")."""
     try:
-        return json.loads(body)
+        return scrub_json(json.loads(body))
     except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
         raise malformed("the body is not JSON") from exc
 

@@ -1,0 +1,74 @@
+"""What one model response may bring into a turn: how many of its tool calls run, and how much
+of each field is kept.
+
+A provider may answer with 60,000 tool calls, or with one argument string of 8 MB. The turn runs
+at most MAX_TOOL_CALLS_PER_RESPONSE calls and keeps one more as the record of the refusal: its
+result, an error, tells the model how many calls were refused. The calls after it are dropped
+from the history, so a response adds a bounded amount to the state whatever the model sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from agent.providers.base import Completion, ToolCall
+
+MAX_TOOL_CALLS_PER_RESPONSE = 16  # tool calls run from one model response; the rest are refused
+MAX_ARGUMENTS_CHARS = 16_000  # characters of one call's arguments; longer ones are refused, not run
+MAX_CONTENT_CHARS = 100_000  # characters of a reply's text kept in the history
+MAX_ID_CHARS = 128  # characters of a tool call's id (providers use about 30)
+MAX_NAME_CHARS = 128  # characters of a tool's name (a registered tool's name is shorter)
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One tool call as the history keeps it, and whether it runs."""
+
+    call: ToolCall
+    refusal: str | None = None  # None: run it; otherwise the error result given instead
+    refused_calls: int = 0  # on the record of a refusal by count: how many calls it answers for
+
+
+@dataclass(frozen=True)
+class BoundedResponse:
+    completion: Completion  # what the history keeps
+    calls: list[PlannedCall]
+
+
+def bound_response(completion: Completion) -> BoundedResponse:
+    """The response cut to what a turn keeps and runs."""
+    content = completion.content
+    if content is not None and len(content) > MAX_CONTENT_CHARS:
+        content = content[:MAX_CONTENT_CHARS] + (
+            f"\n\n[The reply was cut here: it had {len(content):,} characters, and at most "
+            f"{MAX_CONTENT_CHARS:,} are kept.]"
+        )
+    total = len(completion.tool_calls)
+    planned = [_planned(call) for call in completion.tool_calls[:MAX_TOOL_CALLS_PER_RESPONSE]]
+    if total > MAX_TOOL_CALLS_PER_RESPONSE:
+        refused = total - MAX_TOOL_CALLS_PER_RESPONSE
+        others = f"this call and the {refused - 1:,} after it were" if refused > 1 else "this call was"
+        message = (
+            f"Error: refused: this response asked for {total:,} tool calls, and at most "
+            f"{MAX_TOOL_CALLS_PER_RESPONSE} run per response, so {others} not run. Ask for fewer at a time."
+        )
+        record = _bounded_call(completion.tool_calls[MAX_TOOL_CALLS_PER_RESPONSE])
+        planned.append(PlannedCall(record, message, refused))
+    kept = Completion(content=content, tool_calls=[p.call for p in planned])
+    return BoundedResponse(kept, planned)
+
+
+def _planned(call: ToolCall) -> PlannedCall:
+    bounded = _bounded_call(call)
+    if len(call.arguments) > MAX_ARGUMENTS_CHARS:
+        return PlannedCall(bounded, f"Error: the arguments are too long ({len(call.arguments):,} characters; "
+                                    f"at most {MAX_ARGUMENTS_CHARS:,}), so {bounded.name} was not run")
+    return PlannedCall(bounded)
+
+
+def _bounded_call(call: ToolCall) -> ToolCall:
+    arguments = call.arguments
+    if len(arguments) > MAX_ARGUMENTS_CHARS:
+        # Valid JSON, so every provider accepts the history back; the call is refused anyway.
+        arguments = "{}"
+    return replace(call, id=call.id[:MAX_ID_CHARS], name=call.name[:MAX_NAME_CHARS], arguments=arguments)
