@@ -1,4 +1,4 @@
-"""The printed table and the two plots, both from the results dict alone."""
+"""The printed table and the plots, all from the results dict alone."""
 
 from __future__ import annotations
 
@@ -65,6 +65,21 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     f"{row['turns_per_s']:.2f} turns/s, p95 {row['latency_s']['p95']:g} s, "
                     f"{row['rss_mib_per_worker']:g} MiB/worker", f"~{row['ideal_turns_per_s']:.1f}/s",
                     f"{row['scaling_efficiency'] * 100:.0f}%"))
+    section = results.get("page")
+    if section:
+        for condition, page_rows in section["conditions"].items():
+            for row in page_rows:
+                out.append((f"page, {condition}, {row['turns']:>3} turns: tick draw p50 / bytes p50",
+                            f"{row['tick_draw_ms']['p50']} ms / {row['tick_bytes']['p50']:g} B", "", ""))
+                out.append((f"page, {condition}, {row['turns']:>3} turns: settle p50 / p95",
+                            f"{row['settle_s']['p50']} / {row['settle_s']['p95']} s", "", ""))
+        last = list(section["conditions"])[-1]
+        out.append((f"  tick cost, longest vs shortest chat ({last}): time / bytes",
+                    f"{results.get('page_tick_growth')}x / {results.get('page_tick_bytes_growth')}x", "<= 1.5x",
+                    _check(goals.get("page_tick_growth"))))
+        out.append((f"  settle p95 at {section['lengths'][-1]} turns ({last})",
+                    f"{section['conditions'][last][-1]['settle_s']['p95']} s", "< 1.5 s",
+                    _check(goals.get("page_settle_p95"))))
     deadline = results.get("deadline_accuracy")
     if deadline:
         d = deadline["final_write_minus_deadline_ms"]
@@ -92,7 +107,7 @@ def markdown_table(results: dict) -> str:
 
 
 def plots(results: dict, directory: Path) -> list[Path]:
-    """throughput.png and history_cost.png; none (with a note) when matplotlib is missing."""
+    """throughput.png, history_cost.png and page_cost.png; none (with a note) without matplotlib."""
     try:
         import matplotlib
 
@@ -143,7 +158,33 @@ def plots(results: dict, directory: Path) -> list[Path]:
         for ax in (left, right):
             ax.set_xticks(lengths, [str(n) for n in lengths])
         written.append(_save(plt, fig, directory / "history_cost.png"))
+    if results.get("page"):
+        written.append(_page_plot(plt, results["page"], directory / "page_cost.png"))
     return written
+
+
+def _page_plot(plt, section: dict, path: Path) -> Path:
+    """Tick cost and settle time against the conversation's length, one line per condition."""
+    fig, (draw, size, settle) = plt.subplots(1, 3, figsize=(13, 4))
+    lengths = section["lengths"]
+    for condition, page_rows in section["conditions"].items():
+        turns = [r["turns"] for r in page_rows]
+        draw.plot(turns, [r["tick_draw_ms"]["p50"] for r in page_rows], "o-", label=f"tick, {condition}")
+        draw.plot(turns, [r["full_run_ms"]["p50"] for r in page_rows], "x--", label=f"full run, {condition}")
+        size.plot(turns, [r["tick_bytes"]["p50"] for r in page_rows], "o-", label=condition)
+        settle.plot(turns, [r["settle_s"]["p50"] for r in page_rows], "o-", label=f"p50, {condition}")
+        settle.plot(turns, [r["settle_s"]["p95"] for r in page_rows], "^:", label=f"p95, {condition}")
+    settle.axhline(1.5, color="gray", linestyle="--", linewidth=1, label="goal: p95 under 1.5 s")
+    draw.set(xscale="log", xlabel="turns in the conversation", ylabel="ms (p50)",
+             title="One rerun: a tick (in-flight turn) vs a full run")
+    size.set(xscale="log", xlabel="turns in the conversation", ylabel="bytes to the browser (p50)",
+             title="Bytes per tick")
+    settle.set(xscale="log", xlabel="turns in the conversation", ylabel="seconds",
+               title="Final write to page settled")
+    for ax in (draw, size, settle):
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_ylim(bottom=0)
+    return _save(plt, fig, path)
 
 
 def _save(plt, fig, path: Path) -> Path:

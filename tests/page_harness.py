@@ -187,61 +187,67 @@ def cpu_hogs(count: int):
 
 
 @dataclass
-class Tick:
-    """One rerun as the browser saw it: the request it sent, and what came back until the run ended."""
+class Run:
+    """One script run as the browser saw it, from its new_session message to its script_finished."""
 
-    sent_at: float  # monotonic seconds
+    run_id: str
     fragment: bool  # a fragment rerun (a poll) rather than a full run
+    started_at: float  # monotonic seconds
+    first_delta_at: float | None = None  # the first element drawn: the poll (and its wait) is over
     finished_at: float | None = None
     bytes_received: int = 0
 
     @property
     def duration_s(self) -> float | None:
-        return None if self.finished_at is None else self.finished_at - self.sent_at
+        """Start to end of the run, a poll's wait for the next write included."""
+        return None if self.finished_at is None else self.finished_at - self.started_at
+
+    @property
+    def draw_s(self) -> float | None:
+        """First element drawn to end of run: what the rerun costs, without the idle wait."""
+        if self.finished_at is None or self.first_delta_at is None:
+            return None
+        return self.finished_at - self.first_delta_at
 
 
 @dataclass
 class WireLog:
-    """Every rerun request on the page's websocket and the bytes and end of the run it caused."""
+    """Every script run on the page's websocket: when it started and ended, and the bytes it sent."""
 
-    ticks: list[Tick] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
 
     def attach(self, page) -> None:
         page.on("websocket", self._on_socket)
 
     def _on_socket(self, ws) -> None:
         if "_stcore/stream" in ws.url:
-            ws.on("framesent", self._sent)
             ws.on("framereceived", self._received)
-
-    def _sent(self, payload) -> None:
-        from streamlit.proto.BackMsg_pb2 import BackMsg
-
-        if not isinstance(payload, bytes):
-            return
-        msg = BackMsg()
-        with contextlib.suppress(Exception):
-            msg.ParseFromString(payload)
-        if msg.WhichOneof("type") == "rerun_script":
-            self.ticks.append(Tick(time.monotonic(), fragment=bool(msg.rerun_script.fragment_id)))
 
     def _received(self, payload) -> None:
         from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-        if not isinstance(payload, bytes) or not self.ticks:
+        if not isinstance(payload, bytes):
             return
-        tick = self.ticks[-1]
-        if tick.finished_at is not None:
-            return
-        tick.bytes_received += len(payload)
         msg = ForwardMsg()
-        with contextlib.suppress(Exception):
+        try:
             msg.ParseFromString(payload)
-        if msg.WhichOneof("type") == "script_finished":
-            tick.finished_at = time.monotonic()
+        except Exception:  # noqa: BLE001 - a frame this log cannot read is not a run boundary
+            return
+        kind, now = msg.WhichOneof("type"), time.monotonic()
+        run_meta = msg.metadata.run
+        if kind == "new_session" and run_meta.script_run_id:
+            self.runs.append(Run(run_meta.script_run_id, bool(run_meta.fragment_ids), now))
+        current = self.runs[-1] if self.runs else None
+        if current is None or current.finished_at is not None:
+            return
+        current.bytes_received += len(payload)
+        if kind == "delta" and current.first_delta_at is None:
+            current.first_delta_at = now
+        elif kind == "script_finished" and run_meta.script_run_id == current.run_id:
+            current.finished_at = now
 
-    def fragment_ticks(self, since: int = 0) -> list[Tick]:
-        return [t for t in self.ticks[since:] if t.fragment and t.finished_at is not None]
+    def finished(self, since: int = 0, *, fragment: bool) -> list[Run]:
+        return [r for r in self.runs[since:] if r.fragment is fragment and r.finished_at is not None]
 
 
 @contextlib.contextmanager
