@@ -289,7 +289,8 @@ def clocks_caption(summary: dict, steps: list[dict]) -> str:
         verb = "killed it" if killed else "would have killed it"
         sentences.append(f"The queue {verb} at {_seconds(kill - started)}.")
     calls = sum(1 for s in steps if s.get("kind") == "model")
-    tools = sum(1 for s in steps if s.get("kind") == "tool")
+    # Refused or never-run calls are recorded as one step each batch, not as tool runs.
+    tools = sum(1 for s in steps if s.get("kind") == "tool" and s.get("outcome") not in ("refused", "skipped"))
     if steps:
         sentences.append(f"{calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}.")
     elif (summary.get("config") or {}).get("safeguards") is False:
