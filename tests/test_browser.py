@@ -3,6 +3,7 @@ Debian's Chromium through Playwright. Set AGENT_SCREENSHOTS=1 to also refresh do
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -220,7 +221,7 @@ def long_chat_question(n: int) -> tuple[str, str]:
     return f"What is {n}*37, and what time is it in Tokyo?", f"{n}*37 = {n * 37}"
 
 
-def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path):
+def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path, browser):
     """Each turn's answer appears and the page stops polling and re-enables the input within a few
     seconds of the final write, at turn 1 and at turn 30, with two CPU hogs running."""
     from tests.page_harness import (
@@ -235,9 +236,12 @@ def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path):
 
     env = {"AGENT_POLL_INTERVAL_MS": "1000", "AGENT_MODEL": "demo@0.2"}
     settle_s: list[float] = []
+    # One Playwright per process: the module's browser, a context of its own (a second sync_playwright
+    # inside the first one's event loop refuses to start).
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
     with page_server(tmp_path / "data", tmp_path / "streamlit.log", env) as running, cpu_hogs(LONG_CHAT_HOGS), \
-            chromium() as browser:
-        page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+            contextlib.closing(context):
+        page = context.new_page()
         page.add_init_script(OVERLAP_WATCH_JS)
         open_chat(page, running.url)
         redis_url = running.redis_url()
