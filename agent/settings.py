@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -197,6 +198,41 @@ def _has_secret(variable: str, env: Mapping[str, str]) -> bool:
 
 
 def is_local_url(url: str) -> bool:
-    """A server on this machine (loopback), such as Ollama, llama.cpp or vLLM, which usually needs no key."""
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
+    """A server on this machine (loopback), such as Ollama, llama.cpp or vLLM, which usually needs no key.
+
+    Whether an API key may go to a turn's server rests on this, so it is strict: the URL must be
+    plain (no user info, backslash, whitespace, control or non-ASCII characters, which URL
+    parsers read differently), and its host must be a loopback IP literal (127.0.0.0/8, ::1) or
+    exactly `localhost`, in any case. `127.0.0.1.evil.test`, `localhost.` (trailing dot), `127.1`
+    and `0x7f.0.0.1` are names or shorthands, not literals: they are not local."""
+    if not isinstance(url, str) or not url.isascii() or not url.isprintable() or " " in url or "\\" in url:
+        return False
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError on a port that is not a number in range
+    except ValueError:
+        return False
+    host = parts.hostname
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        return False
+    # The netloc must be the host and port and nothing else: urlsplit reads "[::1].evil.test" as
+    # host "::1", and "user@host" has a host that parsers disagree on.
+    bracketed = f"[{host}]" if ":" in host else host
+    if parts.netloc.lower() != (bracketed if port is None else f"{bracketed}:{port}"):
+        return False
+    return is_local_host(host)
+
+
+def is_local_host(host: str | None) -> bool:
+    """The host (no port; IPv6 with or without brackets) is a loopback IP literal or exactly `localhost`."""
+    if not host:
+        return False
+    host = host.lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
