@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -18,9 +19,9 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from agent.embedded_redis import EmbeddedRedis
-from agent.queue import JOB_FUNCTION, QUEUE_NAME, new_id
+from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
-from tests.scripted_server import chat_reply, reply, tool_call
+from tests.scripted_server import ScriptedServer, chat_reply, hang, reply, tool_call
 
 FORGED_WAIT_S = 10.0  # seconds for a worker to pick up and refuse a forged job
 
@@ -129,6 +130,95 @@ def test_a_job_hash_written_straight_into_redis_naming_another_function_is_refus
     time.sleep(0.3)
     assert not marker.exists()
     assert_workers_still_answer(store, queue, before, redis_client)
+
+
+WEBHOOK_TIMEOUT_S = 10**6  # seconds a forged webhook asks its worker to wait for an answer
+FORGED_HEADERS = {"Authorization": "Bearer forged", "X-Forged": "1", "Host": "evil.test", "Content-Type": "text/x"}
+
+
+def forged_webhooks(url: str) -> str:
+    """Every kind of webhook RQ sends: each terminal status, each method, forged headers, a huge timeout."""
+    hooks = [{"url": f"{url}/{status}/{method}", "job_status": status, "method": method, "headers": FORGED_HEADERS,
+              "timeout": WEBHOOK_TIMEOUT_S} for status in ("failed", "finished") for method in ("GET", "POST")]
+    return json.dumps(hooks)
+
+
+# Payload fields a forger can set that make a worker connect, wait, or run a job again; and what SafeJob leaves.
+FORGED_FIELDS = {
+    "webhooks": (lambda url: forged_webhooks(url), "webhooks", []),
+    "retries_left": (lambda url: "1000000", "retries_left", None),
+    "retry_intervals": (lambda url: "[0, 1000000]", "retry_intervals", None),
+    "enqueue_at_front_on_retry": (lambda url: "1", "enqueue_at_front_on_retry", False),
+    "repeats_left": (lambda url: "1000000", "repeats_left", None),
+    "repeat_intervals": (lambda url: "[0]", "repeat_intervals", None),
+    "rate_limit_key": (lambda url: "forged", "rate_limit_key", None),
+    "rate_limit_concurrency": (lambda url: "1", "rate_limit_concurrency", None),
+    "dependency_ids": (lambda url: json.dumps(["forged-dependency"]), "_dependency_ids", []),
+    "success_callback_name": (lambda url: "agent.turn.on_failure", "_success_callback_name", None),
+    "stopped_callback_name": (lambda url: "agent.turn.on_failure", "_stopped_callback_name", None),
+    "failure_callback_name": (lambda url: "os.getcwd", "_failure_callback_name", None),
+    "failure_callback_timeout": (lambda url: "1000000", "failure_callback_timeout", FAILURE_CALLBACK_TIMEOUT_S),
+    "success_callback_timeout": (lambda url: "1000000", "_success_callback_timeout", None),
+    "stopped_callback_timeout": (lambda url: "1000000", "_stopped_callback_timeout", None),
+}
+
+
+def forge_job(client: redis.Redis, func: str, args: list, fields: dict, prefix: str = "forged-") -> str:
+    """A job written straight into Redis with the plain rq Job class, then its hash edited, as a forger would."""
+    job = Job.create(func, args=args, connection=client, serializer=JSONSerializer, id=prefix + new_id(),
+                     origin=QUEUE_NAME)
+    job.save()
+    client.hset(job.key, mapping={"status": "queued", **fields})
+    return job.id
+
+
+@pytest.mark.parametrize("field", sorted(FORGED_FIELDS))
+def test_a_forged_payload_field_that_makes_a_worker_connect_wait_or_rerun_is_dropped_on_load(redis_client, field):
+    make_value, attribute, expected = FORGED_FIELDS[field]
+    job_id = forge_job(redis_client, JOB_FUNCTION, ["c", "t"], {field: make_value("http://127.0.0.1:9")})
+    try:
+        plain = Job.fetch(job_id, connection=redis_client, serializer=JSONSerializer)
+        assert getattr(plain, attribute) != expected  # the forged value is really there for RQ to act on
+        safe = SafeJob.fetch(job_id, connection=redis_client, serializer=JSONSerializer)
+        assert getattr(safe, attribute) == expected
+        assert safe.success_callback is None and safe.stopped_callback is None
+    finally:
+        redis_client.delete(f"rq:job:{job_id}")
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("listener", ["answering", "silent"])
+def test_forged_webhooks_are_never_sent_and_leave_every_worker_free(store, queue, redis_client, listener):
+    """A refused job (failed webhooks), a job of ours on a gone conversation (finished webhooks), one with
+    endless retries and one with endless repeats: no request reaches the listener, every worker stays free."""
+    target = ScriptedServer(default=reply(200, {}) if listener == "answering" else hang())
+    try:
+        before = ready_worker_pids(redis_client)
+        every_field = {field: make(target.url) for field, (make, _, _) in FORGED_FIELDS.items()
+                       if field not in ("dependency_ids", "rate_limit_key", "rate_limit_concurrency",
+                                        "failure_callback_name")}
+        jobs = [
+            forge_job(redis_client, "os.getcwd", [], {"webhooks": forged_webhooks(target.url)}),
+            forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], {"webhooks": forged_webhooks(target.url)}),
+            forge_job(redis_client, "os.getcwd", [], {"retries_left": "1000000",
+                                                       "webhooks": forged_webhooks(target.url)}),
+            forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], {"repeats_left": "1000000",
+                                                                               "repeat_intervals": "[0]"}),
+            forge_job(redis_client, "os.getcwd", [], every_field),
+            forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], every_field),
+        ]
+        for job_id in jobs:
+            redis_client.rpush(f"rq:queue:{QUEUE_NAME}", job_id)
+        statuses = [wait_job_ended(redis_client, job_id, timeout_s=20.0) for job_id in jobs]
+        assert statuses == [b"failed", b"finished", b"failed", b"finished", b"failed", b"finished"]
+        # The workers are free: a real turn runs at once, on the same worker processes.
+        assert_workers_still_answer(store, queue, before, redis_client)
+        time.sleep(0.5)  # a webhook would have been sent before the job's worker took the turn
+        assert [r.path for r in target.requests] == []
+        assert all(redis_client.hget(f"rq:job:{job_id}", "status") in (b"failed", b"finished") for job_id in jobs)
+        assert not any(job_id.encode() in redis_client.lrange(f"rq:queue:{QUEUE_NAME}", 0, -1) for job_id in jobs)
+    finally:
+        target.stop()
 
 
 class _Touch:
