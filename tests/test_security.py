@@ -21,7 +21,7 @@ from rq.serializers import JSONSerializer
 from agent.embedded_redis import EmbeddedRedis
 from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
-from tests.scripted_server import ScriptedServer, chat_reply, hang, reply, tool_call
+from tests.scripted_server import ScriptedServer, chat_reply, hang, raw, reply, tool_call
 
 FORGED_WAIT_S = 10.0  # seconds for a worker to pick up and refuse a forged job
 
@@ -292,6 +292,45 @@ def test_a_canary_key_echoed_back_by_the_provider_reaches_neither_redis_nor_the_
     assert CANARY_KEY not in pool.log_path.read_text(errors="replace")
 
 
+def key_variants(key: str) -> list[str]:
+    """The key as a server might echo it: as sent, upper, lower, swapped and alternating case."""
+    alternating = "".join(ch.upper() if i % 2 else ch.lower() for i, ch in enumerate(key))
+    return [key, key.upper(), key.lower(), key.swapcase(), alternating, key.title()]
+
+
+def echoing_script(key: str) -> list:
+    """A configured server that echoes the key in every field a reply has, then in errors, then answers."""
+    variants = key_variants(key)
+    calls = []
+    for i, variant in enumerate(variants):
+        calls.append(tool_call(f"tool_{variant}", {variant: variant, "x": f"a {variant} b"}, call_id=f"call_{variant}"))
+        calls.append(tool_call("calculator", {"expression": f"1+{variant}"}, call_id=f"call_{i}_{variant.upper()}"))
+    errors = [{"error": {"message": f"bad key {v}"}} for v in variants]
+    return [
+        chat_reply(f"Your key is {' and '.join(variants)}.", calls),
+        reply(500, errors[1], headers={"Retry-After": "0.1"}),
+        raw(f"HTTP/1.1 200 OK\r\nBad Header {variants[3]}\r\n\r\n"),
+        raw(f"{variants[4]} 200 OK\r\n\r\n"),
+        chat_reply(f"Done, {variants[5]}: " + " ".join(variants)),
+    ]
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_key_echoed_in_any_case_in_any_field_of_a_reply_never_reaches_redis_or_the_logs(
+    store, queue, scripted, redis_client, pool
+):
+    scripted.add(*echoing_script(CANARY_KEY))
+    cid = ask(store, queue, "hi", scripted_config(scripted, job_timeout_s=10))
+    state = wait_done(store, cid, timeout_s=30)
+    assert state["status"] == "done", state["history"][-1]
+    assert len(scripted.requests) == 5  # every echo was received and handled
+    assert scripted.requests[0].headers["authorization"] == f"Bearer {CANARY_KEY}"
+    dump = redis_dump(redis_client).lower()
+    assert CANARY_KEY.lower().encode() not in dump
+    assert b"[redacted]" in dump  # the echoes were kept, redacted, not dropped
+    assert CANARY_KEY.lower() not in pool.log_path.read_text(errors="replace").lower()
+
+
 # -- the embedded Redis and Streamlit are not exposed ------------------------------------------
 
 
@@ -391,3 +430,29 @@ def test_streamlit_binds_loopback_by_default():
     assert re.search(r"^HOST \?= 127\.0\.0\.1$", makefile, re.MULTILINE)
     run_recipe = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
     assert "--server.address $(HOST)" in run_recipe
+
+
+def test_both_providers_redact_a_key_echoed_in_any_case_from_every_field_and_error(scripted):
+    from agent.deadline import CallTimeout
+    from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError
+
+    timeout = CallTimeout(total_s=5.0, connect_s=2.0)
+    variants = key_variants(CANARY_KEY)
+    blocks = [{"type": "text", "text": " ".join(variants)}] + [
+        {"type": "tool_use", "id": f"toolu_{v}", "name": f"tool_{v}", "input": {v: [v, {"k": v}]}} for v in variants
+    ]
+    errors = [reply(status, {"error": {"message": f"no {v}"}})
+              for status, v in zip((400, 404, 429, 500), variants[:4], strict=True)]
+    scripted.add(*echoing_script(CANARY_KEY), reply(200, {"type": "message", "role": "assistant", "content": blocks}),
+                 *errors)
+    openai = OpenAIProvider(scripted.url + "/v1", "m", CANARY_KEY)
+    anthropic = AnthropicProvider(scripted.url, "m", CANARY_KEY)
+    seen = []
+    for provider in [openai] * 5 + [anthropic] + [openai] * 4:
+        try:
+            completion = provider.complete([{"role": "user", "content": "hi"}], [], timeout)
+            seen.append(repr(completion))
+        except ProviderError as exc:
+            seen.append(exc.message)
+    assert len(seen) == 10 and all("[redacted]" in text for text in seen), seen
+    assert not any(CANARY_KEY.lower() in text.lower() for text in seen), seen
