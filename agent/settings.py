@@ -24,6 +24,10 @@ DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
 # A page run must finish well inside the interval, or every refresh cuts the one before short.
 MIN_POLL_INTERVAL_MS = 250  # milliseconds
 DEFAULT_WORKERS = 2
+# The names the page answers at, besides the address it is bound to and AGENT_ALLOWED_HOSTS: any
+# other Host header is a browser sent here by a name someone else controls (DNS rebinding).
+DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
+ALLOWED_HOSTS_VARIABLE = "AGENT_ALLOWED_HOSTS"
 
 API_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
@@ -74,6 +78,7 @@ class Settings:
     state_ttl_s: int
     poll_interval_ms: int
     workers: int
+    allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -113,6 +118,7 @@ class Settings:
                 env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
+            allowed_hosts=allowed_hosts(env),
         )
 
 
@@ -236,3 +242,61 @@ def is_local_host(host: str | None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def allowed_hosts(env: Mapping[str, str] | None = None, bound_address: str | None = None) -> tuple[str, ...]:
+    """The host names the page answers at: the defaults, the address the server is bound to (unless
+    it is a wildcard), and AGENT_ALLOWED_HOSTS (comma-separated names or IP addresses)."""
+    env = os.environ if env is None else env
+    hosts = list(DEFAULT_ALLOWED_HOSTS)
+    bound = host_name(bound_address or "")
+    if bound and bound not in ("0.0.0.0", "::"):
+        hosts.append(bound)
+    for raw in env.get(ALLOWED_HOSTS_VARIABLE, "").split(","):
+        if not raw.strip():
+            continue
+        name = host_name(raw.strip())
+        if name is None:
+            raise SettingsError(ALLOWED_HOSTS_VARIABLE,
+                                f"must be host names or IP addresses separated by commas, not {raw.strip()!r}")
+        hosts.append(name)
+    return tuple(dict.fromkeys(hosts))
+
+
+def host_name(text: str) -> str | None:
+    """The host of a Host header or a name ("Example.COM.:8501" -> "example.com", "[::1]" -> "::1");
+    None when the text is anything more than a host and an optional port."""
+    if not text or not text.isascii() or not text.isprintable() or " " in text or "\\" in text:
+        return None
+    try:
+        return str(ipaddress.ip_address(text))  # an unbracketed IPv6 address, as an operator may write it
+    except ValueError:
+        pass
+    try:
+        parts = urlsplit("//" + text)
+        port = parts.port  # raises ValueError on a port that is not a number in range
+    except ValueError:
+        return None
+    host = parts.hostname
+    if not host:
+        return None
+    bracketed = f"[{host}]" if ":" in host else host
+    if parts.netloc.lower() != (bracketed if port is None else f"{bracketed}:{port}") or parts.path or parts.query \
+            or parts.fragment:
+        return None
+    try:
+        return str(ipaddress.ip_address(host))  # one spelling per address: "0:0::1" is "::1"
+    except ValueError:
+        return host.removesuffix(".") or None  # "localhost." is the same name as "localhost" to a resolver
+
+
+def host_allowed(host_header: str | None, allowed: tuple[str, ...]) -> bool:
+    """Whether the page may answer a request with this Host header.
+
+    No header at all is allowed: every browser sends one (so a rebinding attack comes with one), and
+    headless clients such as Streamlit's AppTest send none. A loopback literal or localhost is
+    always this machine; any other name must be in `allowed`."""
+    if host_header is None:
+        return True
+    name = host_name(host_header)
+    return name is not None and (name in allowed or is_local_host(name))
