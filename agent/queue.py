@@ -36,6 +36,37 @@ class UnsafeJobError(Exception):
 
 
 class SafeJob(Job):
+    """A job as this project writes it, whatever else its payload in Redis says.
+
+    Our jobs use no webhooks, retries, repeats, rate limits, dependencies, success or stopped
+    callbacks, and one failure callback with its own timeout. A forged payload can ask for each of
+    them, and each makes a worker connect somewhere (a webhook carries the traceback, with the
+    payload's headers, to any URL), wait (a webhook's timeout against a silent listener), or run
+    again (retries, repeats): all are dropped when a job is loaded, before a worker acts on it."""
+
+    def restore(self, raw_data) -> None:
+        super().restore(raw_data)
+        self.webhooks = []
+        self.retries_left = None
+        self.retry_intervals = None
+        self.enqueue_at_front_on_retry = False
+        self.repeats_left = None
+        self.repeat_intervals = None
+        self.rate_limit_key = None
+        self.rate_limit_concurrency = None
+        self._dependency_ids = []
+        self.allow_dependency_failures = None
+        self._success_callback_name = None
+        self._stopped_callback_name = None
+        self._success_callback_timeout = None
+        self._stopped_callback_timeout = None
+        if self._failure_callback_name != FAILURE_CALLBACK:
+            self._failure_callback_name = None
+        self._failure_callback_timeout = FAILURE_CALLBACK_TIMEOUT_S
+
+    def send_webhooks(self, status, *, exc_string=None) -> None:
+        """Never: our jobs have none, and a forged one's would send its traceback anywhere."""
+
     @property
     def func(self):
         if self.func_name not in ALLOWED_FUNCTIONS:
@@ -44,20 +75,16 @@ class SafeJob(Job):
 
     @property
     def success_callback(self):
-        return super().success_callback if self._callback_allowed(self._success_callback_name) else None
+        return None
 
     @property
     def failure_callback(self):
-        return super().failure_callback if self._callback_allowed(self._failure_callback_name) else None
+        # Checked before the parent imports anything by that name.
+        return super().failure_callback if self._failure_callback_name in ALLOWED_CALLBACKS else None
 
     @property
     def stopped_callback(self):
-        return super().stopped_callback if self._callback_allowed(self._stopped_callback_name) else None
-
-    @staticmethod
-    def _callback_allowed(name) -> bool:
-        # Checked before the parent imports anything by that name.
-        return not name or name in ALLOWED_CALLBACKS
+        return None
 
 
 def get_queue(connection: redis.Redis) -> Queue:

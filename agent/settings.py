@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -23,6 +24,10 @@ DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
 # A page run must finish well inside the interval, or every refresh cuts the one before short.
 MIN_POLL_INTERVAL_MS = 250  # milliseconds
 DEFAULT_WORKERS = 2
+# The names the page answers at, besides the address it is bound to and AGENT_ALLOWED_HOSTS: any
+# other Host header is a browser sent here by a name someone else controls (DNS rebinding).
+DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
+ALLOWED_HOSTS_VARIABLE = "AGENT_ALLOWED_HOSTS"
 
 API_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
@@ -73,6 +78,7 @@ class Settings:
     state_ttl_s: int
     poll_interval_ms: int
     workers: int
+    allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -112,6 +118,7 @@ class Settings:
                 env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
+            allowed_hosts=allowed_hosts(env),
         )
 
 
@@ -197,6 +204,99 @@ def _has_secret(variable: str, env: Mapping[str, str]) -> bool:
 
 
 def is_local_url(url: str) -> bool:
-    """A server on this machine (loopback), such as Ollama, llama.cpp or vLLM, which usually needs no key."""
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
+    """A server on this machine (loopback), such as Ollama, llama.cpp or vLLM, which usually needs no key.
+
+    Whether an API key may go to a turn's server rests on this, so it is strict: the URL must be
+    plain (no user info, backslash, whitespace, control or non-ASCII characters, which URL
+    parsers read differently), and its host must be a loopback IP literal (127.0.0.0/8, ::1) or
+    exactly `localhost`, in any case. `127.0.0.1.evil.test`, `localhost.` (trailing dot), `127.1`
+    and `0x7f.0.0.1` are names or shorthands, not literals: they are not local."""
+    if not isinstance(url, str) or not url.isascii() or not url.isprintable() or " " in url or "\\" in url:
+        return False
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError on a port that is not a number in range
+    except ValueError:
+        return False
+    host = parts.hostname
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        return False
+    # The netloc must be the host and port and nothing else: urlsplit reads "[::1].evil.test" as
+    # host "::1", and "user@host" has a host that parsers disagree on.
+    bracketed = f"[{host}]" if ":" in host else host
+    if parts.netloc.lower() != (bracketed if port is None else f"{bracketed}:{port}"):
+        return False
+    return is_local_host(host)
+
+
+def is_local_host(host: str | None) -> bool:
+    """The host (no port; IPv6 with or without brackets) is a loopback IP literal or exactly `localhost`."""
+    if not host:
+        return False
+    host = host.lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(env: Mapping[str, str] | None = None, bound_address: str | None = None) -> tuple[str, ...]:
+    """The host names the page answers at: the defaults, the address the server is bound to (unless
+    it is a wildcard), and AGENT_ALLOWED_HOSTS (comma-separated names or IP addresses)."""
+    env = os.environ if env is None else env
+    hosts = list(DEFAULT_ALLOWED_HOSTS)
+    bound = host_name(bound_address or "")
+    if bound and bound not in ("0.0.0.0", "::"):
+        hosts.append(bound)
+    for raw in env.get(ALLOWED_HOSTS_VARIABLE, "").split(","):
+        if not raw.strip():
+            continue
+        name = host_name(raw.strip())
+        if name is None:
+            raise SettingsError(ALLOWED_HOSTS_VARIABLE,
+                                f"must be host names or IP addresses separated by commas, not {raw.strip()!r}")
+        hosts.append(name)
+    return tuple(dict.fromkeys(hosts))
+
+
+def host_name(text: str) -> str | None:
+    """The host of a Host header or a name ("Example.COM.:8501" -> "example.com", "[::1]" -> "::1");
+    None when the text is anything more than a host and an optional port."""
+    if not text or not text.isascii() or not text.isprintable() or " " in text or "\\" in text:
+        return None
+    try:
+        return str(ipaddress.ip_address(text))  # an unbracketed IPv6 address, as an operator may write it
+    except ValueError:
+        pass
+    try:
+        parts = urlsplit("//" + text)
+        port = parts.port  # raises ValueError on a port that is not a number in range
+    except ValueError:
+        return None
+    host = parts.hostname
+    if not host:
+        return None
+    bracketed = f"[{host}]" if ":" in host else host
+    if parts.netloc.lower() != (bracketed if port is None else f"{bracketed}:{port}") or parts.path or parts.query \
+            or parts.fragment:
+        return None
+    try:
+        return str(ipaddress.ip_address(host))  # one spelling per address: "0:0::1" is "::1"
+    except ValueError:
+        return host.removesuffix(".") or None  # "localhost." is the same name as "localhost" to a resolver
+
+
+def host_allowed(host_header: str | None, allowed: tuple[str, ...]) -> bool:
+    """Whether the page may answer a request with this Host header.
+
+    No header at all is allowed: every browser sends one (so a rebinding attack comes with one), and
+    headless clients such as Streamlit's AppTest send none. A loopback literal or localhost is
+    always this machine; any other name must be in `allowed`."""
+    if host_header is None:
+        return True
+    name = host_name(host_header)
+    return name is not None and (name in allowed or is_local_host(name))

@@ -188,7 +188,7 @@ class Turn:
                 self.flush()
             else:
                 self.doc.update(deadline_at=None, job_timeout_at=self.budget.job_timeout_at)
-            self.provider = make_provider(self.config)
+            self.provider = self.make_provider()
             with StopWatch(self.stop_requested) as watch:
                 self.stop = watch.event
                 self.loop()
@@ -219,6 +219,13 @@ class Turn:
         if reraise is not None:
             raise reraise
         return ending.status
+
+    def make_provider(self):
+        """The turn's provider; a refusal (a server the key may not go to, a bad key) ends the turn in words."""
+        try:
+            return make_provider(self.config)
+        except ProviderError as exc:
+            raise TurnEnded("failed", exc.kind, f"I could not call the model: {exc.message}.") from None
 
     def loop(self) -> None:
         for _ in range(self.config.max_steps):

@@ -557,3 +557,28 @@ def test_a_turn_with_no_steps_draws_no_empty_chart(store):
     assert_no_exception(at)
     assert not at.get("arrow_vega_lite_chart") and not at.main.toggle
     assert "No step was recorded" in texts(at)
+
+
+@pytest.mark.parametrize("host", ["evil.test:8501", "127.0.0.1.evil.test:8501", "localhost.evil.test",
+                                  "attacker.example"],
+                         ids=["name", "loopback-prefix", "localhost-prefix", "no-port"])
+def test_a_page_asked_for_under_a_foreign_host_name_refuses_before_showing_any_conversation(
+    store, monkeypatch, host
+):
+    cid, _ = make_status(store, "done")
+    at = app(cid)
+    at.run()
+    assert "17*23 = 391" in texts(at)  # the conversation, as its own page shows it
+    from agent.ui import page
+
+    monkeypatch.setattr(page, "request_host", lambda: host, raising=False)  # the Host a rebound name brings
+    refused = app(cid)
+    refused.run()
+    assert_no_exception(refused)
+    shown = texts(refused)
+    assert "This page answers only at 127.0.0.1, localhost, ::1" in shown and "AGENT_ALLOWED_HOSTS" in shown
+    assert "17*23" not in shown and not refused.chat_input and host.split(":")[0] not in shown
+    monkeypatch.setenv("AGENT_ALLOWED_HOSTS", host.split(":")[0])
+    allowed = app(cid)
+    allowed.run()
+    assert "17*23 = 391" in texts(allowed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -18,9 +19,9 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from agent.embedded_redis import EmbeddedRedis
-from agent.queue import JOB_FUNCTION, QUEUE_NAME, new_id
+from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
-from tests.scripted_server import chat_reply, reply, tool_call
+from tests.scripted_server import ScriptedServer, chat_reply, hang, raw, reply, tool_call
 
 FORGED_WAIT_S = 10.0  # seconds for a worker to pick up and refuse a forged job
 
@@ -131,6 +132,95 @@ def test_a_job_hash_written_straight_into_redis_naming_another_function_is_refus
     assert_workers_still_answer(store, queue, before, redis_client)
 
 
+WEBHOOK_TIMEOUT_S = 10**6  # seconds a forged webhook asks its worker to wait for an answer
+FORGED_HEADERS = {"Authorization": "Bearer forged", "X-Forged": "1", "Host": "evil.test", "Content-Type": "text/x"}
+
+
+def forged_webhooks(url: str) -> str:
+    """Every kind of webhook RQ sends: each terminal status, each method, forged headers, a huge timeout."""
+    hooks = [{"url": f"{url}/{status}/{method}", "job_status": status, "method": method, "headers": FORGED_HEADERS,
+              "timeout": WEBHOOK_TIMEOUT_S} for status in ("failed", "finished") for method in ("GET", "POST")]
+    return json.dumps(hooks)
+
+
+# Payload fields a forger can set that make a worker connect, wait, or run a job again; and what SafeJob leaves.
+FORGED_FIELDS = {
+    "webhooks": (lambda url: forged_webhooks(url), "webhooks", []),
+    "retries_left": (lambda url: "1000000", "retries_left", None),
+    "retry_intervals": (lambda url: "[0, 1000000]", "retry_intervals", None),
+    "enqueue_at_front_on_retry": (lambda url: "1", "enqueue_at_front_on_retry", False),
+    "repeats_left": (lambda url: "1000000", "repeats_left", None),
+    "repeat_intervals": (lambda url: "[0]", "repeat_intervals", None),
+    "rate_limit_key": (lambda url: "forged", "rate_limit_key", None),
+    "rate_limit_concurrency": (lambda url: "1", "rate_limit_concurrency", None),
+    "dependency_ids": (lambda url: json.dumps(["forged-dependency"]), "_dependency_ids", []),
+    "success_callback_name": (lambda url: "agent.turn.on_failure", "_success_callback_name", None),
+    "stopped_callback_name": (lambda url: "agent.turn.on_failure", "_stopped_callback_name", None),
+    "failure_callback_name": (lambda url: "os.getcwd", "_failure_callback_name", None),
+    "failure_callback_timeout": (lambda url: "1000000", "failure_callback_timeout", FAILURE_CALLBACK_TIMEOUT_S),
+    "success_callback_timeout": (lambda url: "1000000", "_success_callback_timeout", None),
+    "stopped_callback_timeout": (lambda url: "1000000", "_stopped_callback_timeout", None),
+}
+
+
+def forge_job(client: redis.Redis, func: str, args: list, fields: dict, prefix: str = "forged-") -> str:
+    """A job written straight into Redis with the plain rq Job class, then its hash edited, as a forger would."""
+    job = Job.create(func, args=args, connection=client, serializer=JSONSerializer, id=prefix + new_id(),
+                     origin=QUEUE_NAME)
+    job.save()
+    client.hset(job.key, mapping={"status": "queued", **fields})
+    return job.id
+
+
+@pytest.mark.parametrize("field", sorted(FORGED_FIELDS))
+def test_a_forged_payload_field_that_makes_a_worker_connect_wait_or_rerun_is_dropped_on_load(redis_client, field):
+    make_value, attribute, expected = FORGED_FIELDS[field]
+    job_id = forge_job(redis_client, JOB_FUNCTION, ["c", "t"], {field: make_value("http://127.0.0.1:9")})
+    try:
+        plain = Job.fetch(job_id, connection=redis_client, serializer=JSONSerializer)
+        assert getattr(plain, attribute) != expected  # the forged value is really there for RQ to act on
+        safe = SafeJob.fetch(job_id, connection=redis_client, serializer=JSONSerializer)
+        assert getattr(safe, attribute) == expected
+        assert safe.success_callback is None and safe.stopped_callback is None
+    finally:
+        redis_client.delete(f"rq:job:{job_id}")
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("listener", ["answering", "silent"])
+def test_forged_webhooks_are_never_sent_and_leave_every_worker_free(store, queue, redis_client, listener):
+    """A refused job (failed webhooks), a job of ours on a gone conversation (finished webhooks), one with
+    endless retries and one with endless repeats: no request reaches the listener, every worker stays free."""
+    target = ScriptedServer(default=reply(200, {}) if listener == "answering" else hang())
+    try:
+        before = ready_worker_pids(redis_client)
+        every_field = {field: make(target.url) for field, (make, _, _) in FORGED_FIELDS.items()
+                       if field not in ("dependency_ids", "rate_limit_key", "rate_limit_concurrency",
+                                        "failure_callback_name")}
+        jobs = [
+            forge_job(redis_client, "os.getcwd", [], {"webhooks": forged_webhooks(target.url)}),
+            forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], {"webhooks": forged_webhooks(target.url)}),
+            forge_job(redis_client, "os.getcwd", [], {"retries_left": "1000000",
+                                                       "webhooks": forged_webhooks(target.url)}),
+            forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], {"repeats_left": "1000000",
+                                                                               "repeat_intervals": "[0]"}),
+            forge_job(redis_client, "os.getcwd", [], every_field),
+            forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], every_field),
+        ]
+        for job_id in jobs:
+            redis_client.rpush(f"rq:queue:{QUEUE_NAME}", job_id)
+        statuses = [wait_job_ended(redis_client, job_id, timeout_s=20.0) for job_id in jobs]
+        assert statuses == [b"failed", b"finished", b"failed", b"finished", b"failed", b"finished"]
+        # The workers are free: a real turn runs at once, on the same worker processes.
+        assert_workers_still_answer(store, queue, before, redis_client)
+        time.sleep(0.5)  # a webhook would have been sent before the job's worker took the turn
+        assert [r.path for r in target.requests] == []
+        assert all(redis_client.hget(f"rq:job:{job_id}", "status") in (b"failed", b"finished") for job_id in jobs)
+        assert not any(job_id.encode() in redis_client.lrange(f"rq:queue:{QUEUE_NAME}", 0, -1) for job_id in jobs)
+    finally:
+        target.stop()
+
+
 class _Touch:
     """Unpickling this runs os.system: the classic pickle payload."""
 
@@ -200,6 +290,45 @@ def test_a_canary_key_echoed_back_by_the_provider_reaches_neither_redis_nor_the_
     assert scripted.requests[0].headers["authorization"] == f"Bearer {CANARY_KEY}"  # the key was used
     assert CANARY_KEY.encode() not in redis_dump(redis_client)
     assert CANARY_KEY not in pool.log_path.read_text(errors="replace")
+
+
+def key_variants(key: str) -> list[str]:
+    """The key as a server might echo it: as sent, upper, lower, swapped and alternating case."""
+    alternating = "".join(ch.upper() if i % 2 else ch.lower() for i, ch in enumerate(key))
+    return [key, key.upper(), key.lower(), key.swapcase(), alternating, key.title()]
+
+
+def echoing_script(key: str) -> list:
+    """A configured server that echoes the key in every field a reply has, then in errors, then answers."""
+    variants = key_variants(key)
+    calls = []
+    for i, variant in enumerate(variants):
+        calls.append(tool_call(f"tool_{variant}", {variant: variant, "x": f"a {variant} b"}, call_id=f"call_{variant}"))
+        calls.append(tool_call("calculator", {"expression": f"1+{variant}"}, call_id=f"call_{i}_{variant.upper()}"))
+    errors = [{"error": {"message": f"bad key {v}"}} for v in variants]
+    return [
+        chat_reply(f"Your key is {' and '.join(variants)}.", calls),
+        reply(500, errors[1], headers={"Retry-After": "0.1"}),
+        raw(f"HTTP/1.1 200 OK\r\nBad Header {variants[3]}\r\n\r\n"),
+        raw(f"{variants[4]} 200 OK\r\n\r\n"),
+        chat_reply(f"Done, {variants[5]}: " + " ".join(variants)),
+    ]
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_key_echoed_in_any_case_in_any_field_of_a_reply_never_reaches_redis_or_the_logs(
+    store, queue, scripted, redis_client, pool
+):
+    scripted.add(*echoing_script(CANARY_KEY))
+    cid = ask(store, queue, "hi", scripted_config(scripted, job_timeout_s=10))
+    state = wait_done(store, cid, timeout_s=30)
+    assert state["status"] == "done", state["history"][-1]
+    assert len(scripted.requests) == 5  # every echo was received and handled
+    assert scripted.requests[0].headers["authorization"] == f"Bearer {CANARY_KEY}"
+    dump = redis_dump(redis_client).lower()
+    assert CANARY_KEY.lower().encode() not in dump
+    assert b"[redacted]" in dump  # the echoes were kept, redacted, not dropped
+    assert CANARY_KEY.lower() not in pool.log_path.read_text(errors="replace").lower()
 
 
 # -- the embedded Redis and Streamlit are not exposed ------------------------------------------
@@ -301,3 +430,29 @@ def test_streamlit_binds_loopback_by_default():
     assert re.search(r"^HOST \?= 127\.0\.0\.1$", makefile, re.MULTILINE)
     run_recipe = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
     assert "--server.address $(HOST)" in run_recipe
+
+
+def test_both_providers_redact_a_key_echoed_in_any_case_from_every_field_and_error(scripted):
+    from agent.deadline import CallTimeout
+    from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError
+
+    timeout = CallTimeout(total_s=5.0, connect_s=2.0)
+    variants = key_variants(CANARY_KEY)
+    blocks = [{"type": "text", "text": " ".join(variants)}] + [
+        {"type": "tool_use", "id": f"toolu_{v}", "name": f"tool_{v}", "input": {v: [v, {"k": v}]}} for v in variants
+    ]
+    errors = [reply(status, {"error": {"message": f"no {v}"}})
+              for status, v in zip((400, 404, 429, 500), variants[:4], strict=True)]
+    scripted.add(*echoing_script(CANARY_KEY), reply(200, {"type": "message", "role": "assistant", "content": blocks}),
+                 *errors)
+    openai = OpenAIProvider(scripted.url + "/v1", "m", CANARY_KEY)
+    anthropic = AnthropicProvider(scripted.url, "m", CANARY_KEY)
+    seen = []
+    for provider in [openai] * 5 + [anthropic] + [openai] * 4:
+        try:
+            completion = provider.complete([{"role": "user", "content": "hi"}], [], timeout)
+            seen.append(repr(completion))
+        except ProviderError as exc:
+            seen.append(exc.message)
+    assert len(seen) == 10 and all("[redacted]" in text for text in seen), seen
+    assert not any(CANARY_KEY.lower() in text.lower() for text in seen), seen

@@ -1,8 +1,10 @@
 """Configuration: defaults, and one clear line naming the variable for every bad value."""
 
+import itertools
+
 import pytest
 
-from agent.settings import Settings, SettingsError
+from agent.settings import Settings, SettingsError, allowed_hosts, host_allowed
 
 
 def test_no_configuration_at_all_gives_the_documented_defaults():
@@ -69,3 +71,39 @@ def test_a_local_openai_compatible_server_needs_no_key():
 def test_api_keys_are_not_part_of_the_turn_config():
     s = Settings.from_env({"AGENT_PROVIDER": "openai", "OPENAI_API_KEY": "sk-secret"})
     assert "sk-secret" not in repr(s.turn.to_dict())
+
+
+# -- the names the page answers at (DNS rebinding) -------------------------------------------------
+
+FOREIGN_NAMES = ["evil.test", "127.0.0.1.evil.test", "localhost.evil.test", "evil.localhost.test", "127.1",
+                 "0x7f.0.0.1", "2130706433", "attacker.example", "xn--lcalhost-9za", "localhost..", "[::1].evil.test",
+                 "example.com.evil.test", "exampl.com", "example.co", "1.example.com", "10.0.0.6", "[fe80::3]"]
+HOST_PORTS = ["", ":80", ":8501", ":65535"]
+
+
+def test_the_page_answers_only_at_loopback_localhost_the_bound_address_and_configured_names():
+    allowed = allowed_hosts({"AGENT_ALLOWED_HOSTS": " Example.COM., 10.0.0.5 ,,fe80::2 "}, bound_address="192.168.1.9")
+    good = ["127.0.0.1", "127.0.0.2", "localhost", "LocalHost", "localhost.", "[::1]", "[0:0:0:0:0:0:0:1]",
+            "example.com", "EXAMPLE.COM.", "10.0.0.5", "[fe80::2]", "192.168.1.9"]
+    for host, port in itertools.product(good, HOST_PORTS):
+        assert host_allowed(host + port, allowed), host + port
+    assert host_allowed(None, allowed)  # no Host header: not a browser (AppTest sends none)
+
+
+def test_a_foreign_or_malformed_host_header_is_refused():
+    allowed = allowed_hosts({"AGENT_ALLOWED_HOSTS": "example.com,10.0.0.5"}, bound_address="0.0.0.0")
+    bad = [name + port for name, port in itertools.product(FOREIGN_NAMES, HOST_PORTS)]
+    for name in ["127.0.0.1", "localhost", "example.com", "[::1]"]:
+        bad += [f"user@{name}", f"{name}@evil.test", f"evil.test@{name}", f"{name}/x", f"{name}?x", f"{name}#x",
+                f"{name}:", f"{name}:99999", f"{name}:8501:1", f"{name} ", f" {name}", f"{name}\t", f"{name}\r\nX: y",
+                f"{name}\\@evil.test", f"{name}.evil.test", f"{name}\u3002evil.test", f"{name}%2eevil.test", ""]
+    assert len(bad) > 100
+    assert [host for host in bad if host_allowed(host, allowed)] == []
+    assert not host_allowed("0.0.0.0:8501", allowed)  # a wildcard bind address is not a name
+
+
+def test_a_malformed_allowed_host_is_refused_at_start_naming_the_variable():
+    for raw in ["http://example.com", "a b", "user@example.com", "example.com/x", "exa\u00e9mple.com", "[::1"]:
+        with pytest.raises(SettingsError, match="AGENT_ALLOWED_HOSTS"):
+            Settings.from_env({"AGENT_ALLOWED_HOSTS": raw})
+    assert Settings.from_env({}).allowed_hosts == ("127.0.0.1", "localhost", "::1")

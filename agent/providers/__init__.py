@@ -61,8 +61,8 @@ def make_provider(
         # The worker's own machine (loopback) is trusted like its configured server.
         raise ProviderError(
             "auth",
-            f"this worker sends {variable} only to {BASE_URL_VARIABLES[name]} ({configured}), "
-            f"not to the turn's {base_url}",
+            f"the turn's server {base_url} is not the configured server ({BASE_URL_VARIABLES[name]}, "
+            f"{configured}) and not on this machine, so the API key ({variable}) was not sent and no call was made",
         )
     if key and any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in key):
         # httpx would refuse the header and quote its value, key included, in the error.

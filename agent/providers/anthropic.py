@@ -43,9 +43,10 @@ class AnthropicProvider:
         headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        reply = post_json(f"{self.base_url}/v1/messages", headers=headers, body=body, timeout=timeout, stop=stop)
+        reply = post_json(f"{self.base_url}/v1/messages", headers=headers, body=body, timeout=timeout, stop=stop,
+                          secret=self._api_key)
         check_status(reply, secret=self._api_key)
-        return parse_message(decode_json(reply.body))
+        return parse_message(decode_json(reply.body, secret=self._api_key))
 
 
 def to_anthropic_tools(tools: list[dict]) -> list[dict]:

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # bytes; a larger reply is refused as malf
 ERROR_TEXT_LIMIT = 300  # characters of a provider's error message kept in ours
 CLEANUP_TIMEOUT_S = 1.0  # seconds allowed for closing a discarded client
 STOP_POLL_S = 0.05  # seconds between checks of a call's stop event
+REDACTED = "[redacted]"
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,24 @@ def discard_session() -> None:
 
 
 def post_json(
-    url: str, *, headers: dict, body: dict, timeout: CallTimeout, stop: threading.Event | None = None
+    url: str,
+    *,
+    headers: dict,
+    body: dict,
+    timeout: CallTimeout,
+    stop: threading.Event | None = None,
+    secret: str | None = None,
 ) -> HTTPReply:
     """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
-    `stop` is set (ProviderError "stopped"). Raises ProviderError."""
+    `stop` is set (ProviderError "stopped"). Raises ProviderError, with `secret` (the key sent)
+    redacted from its message: a transport error can quote what the server sent."""
     session = _session()
     try:
         return session.loop.run_until_complete(_post_unless_stopped(session.client, url, headers, body, timeout, stop))
-    except ProviderError:
+    except ProviderError as exc:
+        if secret and redact(exc.message, secret) != exc.message:
+            raise ProviderError(exc.kind, redact(exc.message, secret), status=exc.status,
+                                retry_after_s=exc.retry_after_s) from None
         raise
     except BaseException:  # noqa: B036
         # Anything else interrupted the call from outside (RQ's JobTimeoutException from its
@@ -266,9 +278,28 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
             text = data["detail"]
         elif data.get("detail") is not None:
             text = json.dumps(data["detail"])[:ERROR_TEXT_LIMIT]
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return _short(scrub(text))
+    return _short(scrub(redact(text, secret)))
+
+
+def redact(text: str, secret: str | None) -> str:
+    """`text` with the key replaced wherever it appears, in any case (a server may echo it altered)."""
+    if not secret or not text:
+        return text
+    return re.sub(re.escape(secret), REDACTED, text, flags=re.IGNORECASE)
+
+
+def redact_json(value: Any, secret: str | None) -> Any:
+    """Every string in a parsed JSON value (object keys included) redacted: the one place a
+    provider's reply passes before any of it (content, tool names, arguments, ids) is kept."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return redact(value, secret)
+    if isinstance(value, list):
+        return [redact_json(item, secret) for item in value]
+    if isinstance(value, dict):
+        return {redact(key, secret): redact_json(item, secret) for key, item in value.items()}
+    return value
 
 
 def parse_retry_after(headers: dict[str, str], *, now: float | None = None) -> float | None:

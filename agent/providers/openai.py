@@ -8,7 +8,7 @@ from typing import Any
 
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ToolCall
-from agent.providers.http import check_status, post_json
+from agent.providers.http import check_status, post_json, redact_json
 from agent.surrogates import scrub_json
 
 
@@ -32,15 +32,17 @@ class OpenAIProvider:
         headers = {"content-type": "application/json", "accept": "application/json"}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        reply = post_json(f"{self.base_url}/chat/completions", headers=headers, body=body, timeout=timeout, stop=stop)
+        reply = post_json(f"{self.base_url}/chat/completions", headers=headers, body=body, timeout=timeout, stop=stop,
+                          secret=self._api_key)
         check_status(reply, secret=self._api_key)
-        return parse_completion(decode_json(reply.body))
+        return parse_completion(decode_json(reply.body, secret=self._api_key))
 
 
-def decode_json(body: bytes) -> Any:
-    """The parsed body, lone surrogates replaced (see agent.surrogates), or ProviderError("malformed")."""
+def decode_json(body: bytes, *, secret: str | None = None) -> Any:
+    """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
+    wherever it appears, or ProviderError("malformed")."""
     try:
-        return scrub_json(json.loads(body))
+        return redact_json(scrub_json(json.loads(body)), secret)
     except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
         raise malformed("the body is not JSON") from exc
 

@@ -17,7 +17,14 @@ import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
 from agent import services
-from agent.settings import MIN_POLL_INTERVAL_MS, Settings, SettingsError
+from agent.settings import (
+    ALLOWED_HOSTS_VARIABLE,
+    MIN_POLL_INTERVAL_MS,
+    Settings,
+    SettingsError,
+    allowed_hosts,
+    host_allowed,
+)
 from agent.ui import render, sidebar
 from agent.ui import state as ui
 from agent.ui.timeline import timeline_chart
@@ -54,6 +61,8 @@ def backend(redis_url: str | None, workers: int, state_ttl_s: int) -> ui.Backend
 
 
 def main() -> None:
+    if not _host_allowed():
+        return
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
@@ -73,6 +82,29 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - a page shows a sentence, never a traceback
         log.exception("page run failed")
         st.error(f"Something went wrong while drawing this page ({type(exc).__name__}). Reload to try again.")
+
+
+def request_host() -> str | None:
+    """The Host header of the browser's connection to this page; None without one (AppTest sends none)."""
+    return st.context.headers.get("Host")
+
+
+def _host_allowed() -> bool:
+    """Refuse, before any conversation is read, a page asked for under a name it does not answer at:
+    a page with no login must not be readable through a name an attacker's DNS points here."""
+    try:
+        allowed = allowed_hosts(bound_address=st.get_option("server.address"))
+    except SettingsError as exc:
+        _fatal("The configuration is not valid", str(exc), "Fix the variable named above and restart the app.")
+        return False
+    if host_allowed(request_host(), allowed):
+        return True
+    # The requested name is not echoed: it is whatever the caller chose to send.
+    st.title("⏱️ Agent demo")
+    st.error(f"This page answers only at {', '.join(allowed)}, not at the name in this address. Open it at "
+             f"one of those, or set {ALLOWED_HOSTS_VARIABLE} to the names you use (comma-separated) and "
+             "restart the app.", icon="🛑")
+    return False
 
 
 def _fatal(title: str, detail: str, hint: str) -> None:
