@@ -22,7 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
+REBOUND_HOST = "rebound.test"  # a name this browser resolves to 127.0.0.1, as a DNS-rebinding attacker's would
+CHROMIUM_ARGS = [f"--host-resolver-rules=MAP {REBOUND_HOST} 127.0.0.1",
+                 "--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 START_TIMEOUT_S = 60  # seconds for `streamlit run` to answer its health check
 STOP_TIMEOUT_S = 30  # seconds for Streamlit to stop its pool and Redis after SIGTERM

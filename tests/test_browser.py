@@ -11,7 +11,15 @@ import time
 import pytest
 
 from tests.conftest import CANARY_KEY, ROOT
-from tests.page_harness import AUTOREFRESH, INPUT, START_TIMEOUT_S, chromium, chromium_available, page_server
+from tests.page_harness import (
+    AUTOREFRESH,
+    INPUT,
+    REBOUND_HOST,
+    START_TIMEOUT_S,
+    chromium,
+    chromium_available,
+    page_server,
+)
 
 if not chromium_available():
     pytest.skip("Debian's chromium is not installed (no `chromium` on PATH; `apt-get install chromium`)",
@@ -95,6 +103,18 @@ def test_a_question_shows_each_tool_step_before_the_answer_then_stops_polling(se
     page.get_by_text(ANSWER).first.wait_for(timeout=20000)
     assert page.url == url
     page.get_by_text("calculator(17*23)").first.wait_for(timeout=5000)
+
+
+def test_a_page_reached_under_a_foreign_host_name_shows_no_conversation(server, page):
+    ask(page, server.url, "What is 19*23?")
+    page.wait_for_url("**/?c=*", timeout=15000)
+    page.get_by_text("19*23 = 437").first.wait_for(timeout=30000)
+    rebound = page.url.replace("127.0.0.1", REBOUND_HOST)  # the same page and conversation, another name
+
+    page.goto(rebound)
+    page.get_by_text("This page answers only at").wait_for(timeout=START_TIMEOUT_S * 1000)
+    assert page.get_by_text("19*23").count() == 0, "the conversation is not shown under a foreign name"
+    assert page.locator(INPUT).count() == 0, "nothing can be sent under a foreign name"
 
 
 @pytest.mark.skipif(not os.environ.get("AGENT_SCREENSHOTS"),
