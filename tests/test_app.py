@@ -349,6 +349,25 @@ def test_turns_are_split_at_each_user_message_with_their_own_steps():
     assert [t["in_flight"] for t in turns] == [False, True]
 
 
+def test_splitting_a_long_conversation_reads_each_step_once_not_once_per_turn():
+    reads = []
+
+    class Step(dict):
+        def get(self, key, default=None):
+            reads.append(key)
+            return super().get(key, default)
+
+    turns = 300
+    state = {"history": [m for n in range(turns) for m in ({"role": "user", "content": str(n)},
+                                                           {"role": "assistant", "content": "A"})],
+             "steps": [Step(turn_id=f"t{n}", kind="model") for n in range(turns) for _ in range(3)],
+             "turns": [{"turn_id": f"t{n}", "status": "done"} for n in range(turns)], "turn_id": f"t{turns - 1}",
+             "done": True, "status": "done"}
+    split = render.split_turns(state)
+    assert [len(t["steps"]) for t in split] == [3] * turns
+    assert len(reads) <= 2 * len(state["steps"])
+
+
 def test_a_finished_turns_timeline_is_built_once_not_on_every_poll(monkeypatch):
     from agent.ui import render
 

@@ -225,6 +225,59 @@ def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page
         canary.stop()
 
 
+LINK_SCHEMES = ["data", "javascript", "vbscript", "file", "ftp", "intent"]
+CLICKABLE_PROTOCOLS = {"http:", "https:", "mailto:"}
+
+
+def hostile_links() -> str:
+    """Every spelling of each scheme, in each link form a reply can use, one a line."""
+    from tests.test_markdown import scheme_spellings
+
+    lines = []
+    for scheme in LINK_SCHEMES:
+        lines.append(f"<{scheme}:autolink> <{scheme.upper()}:autolink>")
+        for n, spelling in enumerate(scheme_spellings(scheme)):
+            label = f"{scheme}-{n}"
+            lines += [f"[inline {label}]({spelling}x) [pointy {label}](<{spelling}x>) "
+                      f"[titled {label}]( {spelling}x 'title')",
+                      f"[def {label}]: {spelling}x", "", f"[def {label}]", ""]
+    lines += ["[ok-http](https://e.test/ok) <https://e.test/auto> [ok-mail](mailto:a@e.test) [ok-anchor](#top)",
+              "", "END-OF-LINKS"]
+    return "\n".join(lines)
+
+
+def test_a_reply_links_only_to_web_pages_and_mail_addresses_in_the_browser(server, page):
+    """What Chromium makes clickable in a rendered reply, whatever the spelling of the scheme."""
+    from agent.connection import state_client
+    from agent.embedded_redis import EmbeddedRedis
+    from agent.store import Store
+
+    page.goto(server.url)
+    page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)  # the page has started its Redis
+    store = Store(state_client(EmbeddedRedis(server.data_dir).url), ttl_s=600)
+    cid, turn_id = f"links{time.time_ns()}", "t1"
+    now = time.time()
+    doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
+           "deadline_at": now + 100, "job_timeout_at": now + 120}
+    store.begin_turn(cid, turn_id, {"role": "user", "content": "links please"}, doc)
+    store.publish(cid, turn_id, {**doc, "status": "done", "error": None}, done=True,
+                  new_messages=[{"role": "assistant", "content": hostile_links()}], new_steps=[],
+                  summary={"turn_id": turn_id, "status": "done", "started_at": now, "deadline_at": now + 100,
+                           "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
+    page.goto(f"{server.url}?c={cid}")
+    page.get_by_text("END-OF-LINKS").first.wait_for(timeout=20000)
+    links = page.evaluate("""() => Array.from(
+        document.querySelectorAll('[data-testid="stChatMessage"] [data-testid="stMarkdownContainer"] a'))
+        .map(a => [a.protocol, a.getAttribute("href"), a.textContent])""")
+    assert [link for link in links if link[0] not in CLICKABLE_PROTOCOLS] == []
+    shown = {text for _, _, text in links}
+    assert {"ok-http", "https://e.test/auto", "ok-mail", "ok-anchor"} <= shown
+    hostile = [text for text in shown if text.split(" ")[0] in ("inline", "pointy", "titled", "def")
+               or "autolink" in text]
+    assert hostile == []  # not even as a dead `#` link
+    assert page.locator('[data-testid="stChatMessage"] [data-testid="stMarkdownContainer"] img').count() == 0
+
+
 def test_stopping_the_page_stops_its_redis_and_workers(server):
     server.note_redis()
     assert server.leftovers(timeout_s=0), "the pool and Redis ran while the page did"

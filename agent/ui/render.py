@@ -62,6 +62,9 @@ def split_turns(state: dict) -> list[dict]:
             segments.append([])
         segments[-1].append(message)
     summaries = state.get("turns") or []
+    steps_of: dict = {}  # each step read once, not once per turn
+    for step in state.get("steps") or []:
+        steps_of.setdefault(step.get("turn_id"), []).append(step)
     turns = []
     for index, messages in enumerate(segments):
         if index < len(summaries):
@@ -69,7 +72,7 @@ def split_turns(state: dict) -> list[dict]:
         else:  # the turn in flight (no summary until it ends)
             summary, current = _live_summary(state), True
         turn_id = summary.get("turn_id")
-        steps = [s for s in state.get("steps") or [] if s.get("turn_id") == turn_id]
+        steps = steps_of.get(turn_id, [])
         turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
                       "in_flight": current and not state.get("done")})
     return turns
