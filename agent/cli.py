@@ -1,8 +1,16 @@
 """`python -m agent ask [--conversation ID] [--json] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`.
 
-Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled;
-2 for bad usage or configuration (one line on stderr).
+Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
+Redis went away (or refused writes) for longer than the turn's clocks; 2 for bad usage or
+configuration (one line on stderr).
+
+Output: each version prints only what it added. Text: the turn's new messages, Markdown emphasis
+dropped. `--json`: one JSON object a line; every line but the last is a delta (`"delta": true`:
+the small fields of the state, and the history, steps and turn summaries appended since the line
+before, as `new_history` from index `history_from`, and so on); the last line is the whole stored
+state object (`"delta": false`). A turn of thousands of steps prints kilobytes per step, not the
+whole state again on every version.
 """
 
 from __future__ import annotations
@@ -11,16 +19,28 @@ import argparse
 import json
 import signal
 import sys
+import time
+from dataclasses import dataclass, field
 
 import redis
 
 from agent import services
+from agent.connection import describe, is_disk_error, redis_problem, state_client
+from agent.plain_text import plain_text
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.settings import Settings, SettingsError
-from agent.store import TurnInFlight
+from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
 from agent.watch import lost_worker_check
 
 EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
+# Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
+TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# Seconds past the turn's job timeout (or past the outage's start, if later) before the CLI stops
+# waiting for Redis: room for a restart, yet a bound on a CLI that follows a turn nobody can finish.
+REDIS_OUTAGE_GRACE_S = 10.0
+REDIS_RETRY_PAUSE_S = 0.5  # seconds between attempts while Redis is away
+SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
+LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m agent")
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="ask one question and follow the turn until it is done")
-    ask.add_argument("--conversation", help="continue this conversation id (default: a new one)")
-    ask.add_argument("--json", action="store_true", help="print each state as one JSON object a line")
+    ask.add_argument("--conversation", type=_conversation_id,
+                     help="continue this conversation id (default: a new one)")
+    ask.add_argument("--json", action="store_true",
+                     help="print each version as one JSON object a line: what changed, then the whole final state")
     ask.add_argument("message")
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
@@ -49,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except services.ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except redis.RedisError as exc:
-        print(f"error: Redis failed: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except redis.RedisError as exc:  # not bad usage: Redis refused (a full disk) or failed mid-way
+        print(f"error: Redis failed: {redis_problem(exc)}", file=sys.stderr)
+        return EXIT_ENDED_BADLY
     except KeyboardInterrupt:
         return 130
     finally:
@@ -60,6 +82,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _conversation_id(value: str) -> str:
+    if not is_conversation_id(value):
+        # ascii(): a newline, an escape sequence or a byte that is not UTF-8 is shown, not acted on.
+        shown = ascii(value[:SHOWN_ID_CHARS])
+        if len(value) > SHOWN_ID_CHARS:
+            shown += f"... ({len(value):,} characters)"
+        raise argparse.ArgumentTypeError(
+            f"not a conversation id: {shown}; an id is 1 to 64 letters, digits, '-' or '_' "
+            f"({CONVERSATION_ID_RE.pattern})")
+    return value
 
 
 def ask_and_follow(settings: Settings, message: str, conversation_id: str | None, *, as_json: bool) -> int:
@@ -71,63 +105,173 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     # Its workers may pick up other clients' turns on the same Redis: on exit, let those finish.
     svc = services.ensure(settings, drain=True)
     store = svc.store(settings)
-    queue_connection = svc.queue_connection()
+    # Not RQ's usual client (no socket timeout): the CLI only enqueues and reads job status, and a
+    # Redis that stops answering must not hang it past the turn's clocks.
+    queue_connection = state_client(svc.redis_url)
     queue = get_queue(queue_connection)
-    conversation_id = conversation_id or new_id()
-    try:
-        turn_id = submit_turn(store, queue, conversation_id, message, settings.turn)
-    except BadMessage as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    outage = Outage(describe(svc.redis_url), settings.turn.job_timeout_s)
+    if conversation_id is not None and store.version(conversation_id) is None:
+        # As the page does: an unknown id is not quietly made a new conversation under that name.
+        print(f"error: conversation {conversation_id} was not found (conversations are kept for "
+              f"{settings.state_ttl_s:,} s after their last message); nothing was sent: leave out "
+              "--conversation to start a new one", file=sys.stderr)
         return EXIT_USAGE
-    except TurnInFlight as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ENDED_BADLY
+    conversation_id = conversation_id or new_id()
+    turn_id = new_id()  # the same id on a retry: a submit that landed is not sent twice
+    while True:
+        try:
+            submit_turn(store, queue, conversation_id, message, settings.turn, turn_id=turn_id)
+            break
+        except BadMessage as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except TurnInFlight as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ENDED_BADLY
+        except TRANSIENT_REDIS_ERRORS as exc:
+            if outage.gives_up(exc, None):
+                print(outage.sentence(conversation_id, "while sending the message (it may not have been sent)"),
+                      file=sys.stderr)
+                return EXIT_ENDED_BADLY
+            time.sleep(REDIS_RETRY_PAUSE_S)
+        except redis.ResponseError as exc:
+            if not is_disk_error(exc):
+                raise
+            print(f"error: {redis_problem(exc)}. Nothing was sent.", file=sys.stderr)
+            return EXIT_ENDED_BADLY
+    outage.clear()
     if not as_json:
         print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
-    seen_version = None
-    state = None
-    printed_messages = 0
-    hinted = False
+    follower = Follower(store, queue_connection, queue, conversation_id, turn_id, settings.poll_interval_ms, as_json)
     while True:
-        # Wakes as soon as the worker writes; the poll interval bounds each wait.
-        version = store.wait_version(conversation_id, seen_version, settings.poll_interval_ms)
-        if version != seen_version:
-            state = store.read_since(conversation_id, state)
-            if state is None:
-                print("error: the conversation expired before the turn ended", file=sys.stderr)
+        try:
+            ended = follower.step()
+        except TRANSIENT_REDIS_ERRORS as exc:
+            if outage.gives_up(exc, follower.state):
+                print(outage.sentence(conversation_id, "while following the turn; the turn may still finish"),
+                      file=sys.stderr)
                 return EXIT_ENDED_BADLY
-            seen_version = state["version"]
-            if as_json:
-                print(json.dumps(state, ensure_ascii=False), flush=True)
-            else:
-                printed_messages = _print_new(state, printed_messages)
-            # Our turn's ending: the current state, or its summary if another turn has started since.
-            ended = state["status"] if state["done"] and state["turn_id"] == turn_id else next(
-                (t["status"] for t in state["turns"] if t.get("turn_id") == turn_id), None)
-            if ended is not None:
-                return EXIT_DONE if ended == "done" else EXIT_ENDED_BADLY
-        else:
-            lost_worker_check(store, queue_connection, conversation_id, state)  # writes the ending if so
-            if not hinted and state is not None and state["status"] == "queued" and not running_workers(queue):
+            time.sleep(REDIS_RETRY_PAUSE_S)
+            continue
+        except redis.ResponseError as exc:
+            if not is_disk_error(exc):
+                raise
+            # Only the ending of a turn past its clocks is written from here; Redis refused it.
+            print(f"error: {redis_problem(exc)}. This turn's ending could not be recorded; it will be once "
+                  f"Redis can write again (open the page with ?c={conversation_id}).", file=sys.stderr)
+            return EXIT_ENDED_BADLY
+        outage.clear()
+        if ended is not None:
+            return ended
+
+
+@dataclass
+class Outage:
+    """Redis errors in a row: how long they have lasted, and when the CLI stops waiting.
+
+    It gives up no later than the turn's job timeout plus REDIS_OUTAGE_GRACE_S (counted from the
+    outage's start for a turn that has not started yet, or one already past its clocks): by then
+    the turn has ended, or will never end by itself."""
+
+    where: str
+    job_timeout_s: float
+    since: float | None = None  # time.time() of the first error in a row
+    last_error: str = ""
+
+    def gives_up(self, exc: BaseException, state: dict | None) -> bool:
+        now = time.time()
+        if self.since is None:
+            self.since = now
+        self.last_error = redis_problem(exc)
+        job_timeout_at = (state or {}).get("job_timeout_at") or self.since + self.job_timeout_s
+        return now >= max(job_timeout_at, self.since) + REDIS_OUTAGE_GRACE_S
+
+    def clear(self) -> None:
+        self.since = None
+
+    def sentence(self, conversation_id: str, what: str) -> str:
+        lasted = time.time() - (self.since or time.time())
+        return (f"error: lost the connection to Redis at {self.where} for {lasted:.0f} s {what} "
+                f"({self.last_error}): run `python -m agent ask --conversation {conversation_id} MESSAGE` "
+                f"later to continue it, or open the page with ?c={conversation_id} to see it.")
+
+
+@dataclass
+class Follower:
+    """Follows one turn, printing what each new version added. `step` may raise a Redis error at any
+    point before it prints: a retry then does the same step again, and nothing is printed twice."""
+
+    store: Store
+    queue_connection: redis.Redis
+    queue: object
+    conversation_id: str
+    turn_id: str
+    poll_interval_ms: int
+    as_json: bool
+    state: dict | None = None
+    printed: dict = field(default_factory=lambda: dict.fromkeys(LIST_FIELDS, 0))  # items printed, per list
+    hinted: bool = False
+
+    def step(self) -> int | None:
+        """One wait for a new version; the exit status once our turn has ended, else None."""
+        seen = self.state["version"] if self.state else None
+        # Wakes as soon as the worker writes; the poll interval bounds each wait.
+        version = self.store.wait_version(self.conversation_id, seen, self.poll_interval_ms)
+        if version == seen:
+            # Nothing new: is anyone still going to write? If not, this writes the ending.
+            lost_worker_check(self.store, self.queue_connection, self.conversation_id, self.state)
+            if (not self.hinted and self.state is not None and self.state["status"] == "queued"
+                    and not running_workers(self.queue)):
                 print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
                       "`python worker.py`", file=sys.stderr, flush=True)
-                hinted = True
-
-
-def _print_new(state: dict, printed: int) -> int:
-    history = state["history"]
-    for message in history[printed:]:
-        role = message.get("role")
-        if role == "user":
-            continue
-        if role == "tool":
-            print(f"  [tool] {message.get('content', '')}", flush=True)
-        elif message.get("tool_calls"):
-            for call in message["tool_calls"]:
-                fn = call.get("function", {})
-                print(f"  [calls {fn.get('name')}] {fn.get('arguments')}", flush=True)
+                self.hinted = True
+            return None
+        state = self.store.read_since(self.conversation_id, self.state)
+        if state is None:
+            print("error: the conversation expired before the turn ended", file=sys.stderr)
+            return EXIT_ENDED_BADLY
+        # Our turn's ending: the current state, or its summary if another turn has started since.
+        ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(
+            (t["status"] for t in state["turns"] if t.get("turn_id") == self.turn_id), None)
+        if self.as_json:
+            self.print_json(state, final=ended is not None)
         else:
-            print(message.get("content") or "", flush=True)
-    if state["done"]:
-        print(f"[{state['status']}]", file=sys.stderr, flush=True)
-    return len(history)
+            self.print_text(state)
+        self.state = state
+        if ended is None:
+            return None
+        if not self.as_json:
+            print(f"[{ended}]", file=sys.stderr, flush=True)
+        return EXIT_DONE if ended == "done" else EXIT_ENDED_BADLY
+
+    def print_json(self, state: dict, *, final: bool) -> None:
+        if final:
+            line = {**state, "delta": False}
+        else:
+            line = {k: v for k, v in state.items() if k not in LIST_FIELDS}
+            line["delta"] = True
+            for name in LIST_FIELDS:
+                line[f"{name}_from"] = self.printed[name]
+                line[f"new_{name}"] = state[name][self.printed[name]:]
+        print(json.dumps(line, ensure_ascii=False), flush=True)
+        self.printed = {name: len(state[name]) for name in LIST_FIELDS}
+
+    def print_text(self, state: dict) -> None:
+        history = state["history"]
+        if self.state is None:
+            # An earlier conversation is not printed again: this turn starts at its user message.
+            users = [i for i, m in enumerate(history) if m.get("role") == "user"]
+            self.printed["history"] = users[-1] if users else 0
+        for message in history[self.printed["history"]:]:
+            role = message.get("role")
+            if role == "user":
+                continue
+            if role == "tool":
+                print(f"  [tool] {message.get('content', '')}", flush=True)
+            elif message.get("tool_calls"):
+                for call in message["tool_calls"]:
+                    fn = call.get("function", {})
+                    print(f"  [calls {fn.get('name')}] {fn.get('arguments')}", flush=True)
+            else:
+                print(plain_text(message.get("content")), flush=True)
+        self.printed["history"] = len(history)

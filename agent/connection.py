@@ -34,3 +34,19 @@ def describe(url: str) -> str:
         rest = rest.split("@", 1)[1]
     rest = rest.split("?", 1)[0]
     return f"{scheme}://{rest}"
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    """Redis refused a write because it cannot save to disk (MISCONF), also when a Lua script's write was refused."""
+    return isinstance(exc, redis.ResponseError) and "MISCONF " in str(exc)
+
+
+def redis_problem(exc: BaseException) -> str:
+    """A Redis error in words for a person. A MISCONF refusal reaches us wrapped in a Lua script's error
+    ("Error running script ... -MISCONF ..."): it is said plainly, with the first sentence of Redis's reason."""
+    text = str(exc) or type(exc).__name__
+    if not is_disk_error(exc):
+        return text
+    reason = text.split("MISCONF ", 1)[1].split(". ", 1)[0].rstrip(".")
+    return (f"Redis could not save to disk (MISCONF): {reason}; it refuses every write until it can "
+            "(check its disk space and its log)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from agent import pool
-from agent.connection import describe, queue_client, state_client
+from agent.connection import describe, is_disk_error, queue_client, state_client
 from agent.embedded_redis import EmbeddedRedis, data_dir
 from agent.settings import Settings
 from agent.store import Store
@@ -123,6 +123,11 @@ def check_redis(url: str) -> None:
         client.ping()
     except redis.AuthenticationError as exc:
         raise ServiceError(f"Redis at {describe(url)} refused the password: {exc}") from exc
+    except redis.ResponseError as exc:
+        if not is_disk_error(exc):
+            raise ServiceError(f"Redis at {describe(url)} answered with an error: {exc}") from exc
+        # It answers, but refuses PING with the writes while it cannot save (MISCONF): not an
+        # unreachable server. A write says so in words when it is refused.
     except redis.RedisError as exc:
         raise ServiceError(f"Redis at {describe(url)} is unreachable: {exc}") from exc
     finally:

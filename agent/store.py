@@ -17,6 +17,7 @@ when the turn has already ended (done never reverts), or when the history moved 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ KEY_PREFIX = "agent:"
 STATUSES = ("queued", "running", "done", "failed", "timed_out", "cancelled")
 ENDED_STATUSES = ("done", "failed", "timed_out", "cancelled")
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
+# A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
+CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _BEGIN = """
 local meta, history, turns, steps, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -67,6 +70,13 @@ redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs({meta, history, steps, turns, events}) do redis.call('EXPIRE', key, ttl) end
 return version
 """
+
+
+def is_conversation_id(value) -> bool:
+    """The one rule for an id that comes from outside (the page's URL, the CLI's --conversation).
+
+    A whole match: `re.match` with `$` would also take an id followed by a newline."""
+    return isinstance(value, str) and CONVERSATION_ID_RE.fullmatch(value) is not None
 
 
 class StoreError(Exception):

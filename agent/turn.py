@@ -20,7 +20,7 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from agent import tools as tool_registry
-from agent.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, state_client
+from agent.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem, state_client
 from agent.deadline import Budget, CallTimeout, retry_wait_s
 from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
@@ -120,7 +120,7 @@ class Turn:
             self.unconfirmed.append((len(self.pending_messages), len(self.pending_steps)))
             if done:
                 raise
-            log.warning("turn %s: state write failed, kept for the next write: %s", self.turn_id, exc)
+            log.warning("turn %s: state write failed, kept for the next write: %s", self.turn_id, redis_problem(exc))
             return
         self.persisted_len += len(self.pending_messages)
         self.pending_messages = []
@@ -452,7 +452,10 @@ class Turn:
             except redis.RedisError as exc:
                 # A retry that could still be blocked when the queue's alarm fires is not started.
                 if time.time() + delay + WORST_STATE_WRITE_S >= give_up_at:
-                    log.error("turn %s: final write failed, leaving it to the failure callback: %s", self.turn_id, exc)
+                    # The job then ends without its ending: a front end's lost-worker check writes one
+                    # as soon as Redis takes writes again (a job that finished with a running state).
+                    log.error("turn %s: final write failed, leaving the ending to the front ends: %s",
+                              self.turn_id, redis_problem(exc))
                     return
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)

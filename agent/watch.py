@@ -50,6 +50,10 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None,
     ended_at = job.ended_at.timestamp() if job.ended_at else None
     if status in ("failed", "stopped", "canceled") and (ended_at is None or now - ended_at > CALLBACK_GRACE_S):
         return f"its job was marked {status} without writing an ending"
+    if status == "finished" and (ended_at is None or now - ended_at > CALLBACK_GRACE_S):
+        # The job returned, yet the state is still in flight: its final write never reached Redis
+        # (Redis away, or refusing writes, until the job gave up). Nobody else will write it.
+        return "its job ended, but its last write did not reach Redis"
     job_timeout_at = meta.get("job_timeout_at")
     if not job_timeout_at and status == "started" and job.started_at and job.timeout:
         # Killed before its first write: RQ's own start time and timeout say when it had to end.

@@ -220,3 +220,146 @@ def test_a_message_to_a_conversation_with_a_turn_in_flight_exits_1_in_one_line(c
     assert result.returncode == 1
     assert "still being written" in one_line(result.stderr)
     assert [m["content"] for m in store.read(cid)["history"]] == ["first"]
+
+
+# -- the conversation id ----------------------------------------------------------------------
+
+
+def bad_conversation_ids() -> list[str]:
+    """Generated variants of every class of id the rule must refuse."""
+    import random
+
+    rng = random.Random(8)
+    ok = "abcXYZ019_-"
+    ids = ["", "\n", "a" * 65, "a" * 10_000, "abc\n", "\nabc", "ab\rc", "ab\x00c", "ab\x1b[31mc", "a b", "a\tb"]
+    ids += ["../../etc/passwd", "..", ".", "/", "a/b", "a\\b", "~root", "%2e%2e%2f", "a:b", "agent:conv:x:meta"]
+    ids += ["*", "?", "[a-z]", "a*", "agent:*", "{a,b}", "$(id)", "`id`", "a;rm", "a|b", "'a'", '"a"', "a&b"]
+    ids += ["é", "ａｂｃ", "abc\u200b", "\u202eabc", "abc\ufffd", "日本", "a\udcff", "\udc80\udcfe", "\ud800"]
+    for _ in range(200):  # a valid id with one bad character somewhere, or one too long
+        core = "".join(rng.choice(ok) for _ in range(rng.randint(1, 63)))
+        bad = rng.choice("./\\*?[]{}$`;|&:'\" \n\r\t\x00\x7f~%éß\u2028\udcff")
+        at = rng.randint(0, len(core))
+        ids.append(core[:at] + bad + core[at:])
+        ids.append("".join(rng.choice(ok) for _ in range(rng.randint(65, 300))))
+    return ids
+
+
+def test_the_conversation_id_rule_refuses_every_generated_bad_id_and_accepts_good_ones():
+    import random
+
+    from agent.store import is_conversation_id
+
+    assert not any(is_conversation_id(cid) for cid in bad_conversation_ids())
+    assert not is_conversation_id(None) and not is_conversation_id(b"abc")
+    rng = random.Random(9)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+    good = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 64))) for _ in range(500)]
+    assert all(is_conversation_id(cid) for cid in good + [new_id(), "a", "-", "_" * 64])
+
+
+def test_a_bad_conversation_id_exits_2_with_one_ascii_line_before_anything_starts(capsys):
+    # Regression: `--conversation` took anything (`../../etc/passwd`, `*`, 10 KB, newlines) as a key.
+    from agent.cli import main
+
+    for cid in bad_conversation_ids():
+        with pytest.raises(SystemExit) as exit_info:
+            main(["ask", f"--conversation={cid}", "hi"])
+        assert exit_info.value.code == 2, cid
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.isascii(), err
+        assert "not a conversation id" in err and len(err) < 300
+
+
+@pytest.mark.parametrize(
+    "cid",
+    [b"\xff\xfe", b"abc\xc3", b"../../etc/passwd", b"a\nb", b"*", b"x" * 10_000, b""],
+    ids=["not-utf8", "cut-utf8", "traversal", "newline", "glob", "10KB", "empty"],
+)
+def test_a_bad_conversation_id_from_the_real_argv_is_one_line_and_exit_2(cli_env, redis_client, cid):
+    keys_before = redis_client.dbsize()
+    result = cli(cli_env, "ask", "--conversation", cid, "hi")
+    assert result.returncode == 2
+    assert "not a conversation id" in one_line(result.stderr)
+    assert result.stdout == b""
+    assert redis_client.dbsize() <= keys_before
+
+
+def test_an_unknown_conversation_id_exits_2_and_creates_nothing(cli_env, store):
+    # Regression: an unknown id quietly started a new conversation under that id.
+    cid = "unknown-" + new_id()
+    result = cli(cli_env, "ask", "--conversation", cid, "hi")
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "not found" in line and cid in line and "nothing was sent" in line
+    assert store.version(cid) is None
+
+
+def test_a_known_conversation_continues_and_prints_only_the_new_turn(cli_env):
+    first = cli(cli_env, "ask", "--json", "What is 17*23?")
+    assert first.returncode == 0, first.stderr
+    cid = _states(first.stdout)[-1]["conversation_id"]
+    second = cli(cli_env, "ask", "--conversation", cid, "What is 6*7?")
+    assert second.returncode == 0, second.stderr
+    out = second.stdout.decode()
+    assert "42" in out and "391" not in out
+
+
+# -- plain text and deltas --------------------------------------------------------------------
+
+
+def test_the_answer_is_printed_as_plain_text_without_markdown_markers(cli_env):
+    # Regression: the demo's `**17*23 = 391**` was printed with its asterisks.
+    result = cli(cli_env, "ask", "What is 17*23?")
+    assert result.returncode == 0, result.stderr
+    answer = result.stdout.decode().splitlines()[-1]
+    assert "17*23 = 391" in answer and "**" not in answer
+
+
+def test_json_lines_are_deltas_that_rebuild_the_final_state(cli_env):
+    result = cli(cli_env, "ask", "--json", "What is 17*23?")
+    assert result.returncode == 0, result.stderr
+    lines = _states(result.stdout)
+    assert len(lines) >= 3
+    assert all(line["delta"] for line in lines[:-1]) and lines[-1]["delta"] is False
+    rebuilt = {"history": [], "steps": [], "turns": []}
+    for line in lines[:-1]:
+        for name in rebuilt:
+            assert line[f"{name}_from"] == len(rebuilt[name])
+            rebuilt[name] += line[f"new_{name}"]
+            assert name not in line
+    final = lines[-1]
+    for name in rebuilt:
+        assert final[name][: len(rebuilt[name])] == rebuilt[name]
+    assert {k for k in lines[0] if not k.startswith(("new_", "history_", "steps_", "turns_"))} <= set(final)
+
+
+SHORT_ROUNDS, LONG_ROUNDS = 3, 12  # model round-trips, each asking for the most tool calls one response may run
+GROWTH_SLACK = 1.6  # printed bytes per step may grow this much from the short turn to the long one
+
+
+def run_flood_turn(env: dict, rounds: int) -> tuple[int, dict]:
+    """A turn of `rounds` responses of many tool calls, then an answer: (bytes printed, final state)."""
+    from agent.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
+    from tests.scripted_server import ScriptedServer, chat_reply, tool_call
+
+    calls = [tool_call("calculator", {"expression": f"{i}+1"}, f"call_{i}") for i in range(MAX_TOOL_CALLS_PER_RESPONSE)]
+    with ScriptedServer([chat_reply(None, calls)] * (rounds - 1) + [chat_reply("**all done**")]) as server:
+        result = cli({**env, "AGENT_PROVIDER": "openai", "AGENT_MODEL": "scripted", "AGENT_JOB_TIMEOUT": "60",
+                      "AGENT_DEADLINE_MARGIN": "10", "OPENAI_BASE_URL": server.url + "/v1",
+                      "AGENT_MAX_STEPS": str(rounds)}, "ask", "--json", "add them up")
+    assert result.returncode == 0, result.stderr
+    final = json.loads(result.stdout.splitlines()[-1])
+    assert final["done"] and final["status"] == "done"
+    return len(result.stdout), final
+
+
+def test_json_output_grows_linearly_with_the_steps_of_a_turn(cli_env):
+    # Regression: every version printed the whole state, so a turn of 10,000 steps printed 191 MB.
+    short_bytes, short = run_flood_turn(cli_env, SHORT_ROUNDS)
+    long_bytes, long = run_flood_turn(cli_env, LONG_ROUNDS)
+    assert len(long["steps"]) >= 3 * len(short["steps"])
+    per_step_short = short_bytes / len(short["steps"])
+    per_step_long = long_bytes / len(long["steps"])
+    assert per_step_long < GROWTH_SLACK * per_step_short, (per_step_short, per_step_long)
+    # And in absolute terms: a few times the final state, not the final state once per version.
+    assert long_bytes < 4 * len(json.dumps(long))

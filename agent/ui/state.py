@@ -7,7 +7,6 @@ its version moved), sending, stopping, the queue, and the never-stuck check.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from agent.queue import (
     submit_turn,
 )
 from agent.settings import Settings, TurnConfig
-from agent.store import Store, TurnInFlight
+from agent.store import Store, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert
 from agent.watch import lost_worker_check
 
@@ -38,7 +37,6 @@ CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
 POLL_WAIT_FRACTION = 0.8
 TICK_COST_FACTOR = 4  # the refresh interval is at least this many times what the last tick cost
 MAX_POLL_INTERVAL_MS = 10_000  # milliseconds: however slow a tick, the page still looks every 10 s
-_CID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
 DRAFT_KEY = "agent_draft_cid"  # this tab's id for a chat that has no message yet (not in the URL yet)
@@ -72,7 +70,7 @@ class Conversation:
 def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int) -> Conversation:
     """The URL's conversation when it exists; otherwise this tab's draft id (a fresh chat)."""
     if url_cid:
-        if _CID_RE.match(url_cid) and store.version(url_cid) is not None:
+        if is_conversation_id(url_cid) and store.version(url_cid) is not None:
             return Conversation(url_cid, in_url=True)
         session.pop(DRAFT_KEY, None)
         notice = (

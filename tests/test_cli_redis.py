@@ -1,0 +1,274 @@
+"""`python -m agent ask` while Redis pauses, restarts, goes away or refuses writes (a full disk):
+a brief outage is waited out, a long one ends in exit 1 with a sentence, within the turn's clocks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rq.serializers import JSONSerializer
+
+from agent.cli import REDIS_OUTAGE_GRACE_S
+from agent.connection import queue_client, state_client
+from agent.embedded_redis import EmbeddedRedis
+from agent.queue import SafeJob, get_queue
+from agent.store import Store
+from agent.watch import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
+from tests.conftest import ROOT, ask, start_pool, wait_done
+
+CLI_TIMEOUT_S = 90  # seconds for any one CLI run here (outages are part of it)
+EVENT_TIMEOUT_S = 30  # seconds to wait for a turn to reach a state
+PAUSE_MS = 6000  # milliseconds: longer than a state call's two 2 s attempts, so the CLI sees errors
+SLOW_DEMO = "demo@1.5"  # each model call takes 1.5 s: the turn is still running during the outage
+CLOCKS = {"AGENT_JOB_TIMEOUT": "20", "AGENT_DEADLINE_MARGIN": "5", "AGENT_CALL_TIMEOUT_CAP": "5",
+          "AGENT_CONNECT_TIMEOUT": "1", "AGENT_MIN_CALL_SECONDS": "0.5"}
+SHORT_CLOCKS = {**CLOCKS, "AGENT_JOB_TIMEOUT": "8", "AGENT_DEADLINE_MARGIN": "3"}
+CLOCK_SLACK_S = 15  # seconds beyond the CLI's own bound that a busy machine may add (process start, timeouts)
+
+
+class Private:
+    """A private Redis and one worker, so that stopping or breaking Redis touches no other test."""
+
+    def __init__(self, tmp_path: Path):
+        self.server = EmbeddedRedis(tmp_path / "redis")
+        self.url = self.server.acquire()
+        self.log = tmp_path / "pool.log"
+        self.pool = None
+        self.clients = []
+        try:
+            self.pool = start_pool(self.url, 1, self.log)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def store(self) -> Store:
+        client = state_client(self.url)
+        self.clients.append(client)
+        return Store(client, ttl_s=600)
+
+    def stop(self) -> None:
+        pid = self.server.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # a frozen server must be able to stop
+        for client in self.clients:
+            client.close()
+        if self.pool is not None:
+            self.pool.stop()
+        self.server.stop()
+
+
+@pytest.fixture
+def base_env(tmp_path):
+    """The environment without any agent or provider setting, and a private data dir."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AGENT_", "OPENAI_", "ANTHROPIC_")) and k != "REDIS_URL"}
+    return {**env, "AGENT_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def private(tmp_path):
+    env = Private(tmp_path)
+    try:
+        yield env
+    finally:
+        env.stop()
+
+
+def start_cli(env: dict, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent", *args], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def conversation(store: Store, url: str) -> str:
+    """A conversation that exists (the CLI refuses an unknown id), its first turn ended."""
+    cid = ask(store, get_queue(queue_client(url)), "hello")
+    wait_done(store, cid, timeout_s=EVENT_TIMEOUT_S)
+    return cid
+
+
+def wait_for(predicate, what: str, timeout_s: float = EVENT_TIMEOUT_S):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def running(store: Store, cid: str, turns_before: int):
+    state = store.read(cid)
+    return state if len(state["turns"]) == turns_before and state["status"] == "running" else None
+
+
+def cli_env(base: dict, url: str, clocks: dict) -> dict:
+    return {**base, **clocks, "REDIS_URL": url, "AGENT_WORKERS": "0", "AGENT_MODEL": SLOW_DEMO}
+
+
+# -- brief outages: the turn finishes and the CLI prints it ----------------------------------
+
+
+def test_a_redis_pause_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_answer(base_env, private):
+    store = private.store()
+    cid = conversation(store, private.url)
+    proc = start_cli(cli_env(base_env, private.url, CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    try:
+        wait_for(lambda: running(store, cid, 1), "the turn runs")
+        store.redis.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")  # every client waits, the CLI too
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    assert "17*23 = 391" in out
+    assert "Traceback" not in err
+
+
+def test_a_redis_restart_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_answer(base_env, private):
+    store = private.store()
+    cid = conversation(store, private.url)
+    proc = start_cli(cli_env(base_env, private.url, CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    try:
+        wait_for(lambda: running(store, cid, 1), "the turn runs")
+        private.server.stop()  # SIGTERM: Redis writes its append-only file and exits
+        time.sleep(1.0)  # the CLI and the worker meet a refused socket for a while
+        private.server.acquire()  # the same socket, password and data
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    assert "17*23 = 391" in out
+    assert "Traceback" not in err
+
+
+# -- Redis stays away: exit 1 with a sentence, within the clocks ------------------------------
+
+
+@pytest.mark.parametrize("how", ["stopped", "frozen"])
+def test_redis_that_stays_away_ends_the_cli_with_exit_1_and_a_sentence_within_the_clocks(base_env, private, how):
+    store = private.store()
+    cid = conversation(store, private.url)
+    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    try:
+        state = wait_for(lambda: running(store, cid, 1), "the turn runs")
+        lost_at = time.time()
+        if how == "stopped":
+            private.server.stop()
+        else:
+            os.kill(private.server.pid, signal.SIGSTOP)  # it accepts connections and never answers
+    finally:
+        code, out, err = finish(proc)
+    ended_at = time.time()
+    assert code == 1, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert "lost the connection to Redis" in line and f"--conversation {cid}" in line
+    assert "may still finish" in line
+    assert "password" not in line.lower()
+    bound = max(state["job_timeout_at"], lost_at) + REDIS_OUTAGE_GRACE_S
+    assert ended_at < bound + CLOCK_SLACK_S, (ended_at - bound)
+    assert ended_at > lost_at + REDIS_OUTAGE_GRACE_S - 1  # it did retry for a while first
+
+
+# -- Redis cannot save to disk (MISCONF) -------------------------------------------------------
+
+
+def break_disk(client) -> str:
+    """Make Redis refuse writes the way a full disk does: its snapshot fails and it stops writes."""
+    good_dir = client.config_get("dir")["dir"]
+    client.config_set("stop-writes-on-bgsave-error", "yes")
+    client.config_set("dir", "/proc")  # nobody, root included, can create a file there
+    client.bgsave()
+    wait_for(lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0
+             and client.info("persistence")["rdb_last_bgsave_status"] == "err", "the snapshot fails")
+    return good_dir
+
+
+def heal_disk(client, good_dir: str) -> None:
+    client.config_set("dir", good_dir)
+    client.bgsave()
+    wait_for(lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0
+             and client.info("persistence")["rdb_last_bgsave_status"] == "ok", "the snapshot works again")
+
+
+def test_a_message_sent_while_redis_cannot_save_says_so_in_words_and_exits_1(base_env, private):
+    store = private.store()
+    cid = conversation(store, private.url)
+    good_dir = break_disk(store.redis)
+    try:
+        proc = start_cli(cli_env(base_env, private.url, CLOCKS), "ask", "--conversation", cid, "hi")
+        code, out, err = finish(proc)
+    finally:
+        heal_disk(store.redis, good_dir)
+    assert code == 1, err
+    line = err.strip()
+    assert len(line.splitlines()) == 1, err
+    assert line.startswith("error: Redis could not save to disk (MISCONF): ") and "Nothing was sent" in line
+    assert "Lua" not in line and "user_script" not in line
+
+
+def test_redis_refusing_writes_mid_turn_is_said_in_words_and_the_turn_still_ends(base_env, private):
+    store = private.store()
+    cid = conversation(store, private.url)
+    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    good_dir = None
+    try:
+        state = wait_for(lambda: running(store, cid, 1), "the turn runs")
+        good_dir = break_disk(store.redis)
+        code, out, err = finish(proc)
+        ended_at = time.time()
+        assert code == 1, err
+        line = err.strip().splitlines()[-1]
+        assert "Redis could not save to disk (MISCONF): " in line and "user_script" not in line
+        assert ended_at < state["job_timeout_at"] + LOST_GRACE_S + CLOCK_SLACK_S
+        # The worker's log says it in words too.
+        wait_for(lambda: "Redis could not save to disk (MISCONF)" in private.log.read_text(errors="replace"),
+                 "the worker logs the refused write")
+        assert store.read_meta(cid)["status"] == "running"  # nothing could be written meanwhile
+    finally:
+        if good_dir is not None:
+            heal_disk(store.redis, good_dir)
+    # Once Redis takes writes again, the first look by a front end (a page tick, a CLI) ends the turn.
+    queue_connection = queue_client(private.url)
+    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
+             "a front end writes the ending")
+    state = store.read(cid)
+    assert state["done"] and state["status"] == "failed"
+    assert "could not be finished" in state["history"][-1]["content"]
+
+
+def test_a_job_that_finished_without_its_last_write_is_ended_by_the_next_look(private):
+    # The final write failed (Redis refused it until the job gave up), then RQ marked the job
+    # finished: the state said running until job_timeout_at plus a grace, or its TTL with no front end.
+    store = private.store()
+    queue_connection = queue_client(private.url)
+    cid = conversation(store, private.url)
+    meta = store.read_meta(cid)
+    doc = {k: meta[k] for k in ("deadline_at", "job_timeout_at", "started_at", "enqueued_at", "config", "job_id")}
+    # The state as a lost final write leaves it: still running.
+    store.redis.hset(f"agent:conv:{cid}:meta", mapping={"done": "0", "doc": json.dumps({**doc, "status": "running"})})
+    job = SafeJob.fetch(meta["job_id"], connection=queue_connection, serializer=JSONSerializer)
+    assert job.get_status() == "finished"
+    soon = job.ended_at.timestamp() + CALLBACK_GRACE_S + 0.5  # long before the job timeout's own rule
+    assert soon < meta["job_timeout_at"] + LOST_GRACE_S
+    assert "last write did not reach Redis" in (lost_reason(store, queue_connection, cid, now=soon) or "")
+    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
+             "a front end writes the ending")
+    state = store.read(cid)
+    assert state["done"] and state["status"] == "failed"
+    assert "last write did not reach Redis" in state["history"][-1]["content"]

@@ -1,0 +1,66 @@
+"""The CLI's plain text: emphasis markers dropped, arithmetic and code kept, linear on any input."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from agent.plain_text import plain_text
+
+LARGE_CHARS = 160_000  # characters of a pathological input
+SMALL_CHARS = LARGE_CHARS // 4
+GROWTH_BOUND = 8  # four times the input may cost at most this many times the time (quadratic: 16)
+
+
+@pytest.mark.parametrize(
+    ("markdown", "plain"),
+    [
+        ("**17*23 = 391**", "17*23 = 391"),
+        ("**2**3 = 8**", "2**3 = 8"),
+        ("*a* _b_ **c** __d__ ***e***", "a b c d e"),
+        ("5 * 3 = 15 and 2*3*4", "5 * 3 = 15 and 2*3*4"),
+        ("snake_case_name stays", "snake_case_name stays"),
+        ("`a *b* c` and *d*", "`a *b* c` and d"),
+        ("``x ` y`` **z**", "``x ` y`` z"),
+        ("\\*not emphasis\\*", "*not emphasis*"),
+        ("**unclosed and *half", "**unclosed and *half"),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_emphasis_markers_are_dropped_and_everything_else_is_kept(markdown, plain):
+    assert plain_text(markdown) == plain
+
+
+def test_text_without_markers_is_returned_unchanged():
+    rng = random.Random(3)
+    for _ in range(300):
+        text = "".join(rng.choice("ab 12+-/=.,:;()[]#>\n\té日\ud800") for _ in range(rng.randint(0, 80)))
+        assert plain_text(text) == text
+
+
+def _best_of_three(text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        plain_text(text)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+PATTERNS = ["*a", "_*", "*_ ", "a*b ", "**", "** x", " **x", "`", "``a", "\\*", "*`", "_a_b", "***a", "* a*"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + ["random"])
+def test_plain_text_takes_linear_time_on_pathological_input(pattern):
+    rng = random.Random(pattern)
+
+    def make(chars: int) -> str:
+        if pattern == "random":
+            return "".join(rng.choice("*_` \\a\n") for _ in range(chars))
+        return (pattern * (chars // len(pattern) + 1))[:chars]
+
+    small, large = _best_of_three(make(SMALL_CHARS)), _best_of_three(make(LARGE_CHARS))
+    assert large < GROWTH_BOUND * max(small, 0.005), (pattern, small, large)
