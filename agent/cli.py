@@ -26,7 +26,7 @@ import redis
 
 from agent import services
 from agent.connection import describe, is_disk_error, redis_problem, state_client
-from agent.plain_text import plain_text
+from agent.plain_text import TERMINAL_ACTIVE, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.settings import Settings, SettingsError
 from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
@@ -196,6 +196,9 @@ class Outage:
                 f"later to continue it, or open the page with ?c={conversation_id} to see it.")
 
 
+_JSON_SAFE = {cp: f"\\u{cp:04x}" for cp in TERMINAL_ACTIVE if cp >= 0x7F}  # JSON escapes the C0 ones itself
+
+
 @dataclass
 class Follower:
     """Follows one turn, printing what each new version added. `step` may raise a Redis error at any
@@ -253,7 +256,8 @@ class Follower:
             for name in LIST_FIELDS:
                 line[f"{name}_from"] = self.printed[name]
                 line[f"new_{name}"] = state[name][self.printed[name]:]
-        print(json.dumps(line, ensure_ascii=False), flush=True)
+        # What a terminal acts on is escaped (\uXXXX is valid JSON anywhere a string holds it).
+        print(json.dumps(line, ensure_ascii=False).translate(_JSON_SAFE), flush=True)
         self.printed = {name: len(state[name]) for name in LIST_FIELDS}
 
     def print_text(self, state: dict) -> None:
@@ -267,11 +271,11 @@ class Follower:
             if role == "user":
                 continue
             if role == "tool":
-                print(f"  [tool] {message.get('content', '')}", flush=True)
+                print(terminal_safe(f"  [tool] {message.get('content', '')}"), flush=True)
             elif message.get("tool_calls"):
                 for call in message["tool_calls"]:
                     fn = call.get("function", {})
-                    print(f"  [calls {fn.get('name')}] {fn.get('arguments')}", flush=True)
+                    print(terminal_safe(f"  [calls {fn.get('name')}] {fn.get('arguments')}"), flush=True)
             else:
-                print(plain_text(message.get("content")), flush=True)
+                print(terminal_safe(plain_text(message.get("content"))), flush=True)
         self.printed["history"] = len(history)

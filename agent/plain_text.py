@@ -121,3 +121,17 @@ def _pair(runs: list[_Run]) -> None:
                 continue
         if run.can_open:
             stack.append(run)
+
+
+# Characters a terminal acts on instead of showing: every control character but newline and tab
+# (ESC starts a sequence that can retitle the window, rewrite the screen or, in some terminals, set
+# the clipboard; C1's CSI does the same in one byte) and the bidirectional overrides, which make
+# text read differently from what it is. Each is shown as its escape, e.g. `\x1b`.
+TERMINAL_ACTIVE = [cp for cp in range(0x20) if chr(cp) not in "\n\t"] + list(range(0x7F, 0xA0)) + [
+    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_TERMINAL_SAFE = {cp: ascii(chr(cp))[1:-1] for cp in TERMINAL_ACTIVE}
+
+
+def terminal_safe(text: str) -> str:
+    """Untrusted text for a terminal: what a terminal would act on is shown as an escape instead."""
+    return text.translate(_TERMINAL_SAFE)

@@ -363,3 +363,26 @@ def test_json_output_grows_linearly_with_the_steps_of_a_turn(cli_env):
     assert per_step_long < GROWTH_SLACK * per_step_short, (per_step_short, per_step_long)
     # And in absolute terms: a few times the final state, not the final state once per version.
     assert long_bytes < 4 * len(json.dumps(long))
+
+
+def test_nothing_a_terminal_would_act_on_reaches_it_from_a_reply_a_tool_or_its_arguments(cli_env):
+    # A reply can carry escape sequences (ESC ] 0; retitles the window, ESC [ 2J clears the screen,
+    # C1's CSI does the same in one byte) and bidirectional overrides: each is printed as its escape.
+    from agent.plain_text import TERMINAL_ACTIVE
+    from tests.scripted_server import ScriptedServer, chat_reply, tool_call
+
+    active = "".join(map(chr, TERMINAL_ACTIVE))
+    hostile = f"\x1b]0;owned\x07\x1b[2J\x9b31m{active}"
+    calls = [tool_call("calculator", {"expression": f"1+1 {hostile}"}, "call_1"), tool_call(f"calc{hostile}", {}, "c2")]
+    for mode in ([], ["--json"]):
+        with ScriptedServer([chat_reply(None, calls), chat_reply(f"**done** {hostile}")]) as server:
+            result = cli({**cli_env, "AGENT_PROVIDER": "openai", "AGENT_MODEL": "scripted",
+                          "OPENAI_BASE_URL": server.url + "/v1"}, "ask", *mode, "add them up")
+        assert result.returncode == 0, result.stderr
+        out = result.stdout.decode()
+        assert "done" in out and "owned" in out, out  # the text itself is shown
+        assert not set(active) & set(out.replace("\n", "")), sorted(set(active) & set(out))
+        if mode:
+            assert "\x1b]0;owned" in json.loads(out.splitlines()[-1])["history"][-1]["content"]  # escaped, not lost
+        else:
+            assert "\\x1b]0;owned\\x07" in out
