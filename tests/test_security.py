@@ -456,3 +456,32 @@ def test_both_providers_redact_a_key_echoed_in_any_case_from_every_field_and_err
             seen.append(exc.message)
     assert len(seen) == 10 and all("[redacted]" in text for text in seen), seen
     assert not any(CANARY_KEY.lower() in text.lower() for text in seen), seen
+
+
+def test_no_part_of_an_echoed_key_survives_where_an_error_text_is_cut(scripted):
+    # Regression: error texts were cut to length before the key was redacted, so a key straddling
+    # the cut kept all but its last characters. The key is tried at every offset around the cut.
+    from agent.deadline import CallTimeout
+    from agent.providers import OpenAIProvider, ProviderError
+    from agent.providers.http import ERROR_TEXT_LIMIT
+
+    timeout = CallTimeout(total_s=5.0, connect_s=2.0)
+    key = CANARY_KEY
+    offsets = range(ERROR_TEXT_LIMIT - len(key) - 40, ERROR_TEXT_LIMIT + 10, 3)
+    forms = [
+        lambda pad: reply(404, {"detail": [pad + key.upper()]}),  # a structured detail, quoted as JSON
+        lambda pad: reply(500, {"error": {"message": pad + key}}),
+        lambda pad: raw(f"HTTP/1.1 200 OK\r\nBad Header {pad}{key.lower()}\r\n\r\n"),  # quoted by the transport
+    ]
+    fragments = {key[i:i + 8].lower() for i in range(len(key) - 7)}
+    provider = OpenAIProvider(scripted.url + "/v1", "m", key)
+    seen = []
+    for form in forms:
+        for offset in offsets:
+            scripted.add(form("x" * offset))
+            with pytest.raises(ProviderError) as caught:
+                provider.complete([{"role": "user", "content": "hi"}], [], timeout)
+            seen.append(caught.value.message)
+    leaked = [text for text in seen if any(fragment in text.lower() for fragment in fragments)]
+    assert not leaked, leaked[:3]
+    assert sum("[redacted]" in text for text in seen) >= len(seen) // 3  # the key was there to redact

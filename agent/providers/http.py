@@ -123,7 +123,8 @@ def post_json(
     redacted from its message: a transport error can quote what the server sent."""
     session = _session()
     try:
-        return session.loop.run_until_complete(_post_unless_stopped(session.client, url, headers, body, timeout, stop))
+        return session.loop.run_until_complete(
+            _post_unless_stopped(session.client, url, headers, body, timeout, stop, secret))
     except ProviderError as exc:
         if secret and redact(exc.message, secret) != exc.message:
             raise ProviderError(exc.kind, redact(exc.message, secret), status=exc.status,
@@ -137,14 +138,15 @@ def post_json(
 
 
 async def _post_unless_stopped(
-    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout, stop: threading.Event | None
+    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout,
+    stop: threading.Event | None, secret: str | None,
 ) -> HTTPReply:
     """The POST, raced against `stop` (set from another thread): cancelling it closes its socket."""
     if stop is None:
-        return await _post(client, url, headers, body, timeout)
+        return await _post(client, url, headers, body, timeout, secret)
     if stop.is_set():
         raise _stopped()
-    post = asyncio.ensure_future(_post(client, url, headers, body, timeout))
+    post = asyncio.ensure_future(_post(client, url, headers, body, timeout, secret))
     while not post.done():
         if stop.is_set():
             post.cancel()
@@ -157,7 +159,9 @@ async def _post_unless_stopped(
     return post.result()
 
 
-async def _post(client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout) -> HTTPReply:
+async def _post(
+    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout, secret: str | None
+) -> HTTPReply:
     try:
         async with asyncio.timeout(timeout.total_s):
             async with client.stream(
@@ -191,12 +195,12 @@ async def _post(client: httpx.AsyncClient, url: str, headers: dict, body: dict, 
     except httpx.DecodingError as exc:
         raise ProviderError("malformed", "the provider sent a malformed response: undecodable body") from exc
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        raise ProviderError("connection", f"the provider URL is not usable: {_short(str(exc))}") from exc
+        raise ProviderError("connection", f"the provider URL is not usable: {_quote(exc, secret)}") from exc
     except httpx.ConnectError as exc:
-        raise ProviderError("connection", f"could not connect to the provider: {_short(str(exc))}") from exc
+        raise ProviderError("connection", f"could not connect to the provider: {_quote(exc, secret)}") from exc
     except httpx.HTTPError as exc:
         # Reset, closed mid-body, protocol errors: the connection failed after it was made.
-        reason = _short(str(exc)) or type(exc).__name__
+        reason = _quote(exc, secret) or type(exc).__name__
         raise ProviderError("connection", f"the connection to the provider failed: {reason}") from exc
 
 
@@ -212,6 +216,12 @@ def _too_large() -> ProviderError:
     return ProviderError(
         "malformed", f"the provider sent a malformed response: larger than {MAX_RESPONSE_BYTES // 2**20} MiB"
     )
+
+
+def _quote(exc: Exception, secret: str | None) -> str:
+    """A transport error's text (it can quote what the server sent), redacted before it is cut: a
+    cut first could leave most of a key that straddles the cut."""
+    return _short(redact(str(exc), secret))
 
 
 def _short(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
@@ -277,7 +287,7 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
         elif isinstance(data.get("detail"), str):
             text = data["detail"]
         elif data.get("detail") is not None:
-            text = json.dumps(data["detail"])[:ERROR_TEXT_LIMIT]
+            text = json.dumps(data["detail"])  # cut by _short, after the redaction
     return _short(scrub(redact(text, secret)))
 
 
