@@ -149,7 +149,9 @@ def submit_turn(
         "current_step": None,
     }
     new, _ = store.begin_turn(conversation_id, turn_id, {"role": "user", "content": text}, doc)
-    if new:
+    # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
+    # enqueued twice is harmless: only the first to claim the turn runs it.
+    if new or not SafeJob.exists(job_id, connection=queue.connection):
         queue.enqueue(
             JOB_FUNCTION,
             conversation_id,

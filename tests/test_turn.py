@@ -282,3 +282,26 @@ def test_a_job_carries_only_ids_as_json_never_the_message_or_a_key(store, queue,
     assert b"secret-message-text" not in everything
     assert CANARY_KEY.encode() not in everything
     wait_done(store, cid)
+
+
+def test_a_retried_submit_whose_first_try_never_reached_the_queue_still_runs_its_turn(store, queue):
+    # The state landed, then Redis failed before (or while) the job was enqueued; the client retries
+    # with the same turn id, as the CLI does after a transient error.
+    class LostEnqueue:
+        connection = queue.connection
+
+        def enqueue(self, *args, **kwargs):
+            raise ConnectionError("the connection dropped while enqueueing")
+
+    cid, turn_id = "retried-submit", "turn-retried"
+    with pytest.raises(ConnectionError):
+        submit_turn(store, LostEnqueue(), cid, "What is 6*7?", FAST, turn_id=turn_id)
+    submit_turn(store, queue, cid, "What is 6*7?", FAST, turn_id=turn_id)
+    state = wait_done(store, cid)
+    assert state["status"] == "done", state["error"]
+    assert "42" in state["history"][-1]["content"]
+    assert [m["role"] for m in state["history"]].count("user") == 1
+
+    # A double submit of a turn that was enqueued still runs it once.
+    submit_turn(store, queue, cid, "What is 6*7?", FAST, turn_id=turn_id)
+    assert wait_done(store, cid)["version"] == state["version"]
