@@ -590,13 +590,15 @@ def test_a_page_asked_for_under_a_foreign_host_name_refuses_before_showing_any_c
     assert "17*23 = 391" in texts(at)  # the conversation, as its own page shows it
     from agent.ui import page
 
-    monkeypatch.setattr(page, "request_host", lambda: host, raising=False)  # the Host a rebound name brings
+    monkeypatch.setattr(page, "request_host", lambda: host)  # the Host a rebound name brings
+    monkeypatch.setenv("AGENT_ALLOWED_HOSTS", "intranet.example")  # not told to whoever rebound the name
     refused = app(cid)
     refused.run()
     assert_no_exception(refused)
     shown = texts(refused)
     assert "This page answers only at 127.0.0.1, localhost, ::1" in shown and "AGENT_ALLOWED_HOSTS" in shown
     assert "17*23" not in shown and not refused.chat_input and host.split(":")[0] not in shown
+    assert "intranet.example" not in shown
     monkeypatch.setenv("AGENT_ALLOWED_HOSTS", host.split(":")[0])
     allowed = app(cid)
     allowed.run()

@@ -19,6 +19,7 @@ from streamlit_autorefresh import st_autorefresh
 from agent import services
 from agent.settings import (
     ALLOWED_HOSTS_VARIABLE,
+    DEFAULT_ALLOWED_HOSTS,
     MIN_POLL_INTERVAL_MS,
     Settings,
     SettingsError,
@@ -101,9 +102,10 @@ def _host_allowed() -> bool:
         return True
     # The requested name is not echoed: it is whatever the caller chose to send.
     st.title("⏱️ Agent demo")
-    st.error(f"This page answers only at {', '.join(allowed)}, not at the name in this address. Open it at "
-             f"one of those, or set {ALLOWED_HOSTS_VARIABLE} to the names you use (comma-separated) and "
-             "restart the app.", icon="🛑")
+    # Nor are the configured names: a rebound page is readable by whoever rebound it.
+    st.error(f"This page answers only at {', '.join(DEFAULT_ALLOWED_HOSTS)} and the names its operator set, "
+             f"not at the name in this address. Open it at one of those, or set {ALLOWED_HOSTS_VARIABLE} to "
+             "the names you use (comma-separated) and restart the app.", icon="🛑")
     return False
 
 
