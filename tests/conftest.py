@@ -3,6 +3,7 @@ loopback or a unix socket, all stopped at the end (also on failure)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -106,6 +107,15 @@ def ask(store: Store, queue, message: str, config: TurnConfig = FAST, conversati
     conversation_id = conversation_id or new_id()
     submit_turn(store, queue, conversation_id, message, config)
     return conversation_id
+
+
+@pytest.fixture
+def base_env(tmp_path):
+    """The environment without any agent or provider setting, and a private data dir: for the CLI
+    and other commands run as subprocesses."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AGENT_", "OPENAI_", "ANTHROPIC_")) and k != "REDIS_URL"}
+    return {**env, "AGENT_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -23,16 +22,6 @@ FAST_CLOCKS = {
     "AGENT_CONNECT_TIMEOUT": "1",
     "AGENT_MIN_CALL_SECONDS": "0.5",
 }
-
-
-@pytest.fixture
-def base_env(tmp_path):
-    """The environment without any agent or provider setting, and a private data dir."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AGENT_", "OPENAI_", "ANTHROPIC_")) and k != "REDIS_URL"}
-    env["AGENT_DATA_DIR"] = str(tmp_path / "data")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 @pytest.fixture

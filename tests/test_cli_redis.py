@@ -66,14 +66,6 @@ class Private:
 
 
 @pytest.fixture
-def base_env(tmp_path):
-    """The environment without any agent or provider setting, and a private data dir."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AGENT_", "OPENAI_", "ANTHROPIC_")) and k != "REDIS_URL"}
-    return {**env, "AGENT_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture
 def private(tmp_path):
     env = Private(tmp_path)
     try:
