@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint faults bench worker clean
+.PHONY: setup run test test-under-load lint faults bench worker clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The same suite beside HOGS CPU busy loops: a test that waits on a wall-clock figure fails here.
+HOGS ?= 2
+test-under-load: setup
+	PY=$(PY) HOGS=$(HOGS) PYTEST_ARGS="$(PYTEST_ARGS)" scripts/under-load.sh
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -28,6 +28,8 @@ ALLOWED_FUNCTIONS = frozenset({JOB_FUNCTION})
 ALLOWED_CALLBACKS = frozenset({FAILURE_CALLBACK})
 FAILURE_CALLBACK_TIMEOUT_S = 10  # seconds
 RESULT_TTL_S = 600  # seconds a finished job's record is kept
+QUEUE_WAIT_S = 3600  # seconds a turn may wait for a worker (the state TTL, if longer); then RQ drops it
+KILL_MARGIN_S = 60  # seconds past its job timeout after which RQ's parent worker kills a work horse
 MAX_MESSAGE_CHARS = 8000  # longest user message accepted
 
 
@@ -112,6 +114,22 @@ def clean_message(text: str | None) -> str:
     return text
 
 
+def queue_wait_s(state_ttl_s: int) -> int:
+    """How long a turn may wait in the queue before its job is dropped, unrun."""
+    return max(state_ttl_s, QUEUE_WAIT_S)
+
+
+def queued_state_ttl_s(state_ttl_s: int, config: TurnConfig) -> int:
+    """The TTL of a conversation whose turn is waiting: it must outlive everything its job can still do.
+
+    A state TTL of AGENT_STATE_TTL alone dropped a turn that waited longer than that behind slow
+    turns: its job started, found no conversation, and ended without a word. The job may start as
+    late as queue_wait_s from now (RQ drops it then, and the front ends say so, see watch.py); with
+    safeguards off it writes nothing until it ends, up to its job timeout plus RQ's kill margin later.
+    Once the job writes, every write sets the TTL back to AGENT_STATE_TTL."""
+    return max(state_ttl_s, queue_wait_s(state_ttl_s) + config.job_timeout_s + KILL_MARGIN_S)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -148,7 +166,8 @@ def submit_turn(
         "started_at": None,
         "current_step": None,
     }
-    new, _ = store.begin_turn(conversation_id, turn_id, {"role": "user", "content": text}, doc)
+    new, _ = store.begin_turn(conversation_id, turn_id, {"role": "user", "content": text}, doc,
+                              ttl_s=queued_state_ttl_s(store.ttl_s, config))
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
     # enqueued twice is harmless: only the first to claim the turn runs it.
     if new or not SafeJob.exists(job_id, connection=queue.connection):
@@ -160,7 +179,7 @@ def submit_turn(
             job_timeout=config.job_timeout_s,
             result_ttl=RESULT_TTL_S,
             failure_ttl=RESULT_TTL_S,
-            ttl=store.ttl_s,
+            ttl=queue_wait_s(store.ttl_s),
             on_failure=Callback(FAILURE_CALLBACK, timeout=FAILURE_CALLBACK_TIMEOUT_S),
             description=f"agent turn {turn_id}",
         )

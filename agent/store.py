@@ -188,8 +188,12 @@ class Store:
 
     # -- writers ---------------------------------------------------------------------------
 
-    def begin_turn(self, conversation_id: str, turn_id: str, user_message: dict, doc: dict) -> tuple[bool, int]:
+    def begin_turn(
+        self, conversation_id: str, turn_id: str, user_message: dict, doc: dict, *, ttl_s: int | None = None
+    ) -> tuple[bool, int]:
         """Append the user's message and mark the turn queued. Returns (new, version).
+
+        `ttl_s` (default: the store's) is the conversation's TTL while the turn waits for a worker.
 
         The same turn id again (a double submit) is not a new turn; a different one while a
         turn is in flight raises TurnInFlight.
@@ -198,7 +202,7 @@ class Store:
         doc = {**doc, "updated_at": time.time()}
         outcome, value = self._begin(
             keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events],
-            args=[turn_id, _dumps(user_message), _dumps(doc), self.ttl_s],
+            args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s or self.ttl_s],
         )
         outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
         value = value.decode() if isinstance(value, bytes) else value

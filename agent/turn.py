@@ -19,13 +19,14 @@ import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
+from agent import job_alarm
 from agent import tools as tool_registry
 from agent.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem, state_client
 from agent.deadline import Budget, CallTimeout, retry_wait_s
 from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
 from agent.providers.base import Completion, ProviderError
-from agent.queue import JOB_FUNCTION
+from agent.queue import JOB_FUNCTION, KILL_MARGIN_S, RESULT_TTL_S
 from agent.response_limits import PlannedCall, bound_response
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
 from agent.stop_watch import StopWatch
@@ -195,23 +196,24 @@ class Turn:
             ending = TurnEnded("done", "", "")
         except TurnEnded as exc:
             ending = exc
+            if job_alarm.fired():  # the job timeout, caught on the way and turned into another ending
+                ending, reraise = self.job_timeout_ending(), JobTimeoutException("the queue's job timeout fired")
         except TurnClosed:
             log.info("turn %s was ended elsewhere; this job stops without writing", self.turn_id)
             return "closed"
         except JobTimeoutException as exc:
             # Never swallowed: it is recorded, and re-raised so RQ marks the job failed.
-            ending = TurnEnded(
-                "timed_out",
-                "job_timeout",
-                f"The queue's job timeout ({self.config.job_timeout_s} s) stopped this turn before it finished.",
-            )
-            reraise = exc
+            ending, reraise = self.job_timeout_ending(), exc
         except (SystemExit, KeyboardInterrupt) as exc:
             ending = TurnEnded("cancelled", "shutdown", "The worker shut down while writing this reply.")
             reraise = exc
         except Exception as exc:  # noqa: BLE001 - the turn must end with a readable message
-            log.exception("turn %s failed", self.turn_id)
-            ending = TurnEnded("failed", "internal", f"Something went wrong inside the agent ({type(exc).__name__}).")
+            if job_alarm.fired():  # the job timeout, caught on the way and turned into another error
+                ending, reraise = self.job_timeout_ending(), JobTimeoutException("the queue's job timeout fired")
+            else:
+                log.exception("turn %s failed", self.turn_id)
+                ending = TurnEnded("failed", "internal",
+                                   f"Something went wrong inside the agent ({type(exc).__name__}).")
         finally:
             # "Safeguards off" is the naive loop: killed by the queue, it writes nothing itself.
             if ending is not None and (self.config.safeguards or reraise is None):
@@ -226,6 +228,13 @@ class Turn:
             return make_provider(self.config)
         except ProviderError as exc:
             raise TurnEnded("failed", exc.kind, f"I could not call the model: {exc.message}.") from None
+
+    def job_timeout_ending(self) -> TurnEnded:
+        return TurnEnded(
+            "timed_out",
+            "job_timeout",
+            f"The queue's job timeout ({self.config.job_timeout_s} s) stopped this turn before it finished.",
+        )
 
     def loop(self) -> None:
         for _ in range(self.config.max_steps):
@@ -258,6 +267,7 @@ class Turn:
         return self.store.cancel_requested(self.turn_id)
 
     def check_cancel(self) -> None:
+        job_alarm.raise_if_fired()  # between steps: a job timeout some handler caught is raised again
         if not self.stop.is_set():
             try:
                 if not self.stop_requested():
@@ -470,8 +480,21 @@ def _job_started_at() -> tuple[float, str]:
     return min(started, time.time()), job.id
 
 
+def _keep_job_record(config: TurnConfig) -> None:
+    """The job's record carries the queue's wait limit as its TTL (queue.queue_wait_s): a job that
+    started just before that limit must not lose its record, which front ends watch, while it runs."""
+    job = get_current_job()
+    if job is None:
+        return
+    try:
+        job.connection.expire(job.key, config.job_timeout_s + KILL_MARGIN_S + RESULT_TTL_S)
+    except redis.RedisError:
+        log.warning("turn job %s: could not extend its record's TTL", job.id)
+
+
 def run_turn(conversation_id: str, turn_id: str) -> str:
     """The job function (the only one a worker runs). Arguments are ids, never content or keys."""
+    job_alarm.watch()
     store = _store()
     started_at, job_id = _job_started_at()
     state = store.read(conversation_id)
@@ -481,6 +504,7 @@ def run_turn(conversation_id: str, turn_id: str) -> str:
     if state["turn_id"] != turn_id or state["done"]:
         return "stale"
     config = TurnConfig.from_dict(state["config"] or {})
+    _keep_job_record(config)
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
         log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
         return "duplicate"

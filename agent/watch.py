@@ -15,7 +15,7 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.endings import write_ending
-from agent.queue import SafeJob, get_queue
+from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.store import Store
 
 LOST_GRACE_S = 5.0  # seconds past the job timeout before a silent turn counts as lost
@@ -37,6 +37,8 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None,
     try:
         job = SafeJob.fetch(meta["job_id"], connection=queue_connection, serializer=JSONSerializer)
     except NoSuchJobError:
+        if _waited_too_long(store, meta, now):
+            return f"it waited {_duration(now - meta['enqueued_at'])} for a free worker, the longest a message may wait"
         # A just-submitted turn writes its state before its job: give it a moment.
         if now - (meta.get("enqueued_at") or now) > CALLBACK_GRACE_S:
             return "its job is gone from the queue"
@@ -63,6 +65,17 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None,
     return None
 
 
+def _waited_too_long(store: Store, meta: dict, now: float) -> bool:
+    """True when a turn that never started was dropped by RQ for waiting longer than queue_wait_s."""
+    enqueued_at = meta.get("enqueued_at")
+    return meta["status"] == "queued" and not meta.get("started_at") and bool(enqueued_at) and (
+        now - enqueued_at >= queue_wait_s(store.ttl_s))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def _in_limbo(store: Store, queue_connection: redis.Redis, job_id: str, now: float) -> bool:
     """True once a queued job has been missing from the queue for LIMBO_GRACE_S (seen across polls)."""
     key = f"agent:job:{job_id}:off-queue-since"
@@ -84,6 +97,10 @@ def lost_worker_check(
     reason = _lost_reason(store, queue_connection, meta, None)
     if reason is None:
         return False
+    if _waited_too_long(store, meta, time.time()):
+        message = (f"No worker was free to start this reply: {reason}, so it was dropped without running. "
+                   "Send your message again when the queue is shorter.")
+        return write_ending(store, conversation_id, meta["turn_id"], "failed", "queue_expired", message)
     message = (
         f"The worker was lost ({reason}), so this reply could not be finished. "
         "Nothing is running for it any more: you can send your message again."

@@ -176,7 +176,11 @@ def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = Non
 
 @contextlib.contextmanager
 def cpu_hogs(count: int):
-    """`count` busy loops, one process each, for a machine as busy as a shared demo laptop."""
+    """`count` busy loops, one process each, for a machine as busy as a shared demo laptop.
+
+    Under `make test-under-load` its hogs count towards `count` (CPU_HOGS_RUNNING), so a test
+    asks for the load it means, not that load on top of the suite's own."""
+    count = max(0, count - int(os.environ.get("CPU_HOGS_RUNNING") or 0))
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
                               start_new_session=True) for _ in range(count)]
     try:

@@ -56,7 +56,7 @@ def test_redis_unreachable_at_start_exits_2_with_one_line_that_hides_the_passwor
     url = f"redis://:hunter2-secret@127.0.0.1:{closed_port()}/0"
     started = time.monotonic()
     result = cli({**base_env, "REDIS_URL": url}, "ask", "hi")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # gives up, instead of waiting for a Redis that never comes
     assert result.returncode == 2
     line = one_line(result.stderr)
     assert "unreachable" in line and "127.0.0.1" in line
@@ -195,7 +195,8 @@ def test_a_turn_that_runs_out_of_time_exits_1(cli_env):
     started = time.monotonic()
     result = cli({**cli_env, "AGENT_MODEL": "demo:hang"}, "ask", "hello")
     assert result.returncode == 1
-    assert time.monotonic() - started < int(FAST_CLOCKS["AGENT_JOB_TIMEOUT"]) + 5
+    # Bounded by the job timeout, with room for a CLI that starts slowly on a busy machine.
+    assert time.monotonic() - started < int(FAST_CLOCKS["AGENT_JOB_TIMEOUT"]) + 20
     assert "[timed_out]" in result.stderr.decode()
 
 

@@ -23,7 +23,8 @@ from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, Sa
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply, hang, raw, reply, tool_call
 
-FORGED_WAIT_S = 10.0  # seconds for a worker to pick up and refuse a forged job
+FORGED_WAIT_S = 30.0  # seconds for a worker to pick up and refuse a forged job
+OFF_QUEUE_SETTLE_S = 5.0  # seconds a job may be off the queue before a busy worker marks it
 
 
 def scripted_config(server, **changes):
@@ -66,7 +67,7 @@ def wait_job_ended(client: redis.Redis, job_id: str, timeout_s: float = FORGED_W
             return status
         if job_id.encode() not in client.lrange(f"rq:queue:{QUEUE_NAME}", 0, -1):
             left_queue_at = left_queue_at or time.monotonic()
-            if time.monotonic() - left_queue_at > 2.0:
+            if time.monotonic() - left_queue_at > OFF_QUEUE_SETTLE_S:
                 return status
         time.sleep(0.05)
     return client.hget(f"rq:job:{job_id}", "status")

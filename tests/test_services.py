@@ -48,7 +48,7 @@ def test_the_pool_starts_once_per_process_and_stops_with_its_workers(private_env
         assert first.pool is not None and first.pool.proc.poll() is None
         assert first.demo_url.startswith("http://127.0.0.1:")
         # the pool and its 2 workers (Redis rewrites its own environ for its process title)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(processes_with_env("AGENT_TEST_MARKER", private_env)) < 3:
             time.sleep(0.1)
         assert len(processes_with_env("AGENT_TEST_MARKER", private_env)) == 3
@@ -121,9 +121,10 @@ def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env,
         cid = new_id()
         submit_turn(store, get_queue(queue_client(url)), cid, "What is 2*21?",
                     FAST.with_changes(model="demo@1.0", job_timeout_s=10))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while store.read_meta(cid)["status"] != "running" and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert store.read_meta(cid)["status"] == "running"
         handle.stop(timeout_s=30)  # the pool is asked to stop while the turn runs
         state = store.read(cid)
         assert state["done"] and state["status"] == "done", state["history"][-1]
@@ -133,20 +134,25 @@ def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env,
         server.stop()
 
 
-def test_a_cli_without_workers_says_so_and_a_sigterm_stops_it_cleanly(private_env, monkeypatch):
+def test_a_cli_without_workers_says_so_and_a_sigterm_stops_it_cleanly(private_env, monkeypatch, tmp_path):
     monkeypatch.setenv("AGENT_WORKERS", "0")
-    cli = subprocess.Popen([sys.executable, "-m", "agent", "ask", "hi"], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    err_path = tmp_path / "cli.err"
+    with open(err_path, "wb") as err:
+        cli = subprocess.Popen([sys.executable, "-m", "agent", "ask", "hi"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=err, start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while EmbeddedRedis().pid is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(2.5)  # a couple of poll intervals with the turn still queued
+        # The turn stays queued until the CLI has said that no worker runs: wait for those words.
+        deadline = time.monotonic() + 60
+        while "none is running" not in err_path.read_text() and time.monotonic() < deadline:
+            assert cli.poll() is None, err_path.read_text()
+            time.sleep(0.1)
+        assert EmbeddedRedis().pid is not None
         cli.terminate()
-        _, stderr = cli.communicate(timeout=20)
+        cli.wait(timeout=20)
     finally:
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
+    stderr = err_path.read_text()
     assert "none is running" in stderr and "python worker.py" in stderr
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
     assert EmbeddedRedis().pid is None  # its Redis stopped with it

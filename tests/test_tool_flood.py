@@ -32,7 +32,7 @@ def test_a_response_with_thousands_of_tool_calls_runs_a_few_and_refuses_the_rest
     cid = ask(store, queue, "1+1, 5000 times", scripted_config(scripted))
     state = wait_done(store, cid, timeout_s=30)
     assert state["status"] == "done", state["history"][-1]
-    assert ended_within(state, 0.0)
+    assert ended_within(state)
     tools = steps_of(state, "tool")
     assert [t["outcome"] for t in tools] == ["ok"] * MAX_TOOL_CALLS_PER_RESPONSE + ["refused"]
     refused = tools[-1]
@@ -57,7 +57,7 @@ def test_a_model_that_floods_every_response_ends_before_its_deadline_with_a_smal
         scripted.stop()
     assert state["done"]
     assert state["status"] in ("failed", "timed_out")  # the step limit or the deadline, whichever came first
-    assert ended_within(state, 0.5)
+    assert ended_within(state)
     assert len(steps_of(state, "tool")) <= FAST.max_steps * (MAX_TOOL_CALLS_PER_RESPONSE + 1)
     assert state_bytes(state) < STATE_BOUND_BYTES
 
@@ -68,7 +68,7 @@ def test_no_tool_is_started_after_the_deadline_and_the_calls_left_are_answered_i
     cid = ask(store, queue, "wait a lot", scripted_config(scripted))
     state = wait_done(store, cid, timeout_s=30)
     assert state["status"] == "timed_out"
-    assert ended_within(state, 0.5)
+    assert ended_within(state)
     tools = steps_of(state, "tool")
     not_run = [t for t in tools if t["outcome"] == "skipped"]
     assert len(not_run) == 1

@@ -203,7 +203,7 @@ def test_a_tool_exceeding_its_timeout_returns_an_error_soon_after(registered):
     release.set()
     assert not result.ok
     assert "did not finish" in result.output
-    assert 0.4 < elapsed < 1.5
+    assert 0.4 < elapsed < 0.5 + 1.5  # its 0.5 s timeout held, with room for a busy machine
 
 
 def test_no_time_left_is_an_error_result_without_running_the_tool():
@@ -246,8 +246,8 @@ def test_job_timeout_in_the_calling_thread_propagates_out_of_run_tool():
         timer.start()
         started = time.monotonic()
         with pytest.raises(JobTimeoutException):
-            run_tool("wait", args(seconds=5), 10)
-        assert time.monotonic() - started < 2
+            run_tool("wait", args(seconds=60), 120)
+        assert time.monotonic() - started < 30  # raised at the signal, not after the 60 s wait
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR1, previous)
@@ -401,7 +401,7 @@ def test_wait_stops_at_the_turns_deadline():
     elapsed = time.monotonic() - started
     assert result.ok, result.output
     assert result.output.endswith("of 10 s: stopped at the turn's deadline")
-    assert elapsed < 1.5
+    assert elapsed < 1.0 + 1.5  # its 1 s deadline held, with room for a busy machine
 
 
 def test_wait_called_directly_uses_the_timeout_it_is_given():

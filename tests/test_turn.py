@@ -21,8 +21,20 @@ def scripted_config(server, **changes):
     return FAST.with_changes(provider="openai", model="scripted", base_url=server.url + "/v1", **changes)
 
 
-def ended_within(state: dict, seconds_after_deadline: float = 1.0) -> bool:
+def ended_within(state: dict, seconds_after_deadline: float = 1.5) -> bool:
     return state["updated_at"] <= state["deadline_at"] + seconds_after_deadline
+
+
+def wait_job_ended(connection, job_id: str, timeout_s: float = 20.0) -> str:
+    """RQ's status for a job once it has ended (finished, failed, stopped); fails the test if it never does."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        job = SafeJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+        status = job.get_status(refresh=False).value
+        if status in ("finished", "failed", "stopped", "canceled"):
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not end within {timeout_s} s: {status}")
 
 
 def steps_of(state, kind):
@@ -42,8 +54,10 @@ def test_a_question_is_answered_through_the_calculator_on_the_demo_provider(stor
 
 def test_state_is_published_after_every_round_trip_with_versions_going_up_by_one(store, queue):
     seen = []
-    cid = ask(store, queue, "What is 17*23, and what time is it in Tokyo?", FAST.with_changes(model="demo@0.3"))
-    final = wait_done(store, cid, on_state=seen.append)
+    # One-second model calls: a client on a busy machine still sees the states between them.
+    cid = ask(store, queue, "What is 17*23, and what time is it in Tokyo?",
+              FAST.with_changes(model="demo@1.0", job_timeout_s=14, deadline_margin_s=2.0))
+    final = wait_done(store, cid, timeout_s=40, on_state=seen.append)
     versions = [s["version"] for s in seen]
     assert versions == sorted(set(versions))
     # A client polling every 50 ms sees the first tool result before the final answer.
@@ -64,7 +78,7 @@ def test_a_provider_that_hangs_ends_timed_out_by_the_deadline(store, queue):
     assert state["done"]
     assert ended_within(state)
     assert state["updated_at"] < state["job_timeout_at"]
-    assert state["updated_at"] - started < FAST.job_timeout_s
+    assert started <= state["started_at"] and state["updated_at"] - state["started_at"] < FAST.job_timeout_s
     assert state["history"][-1]["role"] == "assistant"
     assert "time" in state["history"][-1]["content"].lower()
 
@@ -130,10 +144,10 @@ def test_429_with_retry_after_is_retried_after_the_wait(store, queue, scripted):
 
 def test_a_retry_after_longer_than_the_budget_ends_the_turn_as_rate_limited(store, queue, scripted):
     scripted.add(reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "30"}))
-    started = time.monotonic()
     cid = ask(store, queue, "hi", scripted_config(scripted))
     state = wait_done(store, cid)
-    assert time.monotonic() - started < 5
+    assert not steps_of(state, "retry")  # ended at once: no wait for a retry that cannot fit
+    assert ended_within(state)
     assert state["status"] == "failed"
     assert state["error"]["kind"] == "rate_limited"
     assert "rate-limiting" in state["history"][-1]["content"]
@@ -196,8 +210,8 @@ def test_job_timeout_exception_is_never_swallowed(store, queue, redis_client):
     # Safeguards off: no deadline, so the queue's own timeout fires inside the call.
     cid = ask(store, queue, "hi", FAST.with_changes(model="demo:hang", job_timeout_s=3, safeguards=False))
     state = wait_done(store, cid, timeout_s=15)
-    job = SafeJob.fetch(state["job_id"], connection=redis_client, serializer=JSONSerializer)
-    assert job.get_status().value == "failed"  # a swallowed exception would leave it "finished"
+    # The failure callback writes the ending before RQ records the job's status: wait for that.
+    assert wait_job_ended(redis_client, state["job_id"]) == "failed"  # swallowed, it would be "finished"
     assert state["status"] == "timed_out"
     assert state["error"]["kind"] == "job_timeout"  # written by the on_failure callback
     # The job wrote nothing itself, yet the ending knows when it ran: RQ's start and timeout.
@@ -241,7 +255,7 @@ def test_the_api_key_appears_in_nothing_stored_in_redis(store, queue, scripted, 
 def test_a_job_naming_another_function_is_refused_and_the_worker_survives(store, queue, redis_client, tmp_path):
     marker = tmp_path / "pwned"
     forged = queue.enqueue("os.system", f"touch {marker}", job_id="forged-" + str(time.time_ns()))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and forged.get_status(refresh=True).value not in ("failed", "finished"):
         time.sleep(0.05)
     assert forged.get_status().value == "failed"

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from rq.timeouts import JobTimeoutException
 
+from agent import job_alarm
 from agent.deadline import CallTimeout
 from agent.providers.base import ProviderError
 from agent.surrogates import scrub
@@ -123,31 +125,41 @@ def post_json(
     redacted from its message: a transport error can quote what the server sent."""
     session = _session()
     try:
-        return session.loop.run_until_complete(
+        reply = session.loop.run_until_complete(
             _post_unless_stopped(session.client, url, headers, body, timeout, stop, secret))
     except ProviderError as exc:
+        # A job timeout that fired inside a socket callback reaches here as a failed connection.
+        job_alarm.raise_if_fired()
         if secret and redact(exc.message, secret) != exc.message:
             raise ProviderError(exc.kind, redact(exc.message, secret), status=exc.status,
                                 retry_after_s=exc.retry_after_s) from None
         raise
-    except BaseException:  # noqa: B036
+    except BaseException as exc:  # noqa: B036
         # Anything else interrupted the call from outside (RQ's JobTimeoutException from its
         # SIGALRM handler, KeyboardInterrupt): the loop may hold a half-done request, so drop it.
         discard_session()
+        if isinstance(exc, Exception) and not isinstance(exc, JobTimeoutException):
+            job_alarm.raise_if_fired()  # fired during a connect, anyio hands it on inside an ExceptionGroup
         raise
+    job_alarm.raise_if_fired()
+    return reply
 
 
 async def _post_unless_stopped(
     client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout,
     stop: threading.Event | None, secret: str | None,
 ) -> HTTPReply:
-    """The POST, raced against `stop` (set from another thread): cancelling it closes its socket."""
-    if stop is None:
-        return await _post(client, url, headers, body, timeout, secret)
+    """The POST, raced against `stop` (set from another thread) and against the job timeout (which
+    asyncio may have caught on the way, see job_alarm): cancelling it closes its socket."""
+    stop = stop if stop is not None else threading.Event()
     if stop.is_set():
         raise _stopped()
     post = asyncio.ensure_future(_post(client, url, headers, body, timeout, secret))
     while not post.done():
+        if job_alarm.fired():
+            post.cancel()
+            await asyncio.wait({post}, timeout=CLEANUP_TIMEOUT_S)
+            job_alarm.raise_if_fired()
         if stop.is_set():
             post.cancel()
             try:
