@@ -9,14 +9,15 @@ asterisks are arithmetic. Code spans are left exactly as written.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 import unicodedata
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-_SPECIAL_RE = re.compile(r"[\\`*_]")  # one character class: a linear search
-_ESCAPABLE = "\\`*_"
+# A backslash (with the marker it escapes), or a whole run of one marker: no run is read twice.
+_TOKEN_RE = re.compile(r"\\[\\`*_]?|`+|\*+|_+")
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
 
 
@@ -32,20 +33,26 @@ class _Run:
         return self.char * (self.count - self.removed)
 
 
-def _is_punctuation(ch: str) -> bool:
+_SPACE, _PUNCTUATION, _OTHER = range(3)
+
+
+@functools.lru_cache(maxsize=4096)  # one lookup per character kind, not three tests per run
+def _kind(ch: str) -> int:
+    if ch.isspace():
+        return _SPACE
     if ch < "\x80":
-        return ch in _ASCII_PUNCTUATION
-    return unicodedata.category(ch)[0] in "PS"
+        return _PUNCTUATION if ch in _ASCII_PUNCTUATION else _OTHER
+    return _PUNCTUATION if unicodedata.category(ch)[0] in "PS" else _OTHER
 
 
 def _run(text: str, start: int, end: int) -> _Run:
     """A delimiter run text[start:end], with CommonMark's flanking rules (no intraword emphasis)."""
-    before = text[start - 1] if start > 0 else " "
-    after = text[end] if end < len(text) else " "
-    left = not after.isspace() and (not _is_punctuation(after) or before.isspace() or _is_punctuation(before))
-    right = not before.isspace() and (not _is_punctuation(before) or after.isspace() or _is_punctuation(after))
-    return _Run(text[start], end - start, left and (not right or _is_punctuation(before)),
-                right and (not left or _is_punctuation(after)))
+    before = _kind(text[start - 1]) if start > 0 else _SPACE
+    after = _kind(text[end]) if end < len(text) else _SPACE
+    left = after != _SPACE and (after != _PUNCTUATION or before != _OTHER)
+    right = before != _SPACE and (before != _PUNCTUATION or after != _OTHER)
+    return _Run(text[start], end - start, left and (not right or before == _PUNCTUATION),
+                right and (not left or after == _PUNCTUATION))
 
 
 def _backtick_runs(text: str) -> dict[int, deque[int]]:
@@ -66,27 +73,19 @@ def plain_text(text: str | None) -> str:
     if not text:
         return ""
     pieces: list[str | _Run] = []
+    runs: list[_Run] = []
     backticks = _backtick_runs(text)
-    i = 0
-    while i < len(text):
-        match = _SPECIAL_RE.search(text, i)
-        if match is None:
-            pieces.append(text[i:])
-            break
-        at = match.start()
-        if at > i:
-            pieces.append(text[i:at])
-        ch = text[at]
-        end = at + 1
-        if ch == "\\":
-            if end < len(text) and text[end] in _ESCAPABLE:
-                pieces.append(text[end])  # an escaped marker is a literal character
-                end += 1
-            else:
-                pieces.append(ch)
-        elif ch == "`":
-            while end < len(text) and text[end] == "`":
-                end += 1
+    done = 0
+    for token in _TOKEN_RE.finditer(text):
+        at, end = token.span()
+        if at < done:  # inside a code span already taken
+            continue
+        if at > done:
+            pieces.append(text[done:at])
+        first = text[at]
+        if first == "\\":
+            pieces.append(text[at + 1] if end - at == 2 else first)  # an escaped marker is a literal character
+        elif first == "`":
             same = backticks[end - at]
             while same and same[0] <= at:  # runs already passed (each is dropped once)
                 same.popleft()
@@ -94,12 +93,13 @@ def plain_text(text: str | None) -> str:
                 end = same.popleft() + (end - at)
             pieces.append(text[at:end])
         else:
-            while end < len(text) and text[end] == ch:
-                end += 1
-            pieces.append(_run(text, at, end))
-        i = end
-    _pair([p for p in pieces if isinstance(p, _Run)])
-    return "".join(p if isinstance(p, str) else p.text() for p in pieces)
+            run = _run(text, at, end)
+            pieces.append(run)
+            runs.append(run)
+        done = end
+    pieces.append(text[done:])
+    _pair(runs)
+    return "".join(p if p.__class__ is str else p.text() for p in pieces)
 
 
 def _pair(runs: list[_Run]) -> None:

@@ -227,6 +227,7 @@ def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page
 
 LINK_SCHEMES = ["data", "javascript", "vbscript", "file", "ftp", "intent"]
 CLICKABLE_PROTOCOLS = {"http:", "https:", "mailto:"}
+QUOTES = [("> ", "> "), ("> > ", "> > "), ("- > ", "  > ")]  # a block quote, nested, in a list item
 
 
 def hostile_links() -> str:
@@ -241,6 +242,10 @@ def hostile_links() -> str:
             lines += [f"[inline {label}]({spelling}x) [pointy {label}](<{spelling}x>) "
                       f"[titled {label}]( {spelling}x 'title')",
                       f"[def {label}]: {spelling}x", "", f"[def {label}]", ""]
+            for k, (first, next_line) in enumerate(QUOTES):  # the destination on the next line, behind `>`
+                lines += [f"{first}[quoted {label}-{k}](", f"{next_line}{spelling}x)", "",
+                          f"{first}[qdef {label}-{k}]:", f"{next_line}{spelling}x", f"{first.rstrip()}",
+                          f"{first}[qdef {label}-{k}]", ""]
     lines += ["[ok-http](https://e.test/ok) <https://e.test/auto> [ok-mail](mailto:a@e.test) [ok-anchor](#top)",
               "", "END-OF-LINKS"]
     return "\n".join(lines)
@@ -272,7 +277,7 @@ def test_a_reply_links_only_to_web_pages_and_mail_addresses_in_the_browser(serve
     assert [link for link in links if link[0] not in CLICKABLE_PROTOCOLS] == []
     shown = {text for _, _, text in links}
     assert {"ok-http", "https://e.test/auto", "ok-mail", "ok-anchor"} <= shown
-    hostile = [text for text in shown if text.split(" ")[0] in ("inline", "pointy", "titled", "def")
+    hostile = [text for text in shown if text.split(" ")[0] in ("inline", "pointy", "titled", "def", "quoted", "qdef")
                or "autolink" in text]
     assert hostile == []  # not even as a dead `#` link
     assert page.locator('[data-testid="stChatMessage"] [data-testid="stMarkdownContainer"] img').count() == 0

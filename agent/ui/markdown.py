@@ -6,139 +6,148 @@ browser fetch any URL the model names, and it keeps links of every scheme but `j
 `vbscript:` (a `data:` or `file:` link stays clickable). Images become plain text; a link stays
 only when the browser would resolve it to http, https or mailto (a relative one resolves to the
 page's own address), judged the way the browser sees it: entities and escapes decoded, case folded,
-whitespace and control characters dropped. Any other link is shown as the text it was written as.
+whitespace and control characters dropped, wherever the destination starts (also on the next line,
+behind a block quote's `>`). Any other link is shown as the text it was written as. Fenced code is
+shown as written where the page's parser surely reads it as code.
 
 Every pass is linear in the length of the text: the page renders a reply while holding the GIL, so a
 quadratic pattern on one long reply would freeze every session of the server. No pattern below
 can backtrack (possessive quantifiers), and no two scans cover the same stretch of text more than
-twice (see each one's comment).
+twice (see each one's comment). The common cases are judged inside `re` (a substitution with a fixed
+replacement), so that Python runs per link only for an entity, an escape or a control character.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import re
-import string
 
 # `![alt]` and what follows it: `(url "title")` with one level of parentheses inside, or `[ref]`.
-# The alt text ends at its first `]` (`\]` does not end it); a match that fails has met no such `]`
-# up to the end, so no later `![` can match either: it is tried once, not again and again. A failed
-# destination stops at its second unclosed `(` or at the end, and a later image inside that stretch
-# stops at its first `)`, so no stretch is read more than twice. `[ref]` fails only when no `]` is
-# left at all, which ends the search.
-_IMAGE_RE = re.compile(r"!\[((?:[^\]\\]++|\\.)*+)\](?:\((?:[^()\\]++|\\.|\([^()]*+\))*+\)|\[[^\]]*+\])?",
-                       re.DOTALL)
-# Every place a link's destination can start: `](` (inline link), `]:` (reference definition) and
-# `<scheme:...>` (autolink; judged wider than CommonMark's, with spaces and any length, so none is
-# missed). Escaped or not: judging an escaped one changes nothing the reader sees. A `](` or `]:` is
-# picked only when a scheme may follow (a relative destination, the common case, costs nothing), and
-# the lookaheads stop at the first character that is not in a scheme or at the next `<` or `>`, so
-# no two of them overlap.
-_LINK_START_RE = re.compile(
-    r"\][(:](?=[\x00-\x20\x7f]*+<?(?:[A-Za-z][A-Za-z0-9+.\-]*+)?"
-    r"(?:[:\x00-\x20\x7f]|\\[+.\-:]|&(?:#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});))"
-    r"|<(?=([A-Za-z][A-Za-z0-9+.\-]*+):[^<>]*+>)")
-# A destination's scheme in the common case: no entity, escape or whitespace inside it.
-_PLAIN_SCHEME_RE = re.compile(r"[\x00-\x20\x7f]*+<?([A-Za-z][A-Za-z0-9+.\-]*+)?(.?)", re.DOTALL)
-# A character reference as CommonMark reads one (the semicolon is required).
-_ENTITY_RE = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
-_SCHEME_CHARS = frozenset(string.ascii_letters + string.digits + "+-.")
-_SLOW_SCHEME_CHARS = frozenset("&\\<")
+# The alt text ends at its first `]` (`\]` does not end it); it cannot hold an `![`, so a match that
+# fails stops at the next `![` (escaped or not), where the next try starts: no stretch is read twice.
+# A failed destination stops at its second unclosed `(` or at the end, and a later image inside that
+# stretch stops at its first `)`, so no stretch is read more than twice. `[ref]` stops at the next `]`.
+_IMAGE_RE = re.compile(r"!\[((?:[^\]\\!]++|\\(?!!\[).|!(?!\[))*+)\]"
+                       r"(?:\((?:[^()\\]++|\\.|\([^()]*+\))*+\)|\[[^\]]*+\])?", re.DOTALL)
+# What may come between `](` or `]:` and a destination's first character: spaces, tabs and control
+# characters (the browser drops them), and after a line ending also the next line's container
+# prefix (a block quote's `>`, a list item's indentation), then the `<` of `<url>`. Judged wider than
+# CommonMark (any number of line endings and `>`), so that no form is missed.
+_BLANK = r"\x00-\x09\x0b\x0c\x0e-\x20\x7f"  # blanks and control characters but the line endings
+_LEAD = rf"(?>[{_BLANK}]*+(?:[\n\r][\x00-\x20\x7f>]*+)?(?:<[{_BLANK}]*+)?)"
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*+"
+_ENTITY = r"&(?:#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});"  # as CommonMark reads one
+_ESCAPE = r"\\[!-/:-@\[-`{-~]"
+# The `]` of a `](` or `]:` whose destination is a plain scheme other than http, https or mailto:
+# an escape after it (inserted by a substitution, no Python per match) leaves it text.
+_PLAIN_LINK_RE = re.compile(rf"\](?=[(:]{_LEAD}(?!(?i:https?|mailto):){_SCHEME}:)")
+# The `]` of a `](` or `]:` whose scheme, if any, has an entity, a control character or an escaped
+# character that can be in a scheme in it: judged by `link_scheme`, decoded (any other escaped
+# character ends the scheme). Each lookahead stops at the first character that cannot be in a scheme
+# (a `(`, `)`, `]` or `:` among them), so no two of them cover the same stretch.
+_ODD_LINK_RE = re.compile(rf"\](?=[(:]{_LEAD}(?:{_SCHEME})?(?:{_ENTITY}|\\[+.\-:<]|[\x00-\x09\x0b\x0c\x0e-\x1f\x7f]))")
+# A destination's first characters before its scheme is decided: no raw line ending (a scheme cannot
+# span one: CommonMark ends the destination there), nor `(`, `)`, `]` or `:`.
+_SCHEME_AREA_RE = re.compile(rf"{_LEAD}((?:[A-Za-z0-9+.\-<{_BLANK}]++|{_ESCAPE}|{_ENTITY})*+)")
+_ENTITY_OR_ESCAPE_RE = re.compile(rf"{_ESCAPE}|{_ENTITY}")
+# The scheme of a decoded destination: blanks before it dropped, and tabs, line endings and control
+# characters inside it (the browser drops tabs and newlines; the rest is judged as dropped too). A
+# space inside ends it, as it does for the browser.
+_DECODED_SCHEME_RE = re.compile(r"[\x00-\x20\x7f]*+(?:<[\x00-\x20\x7f]*+)?([A-Za-z][A-Za-z0-9+.\-\x00-\x1f\x7f]*+):")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 CLICKABLE_SCHEMES = frozenset({"http", "https", "mailto"})  # and relative links, which stay on this page
-# Raw HTML that could fetch or embed something, escaped even though st.markdown escapes HTML too. The
-# first lookahead is a cheap filter: a run of `<` costs one step each, not a try of every tag name.
-_HTML_TAG_RE = re.compile(
-    r"<(?=/?\s*+[a-z])(?=/?\s*+(?:img|picture|source|video|audio|iframe|object|embed|svg|image|link|script)\b)",
+# A `<` to show as text: an autolink `<scheme:...>` to anything but http, https or mailto (judged
+# wider than CommonMark's, with spaces and any length, so none is missed; each lookahead stops at the
+# next `<` or `>`), or raw HTML that could fetch or embed something, escaped even though st.markdown
+# escapes HTML too (the first lookahead is a cheap filter: a run of `<` costs one step each, not a
+# try of every tag name).
+_LESS_THAN_RE = re.compile(
+    rf"<(?:(?=(?!(?i:https?|mailto):){_SCHEME}:[^<>]*+>)"
+    r"|(?=/?\s*+[a-z])(?=/?\s*+(?:img|picture|source|video|audio|iframe|object|embed|svg|image|link|script)\b))",
     re.IGNORECASE)
+# Fenced code is shown as written (inside it nothing is a link or an image), but only where the page's
+# parser surely sees one: an opening fence at the start of a line (no container can hold it, and it
+# interrupts any paragraph) with no line before it that could start an HTML, math or directive block,
+# which a fence line does not end. The closing fence is read exactly as CommonMark reads it.
+_FENCE_OR_BLOCK_RE = re.compile(r"^(?:(`{3,}+)(?![^`\n]*+`)|(~{3,}+)|[ \t>*+\-0-9.)]*+(?:<|\$\$|:::))", re.MULTILINE)
+_CLOSING_FENCE_RE = re.compile(r"^ {0,3}+(`{3,}+|~{3,}+)[ \t]*+$", re.MULTILINE)
 
 
-def _alt_text(alt: str) -> str:
-    alt = alt.strip().replace("[", "(").replace("]", ")")
+def _alt_text(image: re.Match) -> str:
+    alt = image.group(1).strip().replace("[", "(").replace("]", ")")
     return f"(image not shown: {alt})" if alt else "(image not shown)"
 
 
 def _without_images(text: str) -> str:
     """Every `![...]` image as its alt text, and every other `![` broken, so that no image is left."""
-    out, done = [], 0
-    start = text.find("![")
-    while start >= 0:
-        image = _IMAGE_RE.match(text, start)
-        if image is None:  # no closing bracket from here on: no image can start after this point
-            break
-        out.append(text[done:start])
-        out.append(_alt_text(image.group(1)))
-        done = image.end()
-        start = text.find("![", done)
-    # An `![` never closed shows as typed; the escape keeps it from becoming an image.
-    out.append(text[done:].replace("![", "!\\["))
-    return "".join(out)
+    # An `![` never closed shows as typed; the escape keeps it from becoming an image. An alt text
+    # holds no `[`, so no `![` is made by the first substitution.
+    return _IMAGE_RE.sub(_alt_text, text).replace("![", "!\\[")
 
 
 def link_scheme(text: str, start: int = 0) -> str | None:
     """The scheme, lower case, of the link destination written at `start`, as the browser would
     read it; None for a relative reference (no scheme: it resolves to the page's own address)."""
-    plain = _PLAIN_SCHEME_RE.match(text, start)
-    after = plain.group(2)
-    if after == ":":
-        return plain.group(1).lower() if plain.group(1) else None
-    if not (after in _SLOW_SCHEME_CHARS or (after and (after <= " " or after == "\x7f"))):
-        return None
-    # Entities, escapes or whitespace in the scheme: read it one character at a time, as decoded.
-    # This stops at the first character that cannot be in a scheme, so it covers no other link start.
-    scheme: list[str] = []
-    pointy = False
-    pos, size = start, len(text)
-    while pos < size:
-        char = text[pos]
-        pos += 1
-        if char == "&" and (entity := _ENTITY_RE.match(text, pos - 1)):
-            chars, pos = html.unescape(entity.group()), entity.end()
-        elif char == "\\" and pos < size and text[pos] in string.punctuation:
-            chars, pos = text[pos], pos + 1
-        else:
-            chars = char
-        for c in chars:
-            if c <= " " or c == "\x7f":  # the browser drops tabs and newlines, and spaces at either end
-                continue
-            if c == "<" and not scheme and not pointy:  # `<url>`
-                pointy = True
-            elif c == ":":
-                return "".join(scheme).lower() if scheme else None
-            elif c in _SCHEME_CHARS and (scheme or c.isalpha()):
-                scheme.append(c)
-            else:
-                return None
-    return None
+    area = _SCHEME_AREA_RE.match(text, start)
+    return _decoded_scheme(area.group(1) + text[area.end():area.end() + 1])
+
+
+@functools.lru_cache(maxsize=256)  # a long reply repeats the same few destinations
+def _decoded_scheme(area: str) -> str | None:
+    if "&" in area or "\\" in area:
+        area = _ENTITY_OR_ESCAPE_RE.sub(_decoded, area)
+    scheme = _DECODED_SCHEME_RE.match(area)
+    return _CONTROL_RE.sub("", scheme.group(1)).lower() if scheme else None
+
+
+def _decoded(unit: re.Match) -> str:
+    found = unit.group()
+    return found[1] if found[0] == "\\" else html.unescape(found)
 
 
 def clickable(scheme: str | None) -> bool:
     return scheme is None or scheme in CLICKABLE_SCHEMES
 
 
+def _judged_link(match: re.Match) -> str:
+    return "]" if clickable(link_scheme(match.string, match.end() + 1)) else "]\\"
+
+
 def _inert_links(text: str) -> str:
-    """Every link whose destination the browser would not open as http, https or mailto, as text."""
-    out, done = [], 0
-    for match in _LINK_START_RE.finditer(text):
-        at = match.start()
-        if match.group(1) is not None:  # `<scheme:...>`: `&lt;` leaves it text, whatever comes before
-            if match.group(1).lower() not in CLICKABLE_SCHEMES:
-                out.append(text[done:at])
-                out.append("&lt;")
-                done = at + 1
-        elif not clickable(link_scheme(text, at + 2)):  # `](` or `]:`: an escape between them breaks it
-            out.append(text[done:at + 1])
-            out.append("\\")
-            done = at + 1
-    out.append(text[done:])
-    return "".join(out)
+    """Every link whose destination the browser would not open as http, https or mailto, as text:
+    an escape between `]` and `(` or `:` breaks it, a `&lt;` an autolink."""
+    text = _ODD_LINK_RE.sub(_judged_link, _PLAIN_LINK_RE.sub(r"]\\", text))
+    return _LESS_THAN_RE.sub("&lt;", text)
+
+
+def _outside_code(text: str):
+    """(is code, stretch) for each stretch of the text: fenced code, or the text between."""
+    if "\r" in text:  # a lone CR ends a line for CommonMark and not for `re`: no stretch is taken as code
+        yield False, text
+        return
+    done = pos = 0
+    while (fence := _FENCE_OR_BLOCK_RE.search(text, pos)) is not None:
+        marker = fence.group(1) or fence.group(2)
+        if marker is None:  # an HTML, math or directive block may start here: no code after it
+            break
+        end = len(text)
+        for closing in _CLOSING_FENCE_RE.finditer(text, fence.end()):
+            if closing.group(1)[0] == marker[0] and len(closing.group(1)) >= len(marker):
+                end = closing.end()
+                break
+        yield False, text[done:fence.start()]
+        yield True, text[fence.start():end]
+        done = pos = end
+    yield False, text[done:]
 
 
 def safe_markdown(text: str | None) -> str:
     """Markdown with every image replaced by its alt text, links kept only to web pages and mail
-    addresses, and media tags shown as text."""
+    addresses, and media tags shown as text; fenced code as written."""
     if not text:
         return ""
-    return _HTML_TAG_RE.sub("&lt;", _inert_links(_without_images(text)))
+    return "".join(part if code else _inert_links(_without_images(part)) for code, part in _outside_code(text))
 
 
 _MARKDOWN_SPECIAL_RE = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
