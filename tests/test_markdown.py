@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import random
 import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -238,16 +240,19 @@ console.log(JSON.stringify(texts.map(text => micromark(text, {extensions: [gfm()
 PARSER_TIMEOUT_S = 120  # one parse of a few hundred small documents, on a busy machine
 
 
+PARSER_MODULES = Path(__file__).parent / "markdown_parser" / "node_modules"  # `make setup` installs it there
+
+
 def parsed_html(texts: list[str]) -> list[str]:
     """Each text as HTML, read by micromark with GFM (the parser the page's Markdown is built on);
-    the test is skipped where node cannot load it (point NODE_PATH at a node_modules that has it)."""
+    the test is skipped, saying why, where node or the parser is missing."""
     node = shutil.which("node")
     if node is None:
-        pytest.skip("no node to run micromark")
+        pytest.skip("no node to run micromark (apt-get install nodejs npm, then make setup)")
+    if not (PARSER_MODULES / "micromark").is_dir():
+        pytest.skip("micromark is not installed: make setup installs it where npm is available")
     done = subprocess.run([node, "-e", PARSER_SCRIPT], input=json.dumps(texts), capture_output=True, text=True,
-                          timeout=PARSER_TIMEOUT_S)
-    if done.returncode != 0 and "Cannot find module" in done.stderr:
-        pytest.skip("micromark is not installed for node (npm install micromark micromark-extension-gfm)")
+                          timeout=PARSER_TIMEOUT_S, env={**os.environ, "NODE_PATH": str(PARSER_MODULES)})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
