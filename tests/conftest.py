@@ -3,6 +3,8 @@ loopback or a unix socket, all stopped at the end (also on failure)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import time
 from pathlib import Path
@@ -107,6 +109,19 @@ def ask(store: Store, queue, message: str, config: TurnConfig = FAST, conversati
     conversation_id = conversation_id or new_id()
     submit_turn(store, queue, conversation_id, message, config)
     return conversation_id
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """For a CPU-time measurement of one function: a full garbage collection walks every object the
+    suite has made so far, so whether one lands inside the measurement depends on the heap, not on
+    the function. Collected before, paused during."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @pytest.fixture

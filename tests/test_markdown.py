@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.ui.markdown import inert, safe_markdown
+from tests.conftest import collector_paused
 
 MB = 1_000_000
 QUARTER_MB = MB // 4
@@ -55,9 +56,11 @@ def random_mix(seed: int, size: int) -> str:
 
 
 def cpu_seconds(text: str) -> float:
-    started = time.process_time()
-    safe_markdown(text)
-    return time.process_time() - started
+    """CPU seconds of this thread, the collector paused (see tests.conftest.collector_paused)."""
+    with collector_paused():
+        started = time.thread_time()
+        safe_markdown(text)
+        return time.thread_time() - started
 
 
 def render_costs(make) -> tuple[float, float]:

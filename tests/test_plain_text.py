@@ -8,6 +8,7 @@ import time
 import pytest
 
 from agent.plain_text import plain_text
+from tests.conftest import collector_paused
 
 LARGE_CHARS = 160_000  # characters of a pathological input
 SMALL_CHARS = LARGE_CHARS // 4
@@ -44,12 +45,16 @@ def test_text_without_markers_is_returned_unchanged():
 
 
 def _best_of_three(text: str) -> float:
-    """CPU seconds (not wall-clock time, which a busy neighbour stretches), the best of three."""
+    """CPU seconds of this thread (not wall-clock time, which a busy neighbour stretches, nor the
+    process's, which a leftover thread of an earlier test adds to), the best of three, with the
+    garbage collector paused: a full collection walks every object the suite has made so far, a
+    cost of the heap, not of this text."""
     best = float("inf")
-    for _ in range(3):
-        started = time.process_time()
-        plain_text(text)
-        best = min(best, time.process_time() - started)
+    with collector_paused():
+        for _ in range(3):
+            started = time.thread_time()
+            plain_text(text)
+            best = min(best, time.thread_time() - started)
     return best
 
 
@@ -65,6 +70,9 @@ def test_plain_text_takes_linear_time_on_pathological_input(pattern):
             return "".join(rng.choice("*_` \\a\n") for _ in range(chars))
         return (pattern * (chars // len(pattern) + 1))[:chars]
 
-    small, large = _best_of_three(make(SMALL_CHARS)), _best_of_three(make(LARGE_CHARS))
+    small_text, large_text = make(SMALL_CHARS), make(LARGE_CHARS)
+    small, large = _best_of_three(small_text), _best_of_three(large_text)
+    if large >= GROWTH_BOUND * max(small, TIMING_FLOOR_S):  # measured once more, side by side, before failing
+        small, large = min(small, _best_of_three(small_text)), min(large, _best_of_three(large_text))
     assert large < GROWTH_BOUND * max(small, TIMING_FLOOR_S), (pattern, small, large)
     assert large < CPU_S_PER_MB * LARGE_CHARS / 1_000_000, (pattern, large)
