@@ -251,10 +251,10 @@ class Turn:
             if last_call:
                 message.pop("tool_calls", None)
             self.add_message(message)
+            if last_call or not response.calls:
+                return  # the answer goes out with the ending, in one write: a tab sees both at once
             if self.config.safeguards:
                 self.flush()
-            if last_call or not response.calls:
-                return
             self.run_tools(response.calls)
         raise TurnEnded(
             "failed",
