@@ -36,6 +36,7 @@ INPUT_KEY = "chat_input"
 REDIS_RETRY_MS = 3000  # milliseconds between retries while Redis does not answer
 HANDOFF_KEY = "agent_live_handoff"  # the state a full run read, handed to the fragment it draws
 TICK_COST_KEY = "agent_tick_cost_s"  # how long the last fragment run took, for the adaptive interval
+LISTEN_MIN_MS = 50  # milliseconds: a shorter rest of a tick's wait is not worth a blocking read
 SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns the user asked to see
 EXAMPLES = (
     "What is 17*23, and what time is it in Tokyo?",
@@ -189,6 +190,7 @@ def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> No
     session = st.session_state
     state = session.pop(HANDOFF_KEY, None)
     first = state is not None and state.get("turn_id") == turn_id  # drawn by a full run, not by a tick
+    listen_until = time.monotonic() + ui.poll_wait_ms(settings.poll_interval_ms) / 1000
     if not first:  # a tick: this run is the fragment alone
         try:
             state = ui.poll(be.store, be.queue_connection, session, cid,
@@ -210,6 +212,23 @@ def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> No
                                                                               session.get(TICK_COST_KEY))
     st_autorefresh(interval=interval_ms, key=f"poll-{cid}")
     session[TICK_COST_KEY] = time.perf_counter() - started
+    if not first:
+        _listen_on(be, cid, state["version"], listen_until)
+
+
+def _listen_on(be: ui.Backend, cid: str, version: int, until: float) -> None:
+    """A tick that found a write at once has drawn it without waiting: it listens for the rest of
+    its wait, so a write landing before the next tick (the ending, often) is drawn within
+    milliseconds rather than a whole interval later. What is drawn is on screen meanwhile."""
+    left_ms = (until - time.monotonic()) * 1000
+    if left_ms < LISTEN_MIN_MS:
+        return
+    try:
+        moved = be.store.wait_version(cid, version, int(left_ms)) != version
+    except redis.RedisError:
+        return  # the next tick polls again, and says so if Redis stays away
+    if moved:
+        st.rerun(scope="fragment")
 
 
 def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
