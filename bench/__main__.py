@@ -127,7 +127,8 @@ METHOD = {
     "model calls) in headless Chromium through Playwright; earlier turns are written through the same queue "
     "with an instant model, then the page is reloaded on the conversation and {page_turns} turns are asked "
     "at each length. A tick is a fragment rerun (the in-flight turn and the poller); tick_draw_ms runs from its "
-    "first element to its script_finished message (the poll's wait for the next write excluded), tick_bytes "
+    "first element to its last (the poll's wait before and the listening for the next write after excluded), "
+    "tick_bytes "
     "counts every websocket frame of that run. settle_s: the turn's final write (updated_at in Redis) to the "
     "moment the answer is on screen, no polling component is left and the input is enabled (the browser's "
     "clock). Conditions: an idle machine, then with busy-loop processes running (hogs).",

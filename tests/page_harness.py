@@ -200,6 +200,7 @@ class Run:
     fragment: bool  # a fragment rerun (a poll) rather than a full run
     started_at: float  # monotonic seconds
     first_delta_at: float | None = None  # the first element drawn: the poll (and its wait) is over
+    last_delta_at: float | None = None  # the last element drawn: a tick may listen on after it
     finished_at: float | None = None
     bytes_received: int = 0
 
@@ -210,10 +211,11 @@ class Run:
 
     @property
     def draw_s(self) -> float | None:
-        """First element drawn to end of run: what the rerun costs, without the idle wait."""
+        """First element drawn to the last: what the rerun costs, without the idle waits before
+        (the poll) and after (a tick listening for the next write)."""
         if self.finished_at is None or self.first_delta_at is None:
             return None
-        return self.finished_at - self.first_delta_at
+        return (self.last_delta_at or self.finished_at) - self.first_delta_at
 
 
 @dataclass
@@ -247,8 +249,9 @@ class WireLog:
         if current is None or current.finished_at is not None:
             return
         current.bytes_received += len(payload)
-        if kind == "delta" and current.first_delta_at is None:
-            current.first_delta_at = now
+        if kind == "delta":
+            current.first_delta_at = current.first_delta_at or now
+            current.last_delta_at = now
         elif kind == "script_finished" and run_meta.script_run_id == current.run_id:
             current.finished_at = now
 
