@@ -176,11 +176,31 @@ class Canary:
         self.httpd.server_close()
 
 
-def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page):
+TURN_ID = "t1"
+
+
+def open_finished_turn(page, server, question: str, reply: str, steps: list[dict], now: float) -> None:
+    """Write one finished turn straight into the page's Redis (as a worker would), then open it."""
     from agent.connection import state_client
     from agent.embedded_redis import EmbeddedRedis
     from agent.store import Store
 
+    page.goto(server.url)
+    page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)  # the page has started its Redis
+    store = Store(state_client(EmbeddedRedis(server.data_dir).url), ttl_s=600)
+    cid = f"finished{time.time_ns()}"
+    doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
+           "deadline_at": now + 100, "job_timeout_at": now + 120}
+    store.begin_turn(cid, TURN_ID, {"role": "user", "content": question}, doc)
+    store.publish(cid, TURN_ID, {**doc, "status": "done", "error": None}, done=True,
+                  new_messages=[{"role": "assistant", "content": reply}], new_steps=steps,
+                  summary={"turn_id": TURN_ID, "status": "done", "started_at": now, "deadline_at": now + 100,
+                           "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
+    store.redis.close()
+    page.goto(f"{server.url}?c={cid}")
+
+
+def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page):
     canary = Canary()
     try:
         hostile = (
@@ -190,28 +210,17 @@ def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page
             f"[ref image]: {canary.url}/ref.png\n![ref][ref image]\n\n"
             f"<iframe src=\"{canary.url}/iframe\"></iframe> done"
         )
-        page.goto(server.url)
-        page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)  # the page has started its Redis
-        store = Store(state_client(EmbeddedRedis(server.data_dir).url), ttl_s=600)
-        cid, turn_id = f"hostile{time.time_ns()}", "t1"
-        now = time.time()
-        doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
-               "deadline_at": now + 100, "job_timeout_at": now + 120}
-        store.begin_turn(cid, turn_id, {"role": "user", "content": "say something nasty"}, doc)
         image = f"![pixel]({canary.url}/%s.png)"
+        now = time.time()
         steps = [
-            {"turn_id": turn_id, "index": 1, "kind": "tool", "name": image % "tool-name", "started_at": now,
+            {"turn_id": TURN_ID, "index": 1, "kind": "tool", "name": image % "tool-name", "started_at": now,
              "ended_at": now + 0.1, "duration_s": 0.1, "timeout_s": 50, "remaining_s": 50, "outcome": "ok",
              "arguments": json.dumps({"q": image % "argument"}), "result": image % "result"},
-            {"turn_id": turn_id, "index": 2, "kind": "model", "name": "demo", "started_at": now + 0.1,
+            {"turn_id": TURN_ID, "index": 2, "kind": "model", "name": "demo", "started_at": now + 0.1,
              "ended_at": now + 0.2, "duration_s": 0.1, "timeout_s": 50, "remaining_s": 50, "outcome": "error",
              "detail": image % "provider-error", "attempt": 1},
         ]
-        store.publish(cid, turn_id, {**doc, "status": "done", "error": None}, done=True,
-                      new_messages=[{"role": "assistant", "content": hostile}], new_steps=steps,
-                      summary={"turn_id": turn_id, "status": "done", "started_at": now, "deadline_at": now + 100,
-                               "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
-        page.goto(f"{server.url}?c={cid}")
+        open_finished_turn(page, server, "say something nasty", hostile, steps, now)
         page.get_by_text("say something nasty").first.wait_for(timeout=20000)
         page.get_by_text("tracking pixel").first.wait_for(timeout=10000)  # the image became its alt text
         page.wait_for_timeout(1500)
@@ -253,23 +262,7 @@ def hostile_links() -> str:
 
 def test_a_reply_links_only_to_web_pages_and_mail_addresses_in_the_browser(server, page):
     """What Chromium makes clickable in a rendered reply, whatever the spelling of the scheme."""
-    from agent.connection import state_client
-    from agent.embedded_redis import EmbeddedRedis
-    from agent.store import Store
-
-    page.goto(server.url)
-    page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)  # the page has started its Redis
-    store = Store(state_client(EmbeddedRedis(server.data_dir).url), ttl_s=600)
-    cid, turn_id = f"links{time.time_ns()}", "t1"
-    now = time.time()
-    doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
-           "deadline_at": now + 100, "job_timeout_at": now + 120}
-    store.begin_turn(cid, turn_id, {"role": "user", "content": "links please"}, doc)
-    store.publish(cid, turn_id, {**doc, "status": "done", "error": None}, done=True,
-                  new_messages=[{"role": "assistant", "content": hostile_links()}], new_steps=[],
-                  summary={"turn_id": turn_id, "status": "done", "started_at": now, "deadline_at": now + 100,
-                           "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
-    page.goto(f"{server.url}?c={cid}")
+    open_finished_turn(page, server, "links please", hostile_links(), [], time.time())
     page.get_by_text("END-OF-LINKS").first.wait_for(timeout=20000)
     links = page.evaluate("""() => Array.from(
         document.querySelectorAll('[data-testid="stChatMessage"] [data-testid="stMarkdownContainer"] a'))
