@@ -26,7 +26,7 @@ from agent.deadline import Budget, CallTimeout, retry_wait_s
 from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
 from agent.providers.base import Completion, ProviderError
-from agent.queue import JOB_FUNCTION, KILL_MARGIN_S, RESULT_TTL_S
+from agent.queue import JOB_FUNCTION
 from agent.response_limits import PlannedCall, bound_response
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
 from agent.stop_watch import StopWatch
@@ -480,18 +480,6 @@ def _job_started_at() -> tuple[float, str]:
     return min(started, time.time()), job.id
 
 
-def _keep_job_record(config: TurnConfig) -> None:
-    """The job's record carries the queue's wait limit as its TTL (queue.queue_wait_s): a job that
-    started just before that limit must not lose its record, which front ends watch, while it runs."""
-    job = get_current_job()
-    if job is None:
-        return
-    try:
-        job.connection.expire(job.key, config.job_timeout_s + KILL_MARGIN_S + RESULT_TTL_S)
-    except redis.RedisError:
-        log.warning("turn job %s: could not extend its record's TTL", job.id)
-
-
 def run_turn(conversation_id: str, turn_id: str) -> str:
     """The job function (the only one a worker runs). Arguments are ids, never content or keys."""
     job_alarm.watch()
@@ -504,7 +492,6 @@ def run_turn(conversation_id: str, turn_id: str) -> str:
     if state["turn_id"] != turn_id or state["done"]:
         return "stale"
     config = TurnConfig.from_dict(state["config"] or {})
-    _keep_job_record(config)
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
         log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
         return "duplicate"

@@ -94,10 +94,11 @@ def lost_worker_check(
 
     `known` is the state the caller read at the current version, which saves reading it again."""
     meta = known if known is not None else store.read_meta(conversation_id)
-    reason = _lost_reason(store, queue_connection, meta, None)
+    now = time.time()  # one clock for the reason and the message, so they cannot disagree
+    reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False
-    if _waited_too_long(store, meta, time.time()):
+    if _waited_too_long(store, meta, now):
         message = (f"No worker was free to start this reply: {reason}, so it was dropped without running. "
                    "Send your message again when the queue is shorter.")
         return write_ending(store, conversation_id, meta["turn_id"], "failed", "queue_expired", message)

@@ -182,21 +182,22 @@ TURN_ID = "t1"
 def open_finished_turn(page, server, question: str, reply: str, steps: list[dict], now: float) -> None:
     """Write one finished turn straight into the page's Redis (as a worker would), then open it."""
     from agent.connection import state_client
-    from agent.embedded_redis import EmbeddedRedis
     from agent.store import Store
+    from tests.page_harness import open_chat
 
-    page.goto(server.url)
-    page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)  # the page has started its Redis
-    store = Store(state_client(EmbeddedRedis(server.data_dir).url), ttl_s=600)
+    open_chat(page, server.url)  # the page has started its Redis
+    store = Store(state_client(server.redis_url()), ttl_s=600)
     cid = f"finished{time.time_ns()}"
     doc = {"status": "running", "job_id": "none", "enqueued_at": now, "started_at": now,
            "deadline_at": now + 100, "job_timeout_at": now + 120}
-    store.begin_turn(cid, TURN_ID, {"role": "user", "content": question}, doc)
-    store.publish(cid, TURN_ID, {**doc, "status": "done", "error": None}, done=True,
-                  new_messages=[{"role": "assistant", "content": reply}], new_steps=steps,
-                  summary={"turn_id": TURN_ID, "status": "done", "started_at": now, "deadline_at": now + 100,
-                           "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
-    store.redis.close()
+    try:
+        store.begin_turn(cid, TURN_ID, {"role": "user", "content": question}, doc)
+        store.publish(cid, TURN_ID, {**doc, "status": "done", "error": None}, done=True,
+                      new_messages=[{"role": "assistant", "content": reply}], new_steps=steps,
+                      summary={"turn_id": TURN_ID, "status": "done", "started_at": now, "deadline_at": now + 100,
+                               "job_timeout_at": now + 120, "ended_at": now + 1, "config": {}})
+    finally:
+        store.redis.close()
     page.goto(f"{server.url}?c={cid}")
 
 

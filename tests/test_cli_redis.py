@@ -118,31 +118,36 @@ def cli_env(base: dict, url: str, clocks: dict) -> dict:
 # -- brief outages: the turn finishes and the CLI prints it ----------------------------------
 
 
-def test_a_redis_pause_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_answer(base_env, private):
+def ask_through(base_env: dict, private, clocks: dict, outage) -> tuple[int, str, str, dict]:
+    """`ask` on a new turn, `outage(store)` once the turn runs: (exit code, stdout, stderr, the running state)."""
     store = private.store()
     cid = conversation(store, private.url)
-    proc = start_cli(cli_env(base_env, private.url, CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    proc = start_cli(cli_env(base_env, private.url, clocks), "ask", "--conversation", cid, "What is 17*23?")
     try:
-        wait_for(lambda: running(store, cid, 1), "the turn runs")
-        store.redis.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")  # every client waits, the CLI too
+        state = wait_for(lambda: running(store, cid, 1), "the turn runs")
+        outage(store)
     finally:
         code, out, err = finish(proc)
+    return code, out, err, state
+
+
+def test_a_redis_pause_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_answer(base_env, private):
+    def pause(store):
+        store.redis.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")  # every client waits, the CLI too
+
+    code, out, err, _ = ask_through(base_env, private, CLOCKS, pause)
     assert code == 0, err
     assert "17*23 = 391" in out
     assert "Traceback" not in err
 
 
 def test_a_redis_restart_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_answer(base_env, private):
-    store = private.store()
-    cid = conversation(store, private.url)
-    proc = start_cli(cli_env(base_env, private.url, CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
-    try:
-        wait_for(lambda: running(store, cid, 1), "the turn runs")
+    def restart(store):
         private.server.stop()  # SIGTERM: Redis writes its append-only file and exits
         time.sleep(1.0)  # the CLI and the worker meet a refused socket for a while
         private.server.acquire()  # the same socket, password and data
-    finally:
-        code, out, err = finish(proc)
+
+    code, out, err, _ = ask_through(base_env, private, CLOCKS, restart)
     assert code == 0, err
     assert "17*23 = 391" in out
     assert "Traceback" not in err
@@ -153,19 +158,17 @@ def test_a_redis_restart_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_ans
 
 @pytest.mark.parametrize("how", ["stopped", "frozen"])
 def test_redis_that_stays_away_ends_the_cli_with_exit_1_and_a_sentence_within_the_clocks(base_env, private, how):
-    store = private.store()
-    cid = conversation(store, private.url)
-    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
-    try:
-        state = wait_for(lambda: running(store, cid, 1), "the turn runs")
-        lost_at = time.time()
+    lost = []
+
+    def stay_away(store):
+        lost.append(time.time())
         if how == "stopped":
             private.server.stop()
         else:
             os.kill(private.server.pid, signal.SIGSTOP)  # it accepts connections and never answers
-    finally:
-        code, out, err = finish(proc)
-    ended_at = time.time()
+
+    code, out, err, state = ask_through(base_env, private, SHORT_CLOCKS, stay_away)
+    ended_at, (lost_at,), cid = time.time(), lost, state["conversation_id"]
     assert code == 1, err
     assert "Traceback" not in err
     line = err.strip().splitlines()[-1]

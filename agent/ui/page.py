@@ -190,11 +190,11 @@ def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> No
     session = st.session_state
     state = session.pop(HANDOFF_KEY, None)
     first = state is not None and state.get("turn_id") == turn_id  # drawn by a full run, not by a tick
-    listen_until = time.monotonic() + ui.poll_wait_ms(settings.poll_interval_ms) / 1000
+    wait_ms = ui.poll_wait_ms(settings.poll_interval_ms)
+    listen_until = time.monotonic() + wait_ms / 1000
     if not first:  # a tick: this run is the fragment alone
         try:
-            state = ui.poll(be.store, be.queue_connection, session, cid,
-                            wait_ms=ui.poll_wait_ms(settings.poll_interval_ms)).state
+            state = ui.poll(be.store, be.queue_connection, session, cid, wait_ms=wait_ms).state
         except redis.RedisError as exc:
             log.warning("redis failed during a poll: %s", exc)
             _redis_down(exc)
