@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import redis
 
 from agent import services
-from agent.connection import describe, is_disk_error, redis_problem, state_client
+from agent.connection import describe, is_disk_error, redis_problem
 from agent.plain_text import TERMINAL_ACTIVE, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.settings import Settings, SettingsError
@@ -105,9 +105,9 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     # Its workers may pick up other clients' turns on the same Redis: on exit, let those finish.
     svc = services.ensure(settings, drain=True)
     store = svc.store(settings)
-    # Not RQ's usual client (no socket timeout): the CLI only enqueues and reads job status, and a
-    # Redis that stops answering must not hang it past the turn's clocks.
-    queue_connection = state_client(svc.redis_url)
+    # The store's client, not RQ's usual one (no socket timeout): the CLI only enqueues and reads job
+    # status, and a Redis that stops answering must not hang it past the turn's clocks.
+    queue_connection = store.redis
     queue = get_queue(queue_connection)
     outage = Outage(describe(svc.redis_url), settings.turn.job_timeout_s)
     if conversation_id is not None and store.version(conversation_id) is None:
