@@ -44,7 +44,7 @@ worker: setup
 RUNS ?= 1000
 SEED ?= 1
 faults: setup
-	$(PY) -m agent.faults --runs $(RUNS) --seed $(SEED)
+	$(PY) -m faults --runs $(RUNS) --seed $(SEED)
 
 bench: setup
 	$(PY) -m bench

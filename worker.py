@@ -10,10 +10,10 @@ import argparse
 import os
 import sys
 
-from agent.connection import describe
-from agent.embedded_redis import EmbeddedRedis
-from agent.pool import main as pool_main
-from agent.services import ServiceError, check_redis
+from agent.runtime.connection import describe
+from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.pool import main as pool_main
+from agent.runtime.services import ServiceError, check_redis
 from agent.settings import Settings, SettingsError
 
 

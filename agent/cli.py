@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import redis
 
-from agent import services
-from agent.connection import describe, is_disk_error, redis_problem
+from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
+from agent.runtime import services
+from agent.runtime.connection import describe, is_disk_error, redis_problem
 from agent.settings import Settings, SettingsError
 from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
-from agent.watch import lost_worker_check
 
 EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.

@@ -21,13 +21,13 @@ from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
 from agent import tools as tool_registry
-from agent.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem, state_client
 from agent.deadline import Budget, CallTimeout, retry_wait_s
 from agent.endings import turn_summary, write_ending
 from agent.providers import make_provider
 from agent.providers.base import Completion, ProviderError
 from agent.queue import JOB_FUNCTION
 from agent.response_limits import PlannedCall, bound_response
+from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem, state_client
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
 from agent.stop_watch import StopWatch
 from agent.store import Store, StoreError

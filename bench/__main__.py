@@ -21,7 +21,7 @@ from pathlib import Path
 
 import rq
 
-from agent.workers import DEFAULT_WORKER_CLASS
+from agent.runtime.worker_process import DEFAULT_WORKER_CLASS
 from bench import cost, latency, load, page, report
 from bench.harness import Lab
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import redis
 
-from agent.connection import queue_client, state_client
-from agent.embedded_redis import EmbeddedRedis
-from agent.pool import launch
 from agent.queue import get_queue, submit_turn
+from agent.runtime.connection import queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.pool import launch
 from agent.settings import TurnConfig
 from agent.store import Store
 
@@ -99,7 +99,7 @@ def children(pid: int) -> list[int]:
 
 
 class PoolProcess:
-    """`python -m agent.pool` as a subprocess: N workers of one class and the demo provider."""
+    """`python -m agent.runtime.pool` as a subprocess: N workers of one class and the demo provider."""
 
     def __init__(self, url: str, workers: int, worker_class: str, log_path: Path):
         self.workers = workers

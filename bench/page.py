@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent.connection import queue_client, state_client
 from agent.queue import get_queue, submit_turn
+from agent.runtime.connection import queue_client, state_client
 from agent.settings import Settings
 from agent.store import Store
 from bench.harness import summary

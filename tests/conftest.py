@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from agent.connection import queue_client, state_client
-from agent.embedded_redis import EmbeddedRedis
-from agent.pool import PoolHandle, launch
 from agent.queue import get_queue, new_id, submit_turn
+from agent.runtime.connection import queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.pool import PoolHandle, launch
 from agent.settings import TurnConfig
 from agent.store import Store
 from tests.page_harness import alive, processes_with_env  # noqa: F401 - shared with the tests

@@ -126,7 +126,7 @@ class PageServer:
 
     def redis_url(self) -> str:
         """The page's own embedded Redis (it exists once the page has been opened)."""
-        from agent.embedded_redis import EmbeddedRedis
+        from agent.runtime.embedded_redis import EmbeddedRedis
 
         return EmbeddedRedis(self.data_dir).url
 
@@ -291,7 +291,7 @@ def wait_settled(page, expected: str, timeout_s: float) -> float:
 
 def final_write_at(redis_url: str, conversation_id: str) -> float:
     """When the turn's done write landed (the state's updated_at, epoch seconds)."""
-    from agent.connection import state_client
+    from agent.runtime.connection import state_client
     from agent.store import Store
 
     client = state_client(redis_url)

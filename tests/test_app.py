@@ -12,9 +12,9 @@ import streamlit as st
 from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
-from agent import services
 from agent.endings import turn_summary, write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
+from agent.runtime import services
 from agent.store import Store
 from agent.ui import render, timeline
 from agent.ui.markdown import safe_markdown

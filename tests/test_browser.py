@@ -181,7 +181,7 @@ TURN_ID = "t1"
 
 def open_finished_turn(page, server, question: str, reply: str, steps: list[dict], now: float) -> None:
     """Write one finished turn straight into the page's Redis (as a worker would), then open it."""
-    from agent.connection import state_client
+    from agent.runtime.connection import state_client
     from agent.store import Store
     from tests.page_harness import open_chat
 

@@ -16,11 +16,11 @@ import pytest
 from rq.serializers import JSONSerializer
 
 from agent.cli import REDIS_OUTAGE_GRACE_S
-from agent.connection import queue_client, state_client
-from agent.embedded_redis import EmbeddedRedis
+from agent.lost_worker import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
 from agent.queue import SafeJob, get_queue
+from agent.runtime.connection import queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.store import Store
-from agent.watch import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
 from tests.conftest import ROOT, ask, start_pool, wait_done
 
 CLI_TIMEOUT_S = 90  # seconds for any one CLI run here (outages are part of it)

@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from agent.connection import describe, state_client
-from agent.embedded_redis import EmbeddedRedis, redis_binary
-from agent.services import ServiceError, check_redis
+from agent.runtime.connection import describe, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis, redis_binary
+from agent.runtime.services import ServiceError, check_redis
 from tests.conftest import ROOT, alive
 
 STOP_WAIT_S = 10.0  # seconds for a released server to be gone
 
 USER_SCRIPT = """
 import sys
-from agent.embedded_redis import EmbeddedRedis
+from agent.runtime.embedded_redis import EmbeddedRedis
 server = EmbeddedRedis(sys.argv[1])
 server.acquire()
 print(server.pid, flush=True)
@@ -317,7 +317,7 @@ def test_a_stale_pid_file_naming_another_process_is_never_signalled(tmp_path):
     import subprocess
     import sys
 
-    from agent.embedded_redis import EmbeddedRedis
+    from agent.runtime.embedded_redis import EmbeddedRedis
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -10,11 +10,11 @@ import pytest
 from rq.serializers import JSONSerializer
 
 from agent.endings import write_ending
-from agent.faults.checks import check_observations, percentile
-from agent.faults.runner import Options, run_faults
+from agent.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.turn import UNANSWERED_CALL_RESULT
-from agent.watch import lost_worker_check
+from faults.checks import check_observations, percentile
+from faults.runner import Options, run_faults
 from tests.conftest import FAST, wait_done
 from tests.scripted_server import chat_reply, tool_call
 
@@ -243,7 +243,7 @@ def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_declared_lost(store,
     from rq.job import Job
     from rq.serializers import JSONSerializer
 
-    from agent import watch
+    from agent import lost_worker as watch
 
     monkeypatch.setattr(watch, "LIMBO_GRACE_S", 0.3)
     cid, tid = new_id(), new_id()

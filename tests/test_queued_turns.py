@@ -9,11 +9,11 @@ import time
 import pytest
 
 from agent import queue as queue_module
-from agent.connection import queue_client, state_client
-from agent.embedded_redis import EmbeddedRedis
+from agent.lost_worker import lost_worker_check
 from agent.queue import get_queue, job_status, new_id, submit_turn
+from agent.runtime.connection import queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.store import Keys, Store
-from agent.watch import lost_worker_check
 from tests.conftest import FAST, start_pool, wait_done
 
 STATE_TTL_S = 3  # seconds: the scaled-down AGENT_STATE_TTL

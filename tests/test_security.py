@@ -18,8 +18,8 @@ import redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from agent.embedded_redis import EmbeddedRedis
 from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
+from agent.runtime.embedded_redis import EmbeddedRedis
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply, hang, raw, reply, tool_call
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import services
-from agent.embedded_redis import EmbeddedRedis
+from agent.runtime import services
+from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import Settings
 from tests.conftest import ROOT, processes_with_env
 
@@ -107,9 +107,9 @@ def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(pri
 
 
 def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env, tmp_path):
-    from agent.connection import queue_client, state_client
-    from agent.pool import launch
     from agent.queue import get_queue, new_id, submit_turn
+    from agent.runtime.connection import queue_client, state_client
+    from agent.runtime.pool import launch
     from agent.store import Store
     from tests.conftest import FAST
 

@@ -16,7 +16,7 @@ import redis
 import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
-from agent import services
+from agent.runtime import services
 from agent.settings import (
     ALLOWED_HOSTS_VARIABLE,
     DEFAULT_ALLOWED_HOSTS,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import redis
 from rq import Queue
 
-from agent import services
 from agent.endings import write_ending
+from agent.lost_worker import lost_worker_check
 from agent.queue import (
     BadMessage,
     get_queue,
@@ -25,10 +25,10 @@ from agent.queue import (
     running_workers,
     submit_turn,
 )
+from agent.runtime import services
 from agent.settings import Settings, TurnConfig
 from agent.store import Store, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert
-from agent.watch import lost_worker_check
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
 # Of the poll interval: a tick blocks this long for the next write, so a step (or the ending) shows

@@ -1,6 +1,6 @@
 """The worker pool: a small supervisor process that runs N workers and the demo provider.
 
-`python -m agent.pool --workers N [--parent-pid P]`. The app or CLI starts it as its own
+`python -m agent.runtime.pool --workers N [--parent-pid P]`. The app or CLI starts it as its own
 process (never a fork of the Streamlit process, which has threads). It restarts a worker that
 dies (a killed job takes its worker with it), stops every worker by its process group on
 SIGTERM/SIGINT, and stops by itself when the process that started it is gone.
@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("agent.pool")
+log = logging.getLogger("agent.runtime.pool")
 
 WATCH_INTERVAL_S = 0.2  # seconds between checks of the parent and the workers
 WARM_STOP_S = 1.5  # seconds a worker gets to finish on its own before a cold stop (RQ ignores a 2nd signal < 1 s)
@@ -30,7 +30,7 @@ COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before 
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
 HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
 HANDLE_STOP_TIMEOUT_S = 15.0  # seconds for a launched pool to stop its workers
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Pool:
@@ -45,7 +45,8 @@ class Pool:
     def spawn(self, index: int) -> None:
         name = f"agent-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}"
         self.procs[index] = subprocess.Popen(
-            [sys.executable, "-m", "agent.workers", "--with-parent", "--class", self.worker_class, "--name", name],
+            [sys.executable, "-m", "agent.runtime.worker_process", "--with-parent",
+             "--class", self.worker_class, "--name", name],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=sys.stderr,  # stdout is the pool's pipe to its parent; logs go to stderr
@@ -85,7 +86,7 @@ class Pool:
 
 @dataclass
 class PoolHandle:
-    """A running `python -m agent.pool` as seen by the process that started it."""
+    """A running `python -m agent.runtime.pool` as seen by the process that started it."""
 
     proc: subprocess.Popen
     demo_url: str | None
@@ -130,7 +131,7 @@ def launch(
             child_env.pop(key, None)
         else:
             child_env[key] = value
-    command = [sys.executable, "-m", "agent.pool", "--workers", str(workers), "--class", worker_class,
+    command = [sys.executable, "-m", "agent.runtime.pool", "--workers", str(workers), "--class", worker_class,
                "--parent-pid", str(os.getpid())]
     if not demo:
         command.append("--no-demo")
@@ -179,7 +180,7 @@ def parent_alive(pid: int | None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.pool")
+    parser = argparse.ArgumentParser(prog="python -m agent.runtime.pool")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--class", dest="worker_class", default="simple")
     parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")

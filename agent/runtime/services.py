@@ -17,9 +17,9 @@ from pathlib import Path
 
 import redis
 
-from agent import pool
-from agent.connection import describe, is_disk_error, queue_client, state_client
-from agent.embedded_redis import EmbeddedRedis, data_dir
+from agent.runtime import pool
+from agent.runtime.connection import describe, is_disk_error, queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis, data_dir
 from agent.settings import Settings
 from agent.store import Store
 

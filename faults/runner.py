@@ -1,7 +1,7 @@
-"""The seeded fault runner: `python -m agent.faults --runs N --seed S`.
+"""The seeded fault runner: `python -m faults --runs N --seed S`.
 
 Each run is one real turn: submitted through the queue, run by real RQ workers (a real
-`agent.pool` subprocess, with SimpleWorker or forking workers) against a real Redis server,
+`agent.runtime.pool` subprocess, with SimpleWorker or forking workers) against a real Redis server,
 calling a provider on loopback that misbehaves at random on every call (provider.py). On top
 of that, some runs get a process fault in the middle of the turn: SIGKILL of the job's
 process, SIGKILL of the whole worker, SIGTERM (warm shutdown), Redis paused (SIGSTOP, then
@@ -35,17 +35,17 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
-from agent.connection import queue_client, state_client
-from agent.embedded_redis import EmbeddedRedis
-from agent.faults.checks import check_observations, percentile
-from agent.faults.provider import FaultProvider
-from agent.pool import PoolHandle, launch
+from agent.lost_worker import LOST_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, get_queue, job_id_for, new_id, submit_turn
+from agent.runtime.connection import queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.pool import PoolHandle, launch
 from agent.settings import TurnConfig
 from agent.store import Store
-from agent.watch import LOST_GRACE_S, lost_worker_check
+from faults.checks import check_observations, percentile
+from faults.provider import FaultProvider
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CANARY_KEY = "sk-faults-canary-3b9d2e7a41c6"  # given to the workers; must never reach Redis or the logs
 
 # The clocks scaled down so a run takes a few seconds; each turn runs with these plus its provider.
@@ -584,7 +584,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _orphans_of(url: str) -> list[int]:
-    """Processes of ours still running `agent.workers` against this Redis (orphaned horses)."""
+    """Processes of ours still running `agent.runtime.worker_process` against this Redis (orphaned horses)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -594,7 +594,7 @@ def _orphans_of(url: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if b"agent.workers" in cmdline and f"REDIS_URL={url}".encode() in environ:
+        if b"agent.runtime.worker_process" in cmdline and f"REDIS_URL={url}".encode() in environ:
             pids.append(int(entry.name))
     return pids
 
@@ -608,7 +608,7 @@ def _wait_for_workers(connection: redis.Redis, count: int, timeout_s: float = 30
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.faults", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m faults", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="turns in flight (= workers)")

@@ -1,4 +1,4 @@
-"""One RQ worker process: `python -m agent.workers`. The pool and worker.py start these."""
+"""One RQ worker process: `python -m agent.runtime.worker_process`. The pool and worker.py start these."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rq import SimpleWorker, SpawnWorker, Worker
 from rq.serializers import JSONSerializer
 
 import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
-from agent.connection import queue_client
 from agent.queue import QUEUE_NAME, SafeJob
+from agent.runtime.connection import queue_client
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def make_worker(url: str, kind: str = DEFAULT_WORKER_CLASS, name: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.workers", description="Run one RQ worker.")
+    parser = argparse.ArgumentParser(prog="python -m agent.runtime.worker_process", description="Run one RQ worker.")
     parser.add_argument("--name")
     parser.add_argument("--class", dest="kind", choices=sorted(WORKER_CLASSES), default=DEFAULT_WORKER_CLASS)
     parser.add_argument("--burst", action="store_true", help="stop when the queue is empty")

@@ -1,4 +1,4 @@
 """The seeded fault runner: real turns, real workers, a provider that misbehaves on purpose.
 
-`python -m agent.faults --runs N --seed S` (or `make faults RUNS=N SEED=S`). See runner.py.
+`python -m faults --runs N --seed S` (or `make faults RUNS=N SEED=S`). See runner.py.
 """

@@ -1,5 +1,0 @@
-import sys
-
-from agent.faults.runner import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from faults.runner import main
+
+sys.exit(main())
