@@ -1,6 +1,7 @@
-"""A misbehaving OpenAI-compatible provider on loopback, for the fault runner.
+"""A misbehaving OpenAI-compatible provider, for the fault runner: a function from request to action,
+served on loopback by `agent.demo.http_server`.
 
-Every request names its run in the `model` field ("fault-<run>", "fault-<run>-slow"); the server keeps one RNG
+Every request names its run in the `model` field ("fault-<run>", "fault-<run>-slow"); the provider keeps one RNG
 per run, seeded from the runner's seed and the run number, and draws a fault for each call:
 hang, trickle, 429 (with and without Retry-After), 500/503/529, a socket closed before any
 reply, a reset in the middle of the body, malformed JSON, the wrong schema, tool calls that
@@ -13,18 +14,16 @@ from __future__ import annotations
 
 import json
 import random
-import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from functools import partial
 
-from agent.demo.server import client_left_or_stopped
+from agent.demo.http_server import Action, Request, hang, reply, reset, trickle
 
-LOOPBACK_HOST = "127.0.0.1"
-POLL_S = 0.05  # seconds between checks for a client that left or a server that stops
 HANG_CAP_S = 120.0  # seconds; a hanging handler gives up even if the client never leaves
+# Seconds a trickled body takes in all: either quick enough to finish inside a call's timeout, or far too slow.
+TRICKLE_SECONDS = (0.5, 1.0, 30.0)
 
 # Call faults and their weights (relative). "answer" and the tool calls let turns progress.
 CALL_FAULTS: dict[str, int] = {
@@ -74,7 +73,7 @@ WRONG_SCHEMAS = (
 
 @dataclass
 class RunLog:
-    """What the server did for one run."""
+    """What the provider did for one run."""
 
     rng: random.Random
     faults: list[str] = field(default_factory=list)
@@ -83,40 +82,26 @@ class RunLog:
 
 
 class FaultProvider:
-    """A ThreadingHTTPServer on 127.0.0.1 that draws a fault per call from a per-run seeded RNG."""
+    """A request -> the action of a fault drawn from its run's seeded RNG (serve it with LoopbackServer)."""
 
     def __init__(self, seed: int, *, slow_tool_max_s: float = 6.0, answer_delay_max_s: float = 2.0):
         self.seed = seed
         self.slow_tool_max_s = slow_tool_max_s
         self.answer_delay_max_s = answer_delay_max_s
         self.runs: dict[str, RunLog] = {}
-        self._lock = threading.Lock()
-        self.stopping = threading.Event()
-        self._httpd = _Server((LOOPBACK_HOST, 0), _Handler)
-        self._httpd.provider = self
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="fault-provider", daemon=True
-        )
-        self._thread.start()
+        self._lock = threading.Lock()  # the server calls this from one thread a connection
 
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
+    def __call__(self, request: Request) -> Action:
+        body = request.json
+        model = str(body.get("model", "unknown")) if isinstance(body, dict) else "unknown"
+        kind, run, number = self.draw(model)
+        return self.action(kind, run, model, number)
 
     def run_log(self, model: str) -> RunLog:
         with self._lock:
             if model not in self.runs:
                 self.runs[model] = RunLog(random.Random(f"{self.seed}:{model}"))
             return self.runs[model]
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    # -- drawing a fault -------------------------------------------------------------------
 
     def draw(self, model: str) -> tuple[str, RunLog, int]:
         run = self.run_log(model)
@@ -126,6 +111,47 @@ class FaultProvider:
             run.calls += 1
             run.faults.append(kind)
             return kind, run, run.calls
+
+    def action(self, kind: str, run: RunLog, model: str, number: int) -> Action:
+        """What call `number` of this run gets for fault `kind`; a reply the model completes is recorded
+        in `run.served` just before its last byte, since the client may act on it at once."""
+        rng = random.Random(f"{self.seed}:{model}:{number}")  # details of this call
+        if kind in ("answer", "slow_answer", "trickle") or kind.startswith("tool_"):
+            if kind.startswith("tool_"):
+                message = tool_message(kind, model, number, rng, self.slow_tool_max_s)
+            else:
+                message = {"role": "assistant", "content": f"answer {number} for {model}"}
+            served = partial(run.served.append, message)
+            body = json.dumps(_completion(message))
+            if kind == "trickle":
+                return trickle(body, len(body) / rng.choice(TRICKLE_SECONDS), on_last_byte=served)
+            delay_s = rng.uniform(0.3, self.answer_delay_max_s) if kind == "slow_answer" else 0.0
+            return reply(200, body=body, delay_s=delay_s, on_last_byte=served)
+        return _failure(kind, rng)
+
+
+def _failure(kind: str, rng: random.Random) -> Action:
+    """The action of a fault that delivers no answer."""
+    if kind == "hang":
+        return hang(HANG_CAP_S)
+    if kind.startswith("429"):
+        headers = {}
+        if kind == "429_retry_after":
+            headers["Retry-After"] = f"{rng.uniform(0.2, 1.2):.1f}"
+        elif kind == "429_long_retry_after":
+            headers["Retry-After"] = "30"
+        return reply(429, {"error": {"message": "slow down"}}, headers)
+    if kind in ("500", "503", "529"):
+        return reply(int(kind), {"error": {"message": "the provider is having a bad day"}})
+    if kind == "close":
+        return reset()
+    if kind == "reset_mid_body":
+        return reset(json.dumps(_completion({"role": "assistant", "content": "cut short"})))
+    if kind == "malformed_json":
+        return reply(200, body=rng.choice([b'{"choices": [ {"message": ', b"<html>oops</html>", b"", b"[[[[" * 5000]))
+    if kind == "wrong_schema":
+        return reply(200, rng.choice(WRONG_SCHEMAS))
+    raise ValueError(kind)
 
 
 def _completion(message: dict) -> dict:
@@ -171,117 +197,3 @@ def tool_message(kind: str, model: str, number: int, rng: random.Random, slow_to
     else:
         raise ValueError(kind)
     return {"role": "assistant", "content": None, "tool_calls": calls}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-    provider: FaultProvider
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a client hanging up on a hanging or trickling reply is the point
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the stdlib's signature
-        pass
-
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's naming
-        length = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(length) if length else b""
-        try:
-            model = str(json.loads(body).get("model", "unknown"))
-        except (ValueError, AttributeError):
-            model = "unknown"
-        provider = self.server.provider
-        kind, run, number = provider.draw(model)
-        try:
-            self._perform(kind, run, model, number)
-        except OSError:
-            self.close_connection = True
-
-    def _perform(self, kind: str, run: RunLog, model: str, number: int) -> None:
-        provider = self.server.provider
-        rng = random.Random(f"{provider.seed}:{model}:{number}")  # details of this call
-        if kind in ("answer", "slow_answer"):
-            message = {"role": "assistant", "content": f"answer {number} for {model}"}
-            if kind == "slow_answer" and self._wait(rng.uniform(0.3, provider.answer_delay_max_s)):
-                return
-            run.served.append(message)  # recorded first: the client may act on the reply before we return
-            self._send(200, json.dumps(_completion(message)).encode())
-        elif kind.startswith("tool_"):
-            message = tool_message(kind, model, number, rng, provider.slow_tool_max_s)
-            run.served.append(message)
-            self._send(200, json.dumps(_completion(message)).encode())
-        elif kind == "hang":
-            self._wait(HANG_CAP_S)
-            self.close_connection = True
-        elif kind == "trickle":
-            message = {"role": "assistant", "content": f"answer {number} for {model}"}
-            data = json.dumps(_completion(message)).encode()
-            # Either quick enough to finish inside a call's timeout, or far too slow.
-            seconds = rng.choice([0.5, 1.0, 30.0])
-            self._head(200, len(data))
-            pause = seconds / len(data)
-            for i in range(len(data)):
-                if i and self._wait(pause):
-                    return
-                if i == len(data) - 1:
-                    run.served.append(message)  # before the last byte: the client may act on it at once
-                self.wfile.write(data[i : i + 1])
-                self.wfile.flush()
-        elif kind.startswith("429"):
-            headers = {}
-            if kind == "429_retry_after":
-                headers["Retry-After"] = f"{rng.uniform(0.2, 1.2):.1f}"
-            elif kind == "429_long_retry_after":
-                headers["Retry-After"] = "30"
-            self._send(429, b'{"error": {"message": "slow down"}}', headers)
-        elif kind in ("500", "503", "529"):
-            self._send(int(kind), b'{"error": {"message": "the provider is having a bad day"}}')
-        elif kind == "close":
-            self._abort()
-        elif kind == "reset_mid_body":
-            data = json.dumps(_completion({"role": "assistant", "content": "cut short"})).encode()
-            self._head(200, len(data))
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self._abort()
-        elif kind == "malformed_json":
-            self._send(200, rng.choice([b'{"choices": [ {"message": ', b"<html>oops</html>", b"", b"[[[[" * 5000]))
-        elif kind == "wrong_schema":
-            self._send(200, json.dumps(rng.choice(WRONG_SCHEMAS)).encode())
-        else:
-            raise ValueError(kind)
-
-    def _head(self, status: int, length: int, headers: dict | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(length))
-        self.end_headers()
-        self.wfile.flush()
-
-    def _send(self, status: int, data: bytes, headers: dict | None = None) -> None:
-        self._head(status, len(data), headers)
-        self.wfile.write(data)
-        self.wfile.flush()
-
-    def _abort(self) -> None:
-        """Close with a TCP RST (SO_LINGER 0), with nothing more sent."""
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.rfile.close()
-        self.connection.close()
-        self.close_connection = True
-
-    def _wait(self, seconds: float) -> bool:
-        """Sleep up to `seconds`; True when the client left or the server is stopping."""
-        if client_left_or_stopped(self.connection, seconds, self.server.provider.stopping, POLL_S):
-            self.close_connection = True
-            return True
-        return False

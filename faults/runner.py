@@ -35,6 +35,7 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
+from agent.demo.http_server import LoopbackServer
 from agent.lost_worker import LOST_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, get_queue, job_id_for, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
@@ -135,7 +136,8 @@ class Lab:
         self.workdir = workdir
         self.redis = EmbeddedRedis(workdir / "redis")
         self.url = self.redis.acquire()
-        self.provider = FaultProvider(options.seed)
+        self.faults = FaultProvider(options.seed)
+        self.provider = LoopbackServer(self.faults, api_path="/v1", name="fault-provider").start()
         self.store = Store(state_client(self.url), ttl_s=STATE_TTL_S)
         self.queue_connection = queue_client(self.url)
         self.queue = get_queue(self.queue_connection)
@@ -281,7 +283,7 @@ def run_one(lab: Lab, plan: Plan) -> RunResult:
 
 
 def finish_result(lab: Lab, plan: Plan, result: RunResult, turn_id: str, text: str, model: str, job_id: str) -> None:
-    run_log = lab.provider.runs.get(model)
+    run_log = lab.faults.runs.get(model)
     result.call_faults = list(run_log.faults) if run_log else []
     served = list(run_log.served) if run_log else []
     result.violations = check_observations(result.observed, turn_id=turn_id, user_text=text, served=served)

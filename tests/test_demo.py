@@ -1,4 +1,4 @@
-"""The demo provider: the scripted model as pure logic, and its OpenAI-compatible server over real HTTP."""
+"""The demo provider: the scripted model and its HTTP behaviour as pure logic, and its server over real HTTP."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import time
 import httpx
 import pytest
 
+from agent.demo.http_server import Delayed, Hang, LoopbackServer, Reply, Request, Trickle, reply
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, parse_model_name
-from agent.demo.server import DemoServer
+from agent.demo.server import HANG_CAP_S, DemoProvider, DemoServer
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
@@ -147,6 +148,62 @@ def test_model_names_parse_into_scenarios_with_latency():
             parse_model_name(bad)
 
 
+# --- the provider's HTTP behaviour, without sockets ---
+
+
+def _post(provider: DemoProvider, body: dict | bytes, path: str = "/v1/chat/completions"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return provider(Request("POST", path, {"content-type": "application/json"}, data))
+
+
+def _served(action) -> Reply:
+    """The reply an action ends in, with the delay before it."""
+    assert isinstance(action, Delayed), action
+    assert isinstance(action.then, Reply), action.then
+    return action.then
+
+
+def test_a_chat_request_gets_the_models_reply_after_the_scenarios_latency():
+    action = _post(DemoProvider(), _chat("demo@0.25"))
+    assert action.seconds == 0.25
+    completion = json.loads(_served(action).body)
+    assert completion["model"] == "demo@0.25"
+    assert _call(completion["choices"][0]["message"]) == ("calculator", {"expression": "17*23"})
+
+
+def test_flaky_answers_429_then_500_then_the_reply_for_each_round_trip():
+    provider = DemoProvider()
+    first, second, third = (_served(_post(provider, _chat("demo:flaky"))) for _ in range(3))
+    assert (first.status, second.status, third.status) == (429, 500, 200)
+    assert first.headers == {"Retry-After": "1"}
+    assert _served(_post(provider, _chat("demo:flaky", "another question"))).status == 429  # its own count
+
+
+def test_hang_and_trickle_are_actions_not_replies():
+    assert _post(DemoProvider(), _chat("demo:hang")) == Hang(HANG_CAP_S)
+    trickled = _post(DemoProvider(), _chat("demo:trickle")).then
+    assert isinstance(trickled, Trickle) and trickled.bytes_per_second == 1.0
+    assert json.loads(trickled.body)["object"] == "chat.completion"
+
+
+def test_bad_requests_get_openai_shaped_errors():
+    provider = DemoProvider()
+    cases = [(_post(provider, b"{not json"), 400, "invalid_request"),
+             (_post(provider, _chat("demo:nope")), 404, "model_not_found"),
+             (_post(provider, _chat("demo"), "/v1/embeddings"), 404, "not_found"),
+             (provider(Request("GET", "/v1/nothing")), 404, "not_found")]
+    for action, status, code in cases:
+        assert action.status == status
+        assert json.loads(action.body)["error"]["code"] == code
+
+
+def test_models_and_health_are_listed():
+    provider = DemoProvider()
+    assert provider(Request("GET", "/healthz")) == reply(200, {"status": "ok"})
+    models = json.loads(provider(Request("GET", "/v1/models?x=1")).body)["data"]
+    assert "demo:flaky" in [m["id"] for m in models]
+
+
 # --- the server ---
 
 
@@ -158,7 +215,7 @@ def server():
 
 def test_server_refuses_to_bind_anything_but_loopback():
     with pytest.raises(ValueError):
-        DemoServer(host="0.0.0.0")
+        LoopbackServer(DemoProvider(), host="0.0.0.0")
 
 
 def test_chat_completion_round_trip(server):

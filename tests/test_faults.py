@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import io
+import json
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from rq.serializers import JSONSerializer
 
+from agent.demo.http_server import Hang, Request
 from agent.endings import write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.turn import UNANSWERED_CALL_RESULT
 from faults.checks import check_observations, percentile
+from faults.provider import CALL_FAULTS, FaultProvider
 from faults.runner import Options, run_faults
 from tests.conftest import FAST, wait_done
 from tests.scripted_server import chat_reply, tool_call
@@ -23,6 +26,67 @@ CI_RUNS = 100  # the CI-sized sample; `make faults` runs 1,000
 
 def scripted_config(server, **changes):
     return FAST.with_changes(provider="openai", model="scripted", base_url=server.url + "/v1", **changes)
+
+
+# -- the fault provider, without sockets -------------------------------------------------------
+
+
+class Recording:
+    """An Exchange that records what an action sent, for serving actions without a socket."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+
+    def send_head(self, status, length, headers) -> None:
+        self.status = status
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def wait(self, seconds) -> bool:
+        return False
+
+    def reset(self) -> None:
+        self.sent += b"<RST>"
+
+    def close_after(self) -> None:
+        pass
+
+
+def _call(provider: FaultProvider, model: str):
+    return provider(Request("POST", "/v1/chat/completions", body=json.dumps({"model": model}).encode()))
+
+
+def test_the_fault_provider_draws_the_same_faults_for_the_same_seed():
+    first, second = FaultProvider(7), FaultProvider(7)
+    for _ in range(30):
+        assert _call(first, "fault-1") == _call(second, "fault-1")
+    assert first.runs["fault-1"].faults == second.runs["fault-1"].faults
+    assert first.runs["fault-1"].calls == 30
+
+
+def test_a_reply_is_recorded_as_served_only_once_it_is_sent_in_full():
+    provider = FaultProvider(1)
+    run = provider.run_log("fault-3")
+    for count, kind in enumerate(("answer", "tool_ok", "trickle")):
+        action = provider.action(kind, run, "fault-3", 1)
+        assert len(run.served) == count  # drawn, not yet sent
+        recording = Recording()
+        action.serve(recording)
+        assert json.loads(recording.sent)["choices"][0]["message"] == run.served[-1]
+    assert len(run.served) == 3
+
+
+def test_every_call_fault_is_an_action():
+    provider = FaultProvider(1)
+    run = provider.run_log("fault-0")
+    for kind in CALL_FAULTS:
+        assert hasattr(provider.action(kind, run, "fault-0", 1), "serve"), kind
+    assert isinstance(provider.action("hang", run, "fault-0", 1), Hang)
+    recording = Recording()
+    provider.action("reset_mid_body", run, "fault-0", 1).serve(recording)
+    assert recording.sent.endswith(b"<RST>") and recording.status == 200
+    assert _call(provider, "fault-0").serve is not None  # a request without a body is drawn for too
 
 
 # -- the runner ------------------------------------------------------------------------------

@@ -8,13 +8,13 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 
 import pytest
 from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
 
 from agent import job_alarm
 from agent.deadline import CallTimeout
+from agent.demo.http_server import delayed, hang, raw, reply, reset, trickle
 from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError, make_provider, read_secret
 from agent.providers import http as provider_http
 from agent.providers.anthropic import parse_message, to_anthropic_messages, to_anthropic_tools
@@ -22,16 +22,7 @@ from agent.providers.base import Completion, ToolCall
 from agent.providers.http import HTTPReply, check_status, parse_retry_after
 from agent.providers.openai import parse_completion
 from agent.settings import TurnConfig
-from tests.scripted_server import (
-    ScriptedServer,
-    chat_reply,
-    hang,
-    raw,
-    reply,
-    reset_mid_body,
-    tool_call,
-    trickle,
-)
+from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 
 SHORT = CallTimeout(total_s=5.0, connect_s=2.0)
 DEADLINE_SLACK_S = 1.5  # seconds past a call's total timeout a busy machine may take to end it
@@ -165,7 +156,7 @@ def test_a_refused_connection_is_a_connection_error():
 
 
 def test_a_connection_reset_mid_body_is_a_connection_error(server, openai):
-    server.add(reset_mid_body(json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" * 500}}]})))
+    server.add(reset(json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" * 500}}]})))
     assert error_of(openai).kind == "connection"
 
 
@@ -197,7 +188,7 @@ def test_an_interruption_mid_call_propagates_and_the_next_call_starts_clean(serv
 JOB_ALARM_ACTIONS = {
     "hang": hang,
     "trickle": lambda: trickle(json.dumps({"choices": []}).ljust(400), bytes_per_second=20),
-    "slow reply": lambda: replace(chat_reply("late"), delay_s=2.0),
+    "slow reply": lambda: delayed(2.0, chat_reply("late")),
 }
 
 

@@ -18,10 +18,11 @@ import redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from agent.demo.http_server import hang, raw, reply
 from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
 from agent.runtime.embedded_redis import EmbeddedRedis
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
-from tests.scripted_server import ScriptedServer, chat_reply, hang, raw, reply, tool_call
+from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 
 FORGED_WAIT_S = 30.0  # seconds for a worker to pick up and refuse a forged job
 OFF_QUEUE_SETTLE_S = 5.0  # seconds a job may be off the queue before a busy worker marks it

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from agent.deadline import CallTimeout
+from agent.demo.http_server import hang
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import post_json
 from agent.stop_watch import StopWatch
@@ -16,7 +17,6 @@ from agent.store import Store
 from agent.tools import REGISTRY, make_tool, run_tool
 from agent.turn import UNANSWERED_CALL_RESULT
 from tests.conftest import FAST, ask, wait_done
-from tests.scripted_server import hang
 from tests.test_turn import scripted_config, steps_of
 from tests.test_turn_unit import make_turn
 

@@ -7,12 +7,13 @@ import json
 
 import pytest
 
+from agent.demo.http_server import reply
 from agent.queue import new_id
 from agent.store import Store
 from agent.surrogates import REPLACEMENT, scrub, scrub_json
 from agent.tools import run_tool
 from tests.conftest import ask, wait_done
-from tests.scripted_server import chat_reply, reply
+from tests.scripted_server import chat_reply
 from tests.test_turn import scripted_config
 
 LONE = "\\ud800"  # as a JSON escape: the body itself is plain ASCII

@@ -9,10 +9,11 @@ import zlib
 import pytest
 from rq.serializers import JSONSerializer
 
+from agent.demo.http_server import delayed, hang, reply, trickle
 from agent.queue import SafeJob, job_id_for, submit_turn
 from agent.store import TurnInFlight
 from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done
-from tests.scripted_server import chat_reply, hang, reply, tool_call, trickle
+from tests.scripted_server import chat_reply, tool_call
 
 pytestmark = pytest.mark.usefixtures("pool")
 
@@ -84,7 +85,7 @@ def test_a_provider_that_hangs_ends_timed_out_by_the_deadline(store, queue):
 
 
 def test_a_trickling_body_ends_at_the_calls_timeout(store, queue, scripted):
-    body = json.dumps(chat_reply("never finished").json_body).encode()
+    body = chat_reply("never finished").body
     scripted.add(trickle(body, bytes_per_second=2))
     scripted.add(hang())
     config = scripted_config(scripted, call_timeout_cap_s=1.5)
@@ -100,8 +101,7 @@ def test_a_trickling_body_ends_at_the_calls_timeout(store, queue, scripted):
 
 def test_a_late_calls_timeout_equals_what_remains_not_the_cap(store, queue, scripted):
     # The first call takes 2.5 s of a 4 s deadline; the second gets what remains (~1.5 s), not the 3 s cap.
-    scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "1+1"})]).__class__(
-        **{**chat_reply(None, [tool_call("calculator", {"expression": "1+1"})]).__dict__, "delay_s": 2.5}))
+    scripted.add(delayed(2.5, chat_reply(None, [tool_call("calculator", {"expression": "1+1"})])))
     scripted.add(chat_reply("2"))
     cid = ask(store, queue, "1+1?", scripted_config(scripted))
     state = wait_done(store, cid)
@@ -115,7 +115,7 @@ def test_a_late_calls_timeout_equals_what_remains_not_the_cap(store, queue, scri
 
 def test_a_first_call_leaving_less_than_the_minimum_skips_the_next_call_and_records_the_skip(store, queue, scripted):
     slow = chat_reply(None, [tool_call("calculator", {"expression": "2*2"})])
-    scripted.add(type(slow)(**{**slow.__dict__, "delay_s": 2.9}))
+    scripted.add(delayed(2.9, slow))
     config = scripted_config(scripted, min_call_s=1.5)
     cid = ask(store, queue, "2*2?", config)
     state = wait_done(store, cid)
@@ -195,7 +195,7 @@ def test_a_tool_error_goes_back_to_the_model_as_the_tool_result(store, queue, sc
 
 def test_when_only_one_call_fits_the_last_call_is_made_without_tools(store, queue, scripted):
     slow = chat_reply(None, [tool_call("calculator", {"expression": "6*7"})])
-    scripted.add(type(slow)(**{**slow.__dict__, "delay_s": 2.6}))  # leaves ~1.4 s: one 1 s call, not two
+    scripted.add(delayed(2.6, slow))  # leaves ~1.4 s: one 1 s call, not two
     scripted.add(chat_reply("42, answered with what I had"))
     cid = ask(store, queue, "6*7?", scripted_config(scripted, min_call_s=1.0))
     state = wait_done(store, cid)
