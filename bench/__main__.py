@@ -23,7 +23,7 @@ import rq
 
 from agent.runtime.worker_process import DEFAULT_WORKER_CLASS
 from bench import cost, latency, load, page, report
-from bench.harness import Lab
+from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
 

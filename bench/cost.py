@@ -8,7 +8,8 @@ import time
 
 from agent.queue import new_id
 from agent.store import Store
-from bench.harness import Lab, percentile, summary
+from bench.lab import Lab
+from harness.stats import percentile, summary
 
 HISTORY_LENGTHS = (10, 100, 1000)
 

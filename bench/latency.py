@@ -11,17 +11,9 @@ from rq.serializers import JSONSerializer
 
 from agent.queue import SafeJob, new_id, submit_turn
 from agent.settings import TurnConfig
-from bench.harness import (
-    ONE_CALL_MESSAGE,
-    THREE_TOOL_MESSAGE,
-    Follower,
-    Lab,
-    NoQueue,
-    PoolProcess,
-    follow,
-    submit,
-    summary,
-)
+from bench.lab import ONE_CALL_MESSAGE, THREE_TOOL_MESSAGE, Lab, NoQueue, PoolProcess, submit
+from harness.follow import Follower, follow
+from harness.stats import summary
 
 INSTANT = TurnConfig(model="demo@0")  # a provider that answers at once: what is left is our own cost
 
@@ -51,8 +43,7 @@ def dispatch_latency(lab: Lab, pool: PoolProcess, turns: int, warmup: int) -> di
         "start_ms": summary(start, 1000),
         "first_call_ms": summary(first_call, 1000),
         "turn_ms": summary(total, 1000),
-        "idle_rss_mib_per_worker": round(
-            statistics.mean(pool.rss_per_worker_kib()) / 1024, 1) if pool.worker_pids() else None,
+        "idle_rss_mib_per_worker": pool.mean_rss_mib(),
     }
 
 

@@ -8,16 +8,9 @@ import threading
 
 from agent.queue import new_id
 from agent.settings import TurnConfig
-from bench.harness import (
-    ONE_CALL_MESSAGE,
-    THREE_TOOL_MESSAGE,
-    Lab,
-    PoolProcess,
-    percentile,
-    submit,
-    summary,
-    wait_all_done,
-)
+from bench.lab import ONE_CALL_MESSAGE, THREE_TOOL_MESSAGE, Lab, PoolProcess, submit
+from harness.follow import wait_all_done
+from harness.stats import percentile, summary
 
 RSS_SAMPLE_S = 0.5  # seconds between memory samples while the turns run
 

@@ -8,15 +8,14 @@ is reloaded on the conversation and a few turns are asked in the browser, as a p
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from agent.queue import get_queue, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.settings import Settings
 from agent.store import Store
-from bench.harness import summary
-from tests.page_harness import (
+from harness.follow import states
+from harness.page import (
     WireLog,
     chromium,
     chromium_available,
@@ -28,11 +27,13 @@ from tests.page_harness import (
     send,
     wait_settled,
 )
+from harness.stats import summary
 
 PAGE_MODEL = "demo@1"  # one second per model call: a measured turn (3 calls) spans several ticks
 POLL_INTERVAL_MS = 1000  # AGENT_POLL_INTERVAL_MS's default
 SETTLE_TIMEOUT_S = 90  # seconds for one turn to settle before the benchmark gives up on it
 PREPARE_TIMEOUT_S = 30  # seconds for one earlier turn (instant model) to end
+PREPARE_WAIT_S = 0.5  # seconds each wait for that turn's next write may take
 STATE_TTL_S = 3600  # seconds: nothing expires during a run
 
 
@@ -101,12 +102,9 @@ def _condition(lengths: tuple[int, ...], turns_per_length: int, hog_count: int, 
 
 def _ask_directly(store: Store, queue, cid: str, text: str, config) -> None:
     submit_turn(store, queue, cid, text, config)
-    end = time.monotonic() + PREPARE_TIMEOUT_S
-    while time.monotonic() < end:
-        meta = store.read_meta(cid)
-        if meta and meta["done"]:
+    for state in states(store, cid, timeout_s=PREPARE_TIMEOUT_S, event_driven=True, interval_s=PREPARE_WAIT_S):
+        if state is not None and state["done"]:
             return
-        store.wait_version(cid, meta["version"] if meta else None, 500)
     raise RuntimeError(f"an earlier turn did not end within {PREPARE_TIMEOUT_S} s")
 
 

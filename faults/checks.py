@@ -8,7 +8,6 @@ appears at most once and in order, tool call ids are unique and each call is ans
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from agent.store import ENDED_STATUSES
@@ -108,11 +107,3 @@ def _key(message: dict) -> str:
         return "calls:" + ",".join(str(c.get("id")) for c in calls)
     return "text:" + str(message.get("content"))
 
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) by nearest rank; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]

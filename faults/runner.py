@@ -37,14 +37,16 @@ from rq.serializers import JSONSerializer
 
 from agent.demo.http_server import LoopbackServer
 from agent.lost_worker import LOST_GRACE_S, lost_worker_check
-from agent.queue import SafeJob, get_queue, job_id_for, new_id, submit_turn
-from agent.runtime.connection import queue_client, state_client
-from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.runtime.pool import PoolHandle, launch
+from agent.queue import SafeJob, job_id_for, new_id, submit_turn
+from agent.runtime.pool import PoolHandle
 from agent.settings import TurnConfig
-from agent.store import Store
-from faults.checks import check_observations, percentile
+from faults.checks import check_observations
 from faults.provider import FaultProvider
+from harness.follow import states
+from harness.pools import start_pool, stop_pool
+from harness.private_redis import PrivateRedis, stored_values
+from harness.processes import children
+from harness.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY_KEY = "sk-faults-canary-3b9d2e7a41c6"  # given to the workers; must never reach Redis or the logs
@@ -134,13 +136,11 @@ class Lab:
     def __init__(self, options: Options, workdir: Path):
         self.options = options
         self.workdir = workdir
-        self.redis = EmbeddedRedis(workdir / "redis")
-        self.url = self.redis.acquire()
+        self.redis = PrivateRedis(workdir / "redis", state_ttl_s=STATE_TTL_S)
+        self.url = self.redis.url
+        self.store, self.queue_connection, self.queue = self.redis.store, self.redis.queue_connection, self.redis.queue
         self.faults = FaultProvider(options.seed)
         self.provider = LoopbackServer(self.faults, api_path="/v1", name="fault-provider").start()
-        self.store = Store(state_client(self.url), ttl_s=STATE_TTL_S)
-        self.queue_connection = queue_client(self.url)
-        self.queue = get_queue(self.queue_connection)
         self.pool: PoolHandle | None = None
         self.pool_log = workdir / "pool.log"
         self.redis_lock = threading.Lock()  # one Redis fault at a time
@@ -148,19 +148,14 @@ class Lab:
         self.closed_port = _closed_port()
 
     def start_pool(self, worker_class: str) -> None:
-        self.pool = launch(self.url, self.options.concurrency, log_path=self.pool_log, worker_class=worker_class,
-                           demo=False, env={"OPENAI_API_KEY": CANARY_KEY, "AGENT_STATE_TTL": str(STATE_TTL_S)})
-        _wait_for_workers(self.queue_connection, self.options.concurrency)
+        self.pool = start_pool(self.url, self.options.concurrency, self.pool_log, worker_class=worker_class,
+                               demo=False, env={"OPENAI_API_KEY": CANARY_KEY, "AGENT_STATE_TTL": str(STATE_TTL_S)},
+                               queue_connection=self.queue_connection)
 
     def stop_pool(self) -> None:
         handle, self.pool = self.pool, None
-        if handle is None:
-            return
-        handle.stop(timeout_s=20)
-        # Fork workers' horses run in their own process groups: none may outlive the pool.
-        for pid in _orphans_of(self.url):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if handle is not None:
+            stop_pool(handle, self.url, timeout_s=20)
 
     def close(self) -> None:
         try:
@@ -169,7 +164,7 @@ class Lab:
             try:
                 self.provider.stop()
             finally:
-                self.redis.stop()
+                self.redis.close()
 
     # -- process faults --------------------------------------------------------------------
 
@@ -185,8 +180,8 @@ class Lab:
         if not pid or (current is not None and current.decode() != job_id):
             return None, None
         pid = int(pid)
-        children = _children(pid)
-        return pid, (children[0] if children else None)
+        horses = children(pid)
+        return pid, (horses[0] if horses else None)
 
     def inject(self, plan: Plan, job_id: str) -> str:
         """Apply the run's process fault now; returns a note ('' when it could not be applied)."""
@@ -197,18 +192,19 @@ class Lab:
             try:
                 started = time.time()
                 try:
+                    server = self.redis.server
                     if fault == "redis_pause":
-                        pid = self.redis.pid
+                        pid = server.pid
                         os.kill(pid, signal.SIGSTOP)
                         try:
                             time.sleep(plan.pause_s)
                         finally:
                             os.kill(pid, signal.SIGCONT)
                         return f"redis paused {plan.pause_s:.1f} s"
-                    self.redis.stop()
+                    server.stop()
                     for _ in range(3):
                         try:
-                            self.redis.acquire()
+                            server.acquire()
                             break
                         except RuntimeError:
                             time.sleep(0.5)
@@ -256,26 +252,20 @@ def run_one(lab: Lab, plan: Plan) -> RunResult:
         injector = threading.Thread(target=_inject_later, args=(lab, plan, job_id, result), daemon=True)
         injector.start()
 
-    limit = submitted + options.clocks.job_timeout_s + LOST_GRACE_S + STUCK_AFTER_S
-    seen, last_check, done_at = None, 0.0, None
-    while time.time() < limit:
-        try:
-            version = store.version(cid)
-            if version != seen:
-                state = store.read(cid)
-                if state is not None:
-                    result.observed.append(state)
-                    seen = state["version"]
-                    if state["done"] and done_at is None:
-                        done_at = time.monotonic()
-            elif done_at is None and time.monotonic() - last_check > LOST_CHECK_S:
-                last_check = time.monotonic()
+    limit_s = submitted + options.clocks.job_timeout_s + LOST_GRACE_S + STUCK_AFTER_S - time.time()
+    last_check, done_at = 0.0, None
+    for state in states(store, cid, timeout_s=limit_s, interval_s=POLL_S, tolerate=(redis.RedisError,)):
+        # A client sees Redis down as "reconnecting" and keeps polling: an error is a poll that saw nothing.
+        if state is not None:
+            result.observed.append(state)
+            if state["done"] and done_at is None:
+                done_at = time.monotonic()
+        elif done_at is None and time.monotonic() - last_check > LOST_CHECK_S:
+            last_check = time.monotonic()
+            with contextlib.suppress(redis.RedisError):
                 lost_worker_check(store, lab.queue_connection, cid)  # what the page and the CLI do
-        except redis.RedisError:
-            pass  # a client sees Redis down as "reconnecting" and keeps polling
         if done_at is not None and time.monotonic() - done_at > SETTLE_S:
             break
-        time.sleep(POLL_S)
     if injector is not None:
         injector.join(timeout=options.clocks.job_timeout_s + 10)
     finish_result(lab, plan, result, turn_id, text, model, job_id)
@@ -424,23 +414,7 @@ def _recheck(lab: Lab, result: RunResult) -> None:
 
 def _canary_leaks(lab: Lab) -> list[str]:
     leaks = []
-    client = lab.store.redis
-    for key in client.scan_iter(count=1000):
-        kind = client.type(key)
-        if kind == b"string":
-            values = [client.get(key) or b""]
-        elif kind == b"list":
-            values = client.lrange(key, 0, -1)
-        elif kind == b"hash":
-            values = [b"%s %s" % kv for kv in client.hgetall(key).items()]
-        elif kind == b"set":
-            values = list(client.smembers(key))
-        elif kind == b"zset":
-            values = client.zrange(key, 0, -1)
-        elif kind == b"stream":
-            values = [b" ".join(b"%s %s" % kv for kv in f.items()) for _, f in client.xrange(key)]
-        else:
-            values = []
+    for key, values in stored_values(lab.store.redis):
         if any(CANARY_KEY.encode() in v for v in [key, *values]):
             leaks.append(f"redis key {key.decode(errors='replace')}")
     if lab.pool_log.exists() and CANARY_KEY in lab.pool_log.read_text(errors="replace"):
@@ -576,37 +550,6 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (FileNotFoundError, ProcessLookupError, ValueError):
-        return []
-
-
-def _orphans_of(url: str) -> list[int]:
-    """Processes of ours still running `agent.runtime.worker_process` against this Redis (orphaned horses)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"agent.runtime.worker_process" in cmdline and f"REDIS_URL={url}".encode() in environ:
-            pids.append(int(entry.name))
-    return pids
-
-
-def _wait_for_workers(connection: redis.Redis, count: int, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if connection.scard("rq:workers") >= count:
-            return
-        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,12 @@ import redis
 
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
-from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.runtime.pool import PoolHandle, launch
+from agent.runtime.pool import PoolHandle
 from agent.settings import TurnConfig
 from agent.store import Store
-from tests.page_harness import alive, processes_with_env  # noqa: F401 - shared with the tests
+from harness import pools
+from harness.follow import states
+from harness.private_redis import PrivateRedis, stored_values
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4680"  # must never be seen in Redis, the page or logs
@@ -37,19 +37,17 @@ FAST = TurnConfig(
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
+def redis_url(tmp_path_factory):
     """A real Redis server binary, private to the test session."""
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    url = server.acquire()
-    try:
-        yield server, url
-    finally:
-        server.stop()
+    with PrivateRedis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
 
 
-@pytest.fixture(scope="session")
-def redis_url(redis_server):
-    return redis_server[1]
+@pytest.fixture
+def private_redis(tmp_path):
+    """A Redis of this test's own, so that only its workers take its jobs and stopping it touches no other test."""
+    with PrivateRedis(tmp_path / "redis") as server:
+        yield server
 
 
 @pytest.fixture
@@ -75,7 +73,7 @@ def queue(redis_url, redis_client):
 def start_pool(url: str, workers: int, log_path: Path, extra_env: dict | None = None) -> PoolHandle:
     """A real worker pool whose workers hold the canary keys (which must never leak)."""
     env = {"OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY, **(extra_env or {})}
-    return launch(url, workers, log_path=log_path, env=env)
+    return pools.start_pool(url, workers, log_path, env=env)
 
 
 @pytest.fixture(scope="session")
@@ -85,23 +83,18 @@ def pool(redis_url, tmp_path_factory):
     try:
         yield handle
     finally:
-        handle.stop()
+        pools.stop_pool(handle, redis_url)
 
 
 def wait_done(store: Store, conversation_id: str, timeout_s: float = 20.0, on_state=None) -> dict:
     """Poll like a client until done; returns the final state. Fails the test if it never comes."""
-    end = time.monotonic() + timeout_s
-    seen = None
-    while time.monotonic() < end:
-        version = store.version(conversation_id)
-        if version != seen:
-            state = store.read(conversation_id)
-            seen = state["version"]
-            if on_state:
-                on_state(state)
-            if state["done"]:
-                return state
-        time.sleep(0.05)
+    for state in states(store, conversation_id, timeout_s=timeout_s):
+        if state is None:
+            continue
+        if on_state:
+            on_state(state)
+        if state["done"]:
+            return state
     raise AssertionError(f"turn did not finish within {timeout_s} s: {store.read(conversation_id)}")
 
 
@@ -147,23 +140,4 @@ def scripted():
 
 def redis_dump(client: redis.Redis) -> bytes:
     """Every key's value, for leak checks."""
-    out = []
-    for key in client.scan_iter(count=500):
-        kind = client.type(key)
-        if kind == b"string":
-            out.append(client.get(key) or b"")
-        elif kind == b"list":
-            out.extend(client.lrange(key, 0, -1))
-        elif kind == b"hash":
-            for k, v in client.hgetall(key).items():
-                out.extend((k, v))
-        elif kind == b"set":
-            out.extend(client.smembers(key))
-        elif kind == b"zset":
-            out.extend(m for m, _ in client.zrange(key, 0, -1, withscores=True))
-        elif kind == b"stream":
-            for _, fields in client.xrange(key):
-                for k, v in fields.items():
-                    out.extend((k, v))
-        out.append(key)
-    return b"\n".join(out)
+    return b"\n".join(part for key, values in stored_values(client) for part in (*values, key))

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import CANARY_KEY, ROOT
-from tests.page_harness import (
+from harness.page import (
     AUTOREFRESH,
     INPUT,
     REBOUND_HOST,
@@ -20,6 +19,7 @@ from tests.page_harness import (
     chromium_available,
     page_server,
 )
+from tests.conftest import CANARY_KEY, ROOT
 
 if not chromium_available():
     pytest.skip("Debian's chromium is not installed (no `chromium` on PATH; `apt-get install chromium`)",
@@ -183,7 +183,7 @@ def open_finished_turn(page, server, question: str, reply: str, steps: list[dict
     """Write one finished turn straight into the page's Redis (as a worker would), then open it."""
     from agent.runtime.connection import state_client
     from agent.store import Store
-    from tests.page_harness import open_chat
+    from harness.page import open_chat
 
     open_chat(page, server.url)  # the page has started its Redis
     store = Store(state_client(server.redis_url()), ttl_s=600)
@@ -296,7 +296,7 @@ def long_chat_question(n: int) -> tuple[str, str]:
 def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path, browser):
     """Each turn's answer appears and the page stops polling and re-enables the input within a few
     seconds of the final write, at turn 1 and at turn 30, with two CPU hogs running."""
-    from tests.page_harness import (
+    from harness.page import (
         OVERLAP_WATCH_JS,
         conversation_id,
         cpu_hogs,

@@ -3,13 +3,13 @@ a brief outage is waited out, a long one ends in exit 1 with a sentence, within 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,9 +18,12 @@ from rq.serializers import JSONSerializer
 from agent.cli import REDIS_OUTAGE_GRACE_S
 from agent.lost_worker import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
 from agent.queue import SafeJob, get_queue
-from agent.runtime.connection import queue_client, state_client
+from agent.runtime.connection import queue_client
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.store import Store
+from harness.pools import stop_pool
+from harness.private_redis import PrivateRedis
+from harness.waiting import wait_for
 from tests.conftest import ROOT, ask, start_pool, wait_done
 
 CLI_TIMEOUT_S = 90  # seconds for any one CLI run here (outages are part of it)
@@ -33,45 +36,34 @@ SHORT_CLOCKS = {**CLOCKS, "AGENT_JOB_TIMEOUT": "8", "AGENT_DEADLINE_MARGIN": "3"
 CLOCK_SLACK_S = 15  # seconds beyond the CLI's own bound that a busy machine may add (process start, timeouts)
 
 
+@dataclass
 class Private:
     """A private Redis and one worker, so that stopping or breaking Redis touches no other test."""
 
-    def __init__(self, tmp_path: Path):
-        self.server = EmbeddedRedis(tmp_path / "redis")
-        self.url = self.server.acquire()
-        self.log = tmp_path / "pool.log"
-        self.pool = None
-        self.clients = []
-        try:
-            self.pool = start_pool(self.url, 1, self.log)
-        except BaseException:
-            self.server.stop()
-            raise
+    redis: PrivateRedis
+    log: Path  # the worker pool's log
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    @property
+    def server(self) -> EmbeddedRedis:
+        return self.redis.server
 
     def store(self) -> Store:
-        client = state_client(self.url)
-        self.clients.append(client)
-        return Store(client, ttl_s=600)
-
-    def stop(self) -> None:
-        pid = self.server.pid
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)  # a frozen server must be able to stop
-        for client in self.clients:
-            client.close()
-        if self.pool is not None:
-            self.pool.stop()
-        self.server.stop()
+        return self.redis.store
 
 
 @pytest.fixture
-def private(tmp_path):
-    env = Private(tmp_path)
+def private(private_redis, tmp_path):
+    log = tmp_path / "pool.log"
+    handle = start_pool(private_redis.url, 1, log)
     try:
-        yield env
+        yield Private(private_redis, log)
     finally:
-        env.stop()
+        private_redis.resume()  # a frozen server must answer the workers' goodbyes
+        stop_pool(handle, private_redis.url)
 
 
 def start_cli(env: dict, *args: str) -> subprocess.Popen:
@@ -96,16 +88,6 @@ def conversation(store: Store, url: str) -> str:
     return cid
 
 
-def wait_for(predicate, what: str, timeout_s: float = EVENT_TIMEOUT_S):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
-
-
 def running(store: Store, cid: str, turns_before: int):
     state = store.read(cid)
     return state if len(state["turns"]) == turns_before and state["status"] == "running" else None
@@ -124,7 +106,7 @@ def ask_through(base_env: dict, private, clocks: dict, outage) -> tuple[int, str
     cid = conversation(store, private.url)
     proc = start_cli(cli_env(base_env, private.url, clocks), "ask", "--conversation", cid, "What is 17*23?")
     try:
-        state = wait_for(lambda: running(store, cid, 1), "the turn runs")
+        state = wait_for(lambda: running(store, cid, 1), EVENT_TIMEOUT_S, "the turn runs")
         outage(store)
     finally:
         code, out, err = finish(proc)
@@ -190,7 +172,7 @@ def break_disk(client) -> str:
     client.config_set("dir", "/proc")  # nobody, root included, can create a file there
     client.bgsave()
     wait_for(lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0
-             and client.info("persistence")["rdb_last_bgsave_status"] == "err", "the snapshot fails")
+             and client.info("persistence")["rdb_last_bgsave_status"] == "err", EVENT_TIMEOUT_S, "the snapshot fails")
     return good_dir
 
 
@@ -198,7 +180,8 @@ def heal_disk(client, good_dir: str) -> None:
     client.config_set("dir", good_dir)
     client.bgsave()
     wait_for(lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0
-             and client.info("persistence")["rdb_last_bgsave_status"] == "ok", "the snapshot works again")
+             and client.info("persistence")["rdb_last_bgsave_status"] == "ok",
+             EVENT_TIMEOUT_S, "the snapshot works again")
 
 
 def test_a_message_sent_while_redis_cannot_save_says_so_in_words_and_exits_1(base_env, private):
@@ -223,7 +206,7 @@ def test_redis_refusing_writes_mid_turn_is_said_in_words_and_the_turn_still_ends
     proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
     good_dir = None
     try:
-        state = wait_for(lambda: running(store, cid, 1), "the turn runs")
+        state = wait_for(lambda: running(store, cid, 1), EVENT_TIMEOUT_S, "the turn runs")
         good_dir = break_disk(store.redis)
         code, out, err = finish(proc)
         ended_at = time.time()
@@ -233,7 +216,7 @@ def test_redis_refusing_writes_mid_turn_is_said_in_words_and_the_turn_still_ends
         assert ended_at < state["job_timeout_at"] + LOST_GRACE_S + CLOCK_SLACK_S
         # The worker's log says it in words too.
         wait_for(lambda: "Redis could not save to disk (MISCONF)" in private.log.read_text(errors="replace"),
-                 "the worker logs the refused write")
+                 EVENT_TIMEOUT_S, "the worker logs the refused write")
         assert store.read_meta(cid)["status"] == "running"  # nothing could be written meanwhile
     finally:
         if good_dir is not None:
@@ -241,7 +224,7 @@ def test_redis_refusing_writes_mid_turn_is_said_in_words_and_the_turn_still_ends
     # Once Redis takes writes again, the first look by a front end (a page tick, a CLI) ends the turn.
     queue_connection = queue_client(private.url)
     wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
-             "a front end writes the ending")
+             EVENT_TIMEOUT_S, "a front end writes the ending")
     state = store.read(cid)
     assert state["done"] and state["status"] == "failed"
     assert "could not be finished" in state["history"][-1]["content"]
@@ -263,7 +246,7 @@ def test_a_job_that_finished_without_its_last_write_is_ended_by_the_next_look(pr
     assert soon < meta["job_timeout_at"] + LOST_GRACE_S
     assert "last write did not reach Redis" in (lost_reason(store, queue_connection, cid, now=soon) or "")
     wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
-             "a front end writes the ending")
+             EVENT_TIMEOUT_S, "a front end writes the ending")
     state = store.read(cid)
     assert state["done"] and state["status"] == "failed"
     assert "last write did not reach Redis" in state["history"][-1]["content"]

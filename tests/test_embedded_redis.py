@@ -22,7 +22,8 @@ import redis
 from agent.runtime.connection import describe, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, redis_binary
 from agent.runtime.services import ServiceError, check_redis
-from tests.conftest import ROOT, alive
+from harness.processes import alive, processes_running
+from tests.conftest import ROOT
 
 STOP_WAIT_S = 10.0  # seconds for a released server to be gone
 
@@ -78,14 +79,7 @@ def wait_dead(pid: int, timeout_s: float = STOP_WAIT_S) -> bool:
 
 def servers_for(directory: Path) -> list[int]:
     """Live redis-server processes started on this directory's config."""
-    conf = str(directory / "redis.conf").encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if conf in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                    found.append(int(entry.name))
-    return found
+    return processes_running(str(directory / "redis.conf"))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from agent.endings import write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.turn import UNANSWERED_CALL_RESULT
-from faults.checks import check_observations, percentile
+from faults.checks import check_observations
 from faults.provider import CALL_FAULTS, FaultProvider
 from faults.runner import Options, run_faults
 from tests.conftest import FAST, wait_done
@@ -156,12 +156,6 @@ def test_the_checker_reports_an_unanswered_tool_call_unless_the_worker_was_lost(
                        error={"kind": kind, "message": "lost"})
         problems = check_observations([final], turn_id="t1", user_text="hi", served=[asking])
         assert any("never answered" in p for p in problems) is expected
-
-
-def test_percentiles_are_nearest_rank():
-    assert percentile([], 50) is None
-    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert percentile(list(range(1, 101)), 99) == 99
 
 
 # -- lost workers and duplicates, against real workers ----------------------------------------

@@ -14,11 +14,8 @@ import httpx
 import pytest
 
 from agent.providers import ProviderError, make_provider
-from agent.queue import get_queue
-from agent.runtime.connection import queue_client, state_client
-from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import TurnConfig, is_local_host, is_local_url
-from agent.store import Store
+from harness.pools import stop_pool
 from tests.conftest import CANARY_KEY, FAST, ask, start_pool, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply
 
@@ -128,28 +125,18 @@ FORGED_URLS = [
 
 
 @pytest.fixture
-def proxied_pool(tmp_path):
+def proxied_pool(private_redis, tmp_path):
     """A private Redis and two workers whose HTTP goes through a recording proxy (loopback excepted),
     which stands for every machine on the network: whatever reaches it left this machine."""
-    proxy = ScriptedServer(default=chat_reply("answered by the configured server"))
-    server = EmbeddedRedis(tmp_path / "redis")
-    handle = None
-    try:
-        url = server.acquire()
+    with ScriptedServer(default=chat_reply("answered by the configured server")) as proxy:
         env = {"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "HTTPS_PROXY": proxy.url, "https_proxy": proxy.url,
                "ALL_PROXY": None, "all_proxy": None, "NO_PROXY": "127.0.0.1,localhost,::1",
                "no_proxy": "127.0.0.1,localhost,::1", "OPENAI_BASE_URL": CONFIGURED_URL}
-        handle = start_pool(url, 2, tmp_path / "pool.log", extra_env=env)
-        client = state_client(url)
+        handle = start_pool(private_redis.url, 2, tmp_path / "pool.log", extra_env=env)
         try:
-            yield Store(client, ttl_s=600), get_queue(queue_client(url)), proxy, handle
+            yield private_redis.store, private_redis.queue, proxy, handle
         finally:
-            client.close()
-    finally:
-        if handle is not None:
-            handle.stop()
-        server.stop()
-        proxy.stop()
+            stop_pool(handle, private_redis.url)
 
 
 def test_no_forged_server_gets_the_key_and_the_chat_says_why(proxied_pool):

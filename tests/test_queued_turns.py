@@ -6,37 +6,25 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from agent import queue as queue_module
 from agent.lost_worker import lost_worker_check
-from agent.queue import get_queue, job_status, new_id, submit_turn
-from agent.runtime.connection import queue_client, state_client
-from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.queue import job_status, new_id, submit_turn
 from agent.store import Keys, Store
+from harness.pools import stop_pool
+from harness.waiting import wait_for
 from tests.conftest import FAST, start_pool, wait_done
 
 STATE_TTL_S = 3  # seconds: the scaled-down AGENT_STATE_TTL
 SLOW = FAST.with_changes(model="demo@2.5", job_timeout_s=20, deadline_margin_s=4.0, call_timeout_cap_s=10.0)
 
 
-@pytest.fixture
-def private_redis(tmp_path):
-    """A Redis of its own, so that only this test's workers take its jobs."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    url = server.acquire()
-    try:
-        yield url
-    finally:
-        server.stop()
-
-
 def test_a_turn_queued_longer_than_the_state_ttl_still_runs_and_answers(private_redis, tmp_path):
-    handle = start_pool(private_redis, 1, tmp_path / "pool.log", extra_env={"AGENT_STATE_TTL": str(STATE_TTL_S)})
-    client = state_client(private_redis)
+    url = private_redis.url
+    handle = start_pool(url, 1, tmp_path / "pool.log", extra_env={"AGENT_STATE_TTL": str(STATE_TTL_S)})
+    client = private_redis.client
     try:
         store = Store(client, ttl_s=STATE_TTL_S)
-        queue = get_queue(queue_client(private_redis))
+        queue = private_redis.queue
         # The one worker is busy for two slow model calls (about 5 s); a second slow turn queues
         # behind it, and the turn under test behind both: it waits well past the 3 s state TTL.
         busy = [new_id(), new_id()]
@@ -55,31 +43,23 @@ def test_a_turn_queued_longer_than_the_state_ttl_still_runs_and_answers(private_
         # Once it has run, the conversation lives AGENT_STATE_TTL after its last write, as before.
         assert 0 < client.ttl(Keys.of(waiting).meta) <= STATE_TTL_S
     finally:
-        handle.stop()
-        client.close()
+        stop_pool(handle, url)
 
 
 def test_a_turn_dropped_for_waiting_longer_than_the_queue_allows_is_ended_in_words(private_redis, monkeypatch):
     # No worker at all: the job waits until RQ drops it at the queue's wait limit (scaled down).
     monkeypatch.setattr(queue_module, "QUEUE_WAIT_S", 2)
-    client = state_client(private_redis)
-    try:
-        store = Store(client, ttl_s=1)
-        connection = queue_client(private_redis)
-        cid = new_id()
-        submit_turn(store, get_queue(connection), cid, "What is 2+2?", FAST)
-        job_id = store.read_meta(cid)["job_id"]
-        end = time.monotonic() + 30
-        while job_status(connection, job_id) is not None and time.monotonic() < end:
-            time.sleep(0.1)
-        assert job_status(connection, job_id) is None  # RQ dropped the job
-        # The conversation outlived its 1 s TTL, so the front end can still say what happened.
-        assert store.read(cid) is not None
-        assert lost_worker_check(store, connection, cid)
-        state = store.read(cid)
-        assert state["done"] and state["status"] == "failed"
-        assert state["error"]["kind"] == "queue_expired"
-        assert "No worker was free" in state["history"][-1]["content"]
-        assert "Send your message again" in state["history"][-1]["content"]
-    finally:
-        client.close()
+    store = Store(private_redis.client, ttl_s=1)
+    connection = private_redis.queue_connection
+    cid = new_id()
+    submit_turn(store, private_redis.queue, cid, "What is 2+2?", FAST)
+    job_id = store.read_meta(cid)["job_id"]
+    wait_for(lambda: job_status(connection, job_id) is None, 30, "RQ dropped the job")
+    # The conversation outlived its 1 s TTL, so the front end can still say what happened.
+    assert store.read(cid) is not None
+    assert lost_worker_check(store, connection, cid)
+    state = store.read(cid)
+    assert state["done"] and state["status"] == "failed"
+    assert state["error"]["kind"] == "queue_expired"
+    assert "No worker was free" in state["history"][-1]["content"]
+    assert "Send your message again" in state["history"][-1]["content"]

@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 
 from agent.demo.http_server import hang, raw, reply
 from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
-from agent.runtime.embedded_redis import EmbeddedRedis
+from harness.processes import alive, listening_tcp_sockets
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 
@@ -36,7 +36,7 @@ def worker_pids(client: redis.Redis) -> set[int]:
     pids = set()
     for key in client.smembers("rq:workers"):
         pid = client.hget(key, "pid")
-        if pid and _alive(int(pid)):
+        if pid and alive(int(pid)):
             pids.add(int(pid))
     return pids
 
@@ -49,15 +49,7 @@ def ready_worker_pids(client: redis.Redis, count: int = 2, timeout_s: float = 15
     return worker_pids(client)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_job_ended(client: redis.Redis, job_id: str, timeout_s: float = FORGED_WAIT_S) -> bytes | None:
+def wait_forged_job_settled(client: redis.Redis, job_id: str, timeout_s: float = FORGED_WAIT_S) -> bytes | None:
     """The job's status once a worker has failed or finished it, or has taken it off the queue
     and could not even load it (then its status stays whatever the forger wrote)."""
     end = time.monotonic() + timeout_s
@@ -127,7 +119,7 @@ def test_a_job_hash_written_straight_into_redis_naming_another_function_is_refus
     job.save()
     redis_client.hset(job.key, mapping={"status": "queued", "failure_callback_name": "os.system"})
     redis_client.rpush(f"rq:queue:{QUEUE_NAME}", job.id)
-    status = wait_job_ended(redis_client, job.id)
+    status = wait_forged_job_settled(redis_client, job.id)
     assert status == b"failed"
     time.sleep(0.3)
     assert not marker.exists()
@@ -145,23 +137,24 @@ def forged_webhooks(url: str) -> str:
     return json.dumps(hooks)
 
 
+UNLISTENED_URL = "http://127.0.0.1:9"  # the discard port: what a forged webhook points at when no test listens
 # Payload fields a forger can set that make a worker connect, wait, or run a job again; and what SafeJob leaves.
 FORGED_FIELDS = {
-    "webhooks": (lambda url: forged_webhooks(url), "webhooks", []),
-    "retries_left": (lambda url: "1000000", "retries_left", None),
-    "retry_intervals": (lambda url: "[0, 1000000]", "retry_intervals", None),
-    "enqueue_at_front_on_retry": (lambda url: "1", "enqueue_at_front_on_retry", False),
-    "repeats_left": (lambda url: "1000000", "repeats_left", None),
-    "repeat_intervals": (lambda url: "[0]", "repeat_intervals", None),
-    "rate_limit_key": (lambda url: "forged", "rate_limit_key", None),
-    "rate_limit_concurrency": (lambda url: "1", "rate_limit_concurrency", None),
-    "dependency_ids": (lambda url: json.dumps(["forged-dependency"]), "_dependency_ids", []),
-    "success_callback_name": (lambda url: "agent.turn.on_failure", "_success_callback_name", None),
-    "stopped_callback_name": (lambda url: "agent.turn.on_failure", "_stopped_callback_name", None),
-    "failure_callback_name": (lambda url: "os.getcwd", "_failure_callback_name", None),
-    "failure_callback_timeout": (lambda url: "1000000", "failure_callback_timeout", FAILURE_CALLBACK_TIMEOUT_S),
-    "success_callback_timeout": (lambda url: "1000000", "_success_callback_timeout", None),
-    "stopped_callback_timeout": (lambda url: "1000000", "_stopped_callback_timeout", None),
+    "webhooks": (forged_webhooks(UNLISTENED_URL), "webhooks", []),
+    "retries_left": ("1000000", "retries_left", None),
+    "retry_intervals": ("[0, 1000000]", "retry_intervals", None),
+    "enqueue_at_front_on_retry": ("1", "enqueue_at_front_on_retry", False),
+    "repeats_left": ("1000000", "repeats_left", None),
+    "repeat_intervals": ("[0]", "repeat_intervals", None),
+    "rate_limit_key": ("forged", "rate_limit_key", None),
+    "rate_limit_concurrency": ("1", "rate_limit_concurrency", None),
+    "dependency_ids": (json.dumps(["forged-dependency"]), "_dependency_ids", []),
+    "success_callback_name": ("agent.turn.on_failure", "_success_callback_name", None),
+    "stopped_callback_name": ("agent.turn.on_failure", "_stopped_callback_name", None),
+    "failure_callback_name": ("os.getcwd", "_failure_callback_name", None),
+    "failure_callback_timeout": ("1000000", "failure_callback_timeout", FAILURE_CALLBACK_TIMEOUT_S),
+    "success_callback_timeout": ("1000000", "_success_callback_timeout", None),
+    "stopped_callback_timeout": ("1000000", "_stopped_callback_timeout", None),
 }
 
 
@@ -176,8 +169,8 @@ def forge_job(client: redis.Redis, func: str, args: list, fields: dict, prefix: 
 
 @pytest.mark.parametrize("field", sorted(FORGED_FIELDS))
 def test_a_forged_payload_field_that_makes_a_worker_connect_wait_or_rerun_is_dropped_on_load(redis_client, field):
-    make_value, attribute, expected = FORGED_FIELDS[field]
-    job_id = forge_job(redis_client, JOB_FUNCTION, ["c", "t"], {field: make_value("http://127.0.0.1:9")})
+    value, attribute, expected = FORGED_FIELDS[field]
+    job_id = forge_job(redis_client, JOB_FUNCTION, ["c", "t"], {field: value})
     try:
         plain = Job.fetch(job_id, connection=redis_client, serializer=JSONSerializer)
         assert getattr(plain, attribute) != expected  # the forged value is really there for RQ to act on
@@ -196,9 +189,9 @@ def test_forged_webhooks_are_never_sent_and_leave_every_worker_free(store, queue
     target = ScriptedServer(default=reply(200, {}) if listener == "answering" else hang())
     try:
         before = ready_worker_pids(redis_client)
-        every_field = {field: make(target.url) for field, (make, _, _) in FORGED_FIELDS.items()
+        every_field = {field: value for field, (value, _, _) in FORGED_FIELDS.items()
                        if field not in ("dependency_ids", "rate_limit_key", "rate_limit_concurrency",
-                                        "failure_callback_name")}
+                                        "failure_callback_name")} | {"webhooks": forged_webhooks(target.url)}
         jobs = [
             forge_job(redis_client, "os.getcwd", [], {"webhooks": forged_webhooks(target.url)}),
             forge_job(redis_client, JOB_FUNCTION, ["gone-" + new_id(), "t"], {"webhooks": forged_webhooks(target.url)}),
@@ -211,7 +204,7 @@ def test_forged_webhooks_are_never_sent_and_leave_every_worker_free(store, queue
         ]
         for job_id in jobs:
             redis_client.rpush(f"rq:queue:{QUEUE_NAME}", job_id)
-        statuses = [wait_job_ended(redis_client, job_id, timeout_s=20.0) for job_id in jobs]
+        statuses = [wait_forged_job_settled(redis_client, job_id, timeout_s=20.0) for job_id in jobs]
         assert statuses == [b"failed", b"finished", b"failed", b"finished", b"failed", b"finished"]
         # The workers are free: a real turn runs at once, on the same worker processes.
         assert_workers_still_answer(store, queue, before, redis_client)
@@ -254,7 +247,7 @@ def test_a_pickle_blob_in_a_job_is_never_unpickled(store, queue, redis_client, t
         "meta": pickle.dumps(_Touch(marker)),
     })
     redis_client.rpush(f"rq:queue:{QUEUE_NAME}", job_id)
-    wait_job_ended(redis_client, job_id)
+    wait_forged_job_settled(redis_client, job_id)
     time.sleep(0.5)
     assert not marker.exists()
     assert_workers_still_answer(store, queue, before, redis_client)
@@ -336,45 +329,9 @@ def test_a_key_echoed_in_any_case_in_any_field_of_a_reply_never_reaches_redis_or
 # -- the embedded Redis and Streamlit are not exposed ------------------------------------------
 
 
-@pytest.fixture
-def private_redis(tmp_path):
-    server = EmbeddedRedis(tmp_path / "r")
-    server.acquire()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _listening_tcp_inodes() -> set[str]:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                inodes.add(fields[9])
-    return inodes
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        match = re.fullmatch(r"socket:\[(\d+)\]", target)
-        if match:
-            inodes.add(match.group(1))
-    return inodes
-
-
 def test_the_embedded_redis_has_no_tcp_listener_only_its_unix_socket(private_redis):
-    client = redis.Redis(unix_socket_path=str(private_redis.socket), password=private_redis.password)
+    server = private_redis.server
+    client = redis.Redis(unix_socket_path=str(server.socket), password=server.password)
     marker = "tcp-probe-" + new_id()
     try:
         assert client.config_get("port") == {"port": "0"}
@@ -382,10 +339,10 @@ def test_the_embedded_redis_has_no_tcp_listener_only_its_unix_socket(private_red
     finally:
         client.close()
     # No socket the server owns is a listening TCP socket (IPv4 or IPv6).
-    assert not (_socket_inodes(private_redis.pid) & _listening_tcp_inodes())
+    assert listening_tcp_sockets(server.pid) == []
     # And the default port is not it: closed, or another server that has never seen our key.
     if _port_open(6379):
-        other = redis.Redis(host="127.0.0.1", port=6379, password=private_redis.password, socket_timeout=1)
+        other = redis.Redis(host="127.0.0.1", port=6379, password=server.password, socket_timeout=1)
         try:
             assert not other.exists(marker)
         except redis.RedisError:
@@ -401,8 +358,9 @@ def _port_open(port: int) -> bool:
 
 
 def test_the_embedded_redis_refuses_a_client_without_its_password(private_redis):
-    anonymous = redis.Redis(unix_socket_path=str(private_redis.socket), socket_timeout=2)
-    wrong = redis.Redis(unix_socket_path=str(private_redis.socket), password="guess", socket_timeout=2)
+    server = private_redis.server
+    anonymous = redis.Redis(unix_socket_path=str(server.socket), socket_timeout=2)
+    wrong = redis.Redis(unix_socket_path=str(server.socket), password="guess", socket_timeout=2)
     try:
         with pytest.raises(redis.AuthenticationError):
             anonymous.get("anything")
@@ -411,18 +369,20 @@ def test_the_embedded_redis_refuses_a_client_without_its_password(private_redis)
     finally:
         anonymous.close()
         wrong.close()
-    assert len(private_redis.password) >= 32  # generated, not a constant
+    assert len(server.password) >= 32  # generated, not a constant
 
 
 def test_the_embedded_redis_files_are_private_to_their_owner(private_redis):
+    server = private_redis.server
+
     def mode(path: Path) -> int:
         return stat.S_IMODE(path.stat().st_mode)
 
-    assert mode(private_redis.password_file) == 0o600
-    assert mode(private_redis.conf_file) == 0o600
-    assert mode(private_redis.dir) == 0o700
-    assert stat.S_ISSOCK(private_redis.socket.stat().st_mode)
-    assert mode(private_redis.socket) == 0o700
+    assert mode(server.password_file) == 0o600
+    assert mode(server.conf_file) == 0o600
+    assert mode(server.dir) == 0o700
+    assert stat.S_ISSOCK(server.socket.stat().st_mode)
+    assert mode(server.socket) == 0o700
 
 
 def test_streamlit_binds_loopback_by_default():

@@ -14,7 +14,8 @@ import pytest
 from agent.runtime import services
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import Settings
-from tests.conftest import ROOT, processes_with_env
+from harness.processes import processes_with_env
+from tests.conftest import ROOT
 
 
 def wait_gone(name: str, value: str, timeout_s: float = 15.0) -> list[int]:

@@ -2,7 +2,7 @@
 Debian's Chromium driven by Playwright, CPU hogs for a busy machine, and a chat driver that
 measures what each rerun costs and how long the page takes to settle after a turn's final write.
 
-Shared by the browser tests and `python -m bench`. Everything started here is stopped by the
+Shared by the browser tests and the bench's page figures. Everything started here is stopped by the
 context managers, also on failure.
 """
 
@@ -20,7 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.processes import alive, kill, processes_with_env
+
+ROOT = Path(__file__).resolve().parent.parent  # the project, where `app.py` is
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REBOUND_HOST = "rebound.test"  # a name this browser resolves to 127.0.0.1, as a DNS-rebinding attacker's would
 CHROMIUM_ARGS = [f"--host-resolver-rules=MAP {REBOUND_HOST} 127.0.0.1",
@@ -67,29 +69,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Live pids whose environment has name=value: how a test finds every process it started."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 class PageServer:
@@ -150,7 +129,7 @@ class PageServer:
     def leftovers(self, timeout_s: float = 15.0) -> list[int]:
         end = time.monotonic() + timeout_s
         while True:
-            left = [p for p in processes_with_env("AGENT_TEST_MARKER", self.marker) if alive(p)]
+            left = processes_with_env("AGENT_TEST_MARKER", self.marker)
             if self.redis_pid and alive(self.redis_pid):
                 left.append(self.redis_pid)
             if not left or time.monotonic() > end:
@@ -158,9 +137,7 @@ class PageServer:
             time.sleep(0.2)
 
     def kill_leftovers(self) -> None:
-        for pid in self.leftovers(timeout_s=0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill(self.leftovers(timeout_s=0))
 
 
 @contextlib.contextmanager
