@@ -11,13 +11,12 @@ import random
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from agent.ui.markdown import inert, safe_markdown
-from tests.conftest import collector_paused
+from tests.conftest import cpu_seconds, repeated
 
 MB = 1_000_000
 QUARTER_MB = MB // 4
@@ -33,10 +32,6 @@ SYNTAX = [
 ]
 SHAPES = ["[" * 8 + "]" * 8, "(" * 8 + ")" * 8, "[[[(((", "]]])))", "![[](", " ", "\n", " \n", "\t", "\n\n>",
           "a", "-", "![]]", "![]", "](&#1;"]  # the last three: alt text and entities, worst cases once
-
-
-def repeated(pattern: str, size: int) -> str:
-    return (pattern * (size // len(pattern) + 1))[:size]
 
 
 def patterns() -> list[str]:
@@ -55,26 +50,23 @@ def random_mix(seed: int, size: int) -> str:
     return "".join(out)[:size]
 
 
-def cpu_seconds(text: str) -> float:
-    """CPU seconds of this thread, the collector paused (see tests.conftest.collector_paused)."""
-    with collector_paused():
-        started = time.thread_time()
-        safe_markdown(text)
-        return time.thread_time() - started
+def render_seconds(text: str) -> float:
+    """CPU seconds of this thread for rendering `text` (see tests.conftest.cpu_seconds)."""
+    return cpu_seconds(safe_markdown, text)
 
 
 def render_costs(make) -> tuple[float, float]:
     """CPU seconds for 256 KB and 1 MB, side by side; measured again once if either looks slow, so
     a burst from a neighbour on this busy machine does not fail the test."""
     small, large = make(QUARTER_MB), make(MB)
-    quarter, whole = cpu_seconds(small), cpu_seconds(large)
+    quarter, whole = render_seconds(small), render_seconds(large)
     if whole > RENDER_BOUND_S or whole / max(quarter, TIMING_FLOOR_S) > GROWTH_BOUND:
-        quarter, whole = min(quarter, cpu_seconds(small)), min(whole, cpu_seconds(large))
+        quarter, whole = min(quarter, render_seconds(small)), min(whole, render_seconds(large))
     return quarter, whole
 
 
 def test_a_32_kb_run_of_image_openers_renders_at_once():
-    assert cpu_seconds("![" * 16_384) < RENDER_BOUND_S / 4
+    assert render_seconds("![" * 16_384) < RENDER_BOUND_S / 4
 
 
 @pytest.mark.parametrize("pattern", patterns())

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
 from agent.plain_text import plain_text
-from tests.conftest import collector_paused
+from tests.conftest import cpu_seconds, repeated
 
 LARGE_CHARS = 160_000  # characters of a pathological input
 SMALL_CHARS = LARGE_CHARS // 4
@@ -45,17 +44,8 @@ def test_text_without_markers_is_returned_unchanged():
 
 
 def _best_of_three(text: str) -> float:
-    """CPU seconds of this thread (not wall-clock time, which a busy neighbour stretches, nor the
-    process's, which a leftover thread of an earlier test adds to), the best of three, with the
-    garbage collector paused: a full collection walks every object the suite has made so far, a
-    cost of the heap, not of this text."""
-    best = float("inf")
-    with collector_paused():
-        for _ in range(3):
-            started = time.thread_time()
-            plain_text(text)
-            best = min(best, time.thread_time() - started)
-    return best
+    """CPU seconds of this thread for plain_text(text), the best of three (see tests.conftest.cpu_seconds)."""
+    return cpu_seconds(plain_text, text, repeats=3)
 
 
 PATTERNS = ["*a", "_*", "*_ ", "a*b ", "**", "** x", " **x", "`", "``a", "\\*", "*`", "_a_b", "***a", "* a*"]
@@ -68,7 +58,7 @@ def test_plain_text_takes_linear_time_on_pathological_input(pattern):
     def make(chars: int) -> str:
         if pattern == "random":
             return "".join(rng.choice("*_` \\a\n") for _ in range(chars))
-        return (pattern * (chars // len(pattern) + 1))[:chars]
+        return repeated(pattern, chars)
 
     small_text, large_text = make(SMALL_CHARS), make(LARGE_CHARS)
     small, large = _best_of_three(small_text), _best_of_three(large_text)
