@@ -18,6 +18,7 @@ from agent.turn import UNANSWERED_CALL_RESULT
 from faults.checks import check_observations
 from faults.provider import CALL_FAULTS, FaultProvider
 from faults.runner import Options, run_faults
+from harness.waiting import wait_for
 from tests.conftest import FAST, wait_done
 from tests.scripted_server import chat_reply, tool_call
 
@@ -210,9 +211,7 @@ def test_a_job_that_runs_again_after_its_first_run_crashed_writes_nothing(store,
     assert store.claim_turn(tid, "turn-first-run", ttl_s=60)
     before = store.read(cid)["version"]
     job = queue.enqueue(JOB_FUNCTION, cid, tid, job_id=job_id_for(tid), job_timeout=config.job_timeout_s)
-    end = time.monotonic() + 10
-    while time.monotonic() < end and job.get_status(refresh=True).value not in ("finished", "failed"):
-        time.sleep(0.05)
+    wait_for(lambda: job.get_status(refresh=True).value in ("finished", "failed"), 10, "the second run ends")
     assert job.return_value() == "duplicate"
     assert scripted.requests == []
     assert store.read(cid)["version"] == before

@@ -15,6 +15,7 @@ from agent.runtime import services
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import Settings
 from harness.processes import processes_with_env
+from harness.waiting import wait_for
 from tests.conftest import ROOT
 
 
@@ -49,9 +50,7 @@ def test_the_pool_starts_once_per_process_and_stops_with_its_workers(private_env
         assert first.pool is not None and first.pool.proc.poll() is None
         assert first.demo_url.startswith("http://127.0.0.1:")
         # the pool and its 2 workers (Redis rewrites its own environ for its process title)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(processes_with_env("AGENT_TEST_MARKER", private_env)) < 3:
-            time.sleep(0.1)
+        wait_for(lambda: len(processes_with_env("AGENT_TEST_MARKER", private_env)) >= 3, 30, "the pool and workers")
         assert len(processes_with_env("AGENT_TEST_MARKER", private_env)) == 3
         redis_pid = first.embedded.pid
         assert redis_pid is not None
@@ -122,9 +121,7 @@ def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env,
         cid = new_id()
         submit_turn(store, get_queue(queue_client(url)), cid, "What is 2*21?",
                     FAST.with_changes(model="demo@1.0", job_timeout_s=10))
-        deadline = time.monotonic() + 30
-        while store.read_meta(cid)["status"] != "running" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: store.read_meta(cid)["status"] == "running", 30, "the turn runs")
         assert store.read_meta(cid)["status"] == "running"
         handle.stop(timeout_s=30)  # the pool is asked to stop while the turn runs
         state = store.read(cid)

@@ -12,6 +12,7 @@ from rq.serializers import JSONSerializer
 from agent.demo.http_server import delayed, hang, reply, trickle
 from agent.queue import SafeJob, job_id_for, submit_turn
 from agent.store import TurnInFlight
+from harness.waiting import wait_for
 from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done
 from tests.scripted_server import chat_reply, tool_call
 
@@ -255,9 +256,7 @@ def test_the_api_key_appears_in_nothing_stored_in_redis(store, queue, scripted, 
 def test_a_job_naming_another_function_is_refused_and_the_worker_survives(store, queue, redis_client, tmp_path):
     marker = tmp_path / "pwned"
     forged = queue.enqueue("os.system", f"touch {marker}", job_id="forged-" + str(time.time_ns()))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and forged.get_status(refresh=True).value not in ("failed", "finished"):
-        time.sleep(0.05)
+    wait_for(lambda: forged.get_status(refresh=True).value in ("failed", "finished"), 30, "a worker takes the job")
     assert forged.get_status().value == "failed"
     assert not marker.exists()
     cid = ask(store, queue, "What is 1+1?")
