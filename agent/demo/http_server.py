@@ -66,7 +66,8 @@ class Exchange(Protocol):
     def write(self, data: bytes) -> None: ...
 
     def wait(self, seconds: float | None) -> bool:
-        """Hold the connection up to `seconds` (None: for ever); True when the client left or the server stops."""
+        """Hold the connection up to `seconds` (None: for ever); True when the client left or the server
+        stops, and the connection closes after this action."""
 
     def reset(self) -> None:
         """Close the connection with a TCP RST, sending nothing more."""
@@ -97,31 +98,6 @@ class Reply:
 
 
 @dataclass(frozen=True)
-class Delayed:
-    """Wait, then serve `then`; a client that leaves or a server that stops meanwhile gets nothing."""
-
-    seconds: float
-    then: Action
-
-    def serve(self, exchange: Exchange) -> None:
-        if self.seconds > 0 and exchange.wait(self.seconds):
-            exchange.close_after()
-            return
-        self.then.serve(exchange)
-
-
-@dataclass(frozen=True)
-class Hang:
-    """Send nothing until the client leaves, the server stops, or `cap_s` passes (None: no cap)."""
-
-    cap_s: float | None = None
-
-    def serve(self, exchange: Exchange) -> None:
-        exchange.close_after()
-        exchange.wait(self.cap_s)
-
-
-@dataclass(frozen=True)
 class Trickle:
     """A correct reply whose body arrives a byte at a time, which defeats per-read timeouts."""
 
@@ -141,6 +117,30 @@ class Trickle:
             if index == len(self.body) - 1 and self.on_last_byte is not None:
                 self.on_last_byte()
             exchange.write(self.body[index : index + 1])
+
+
+@dataclass(frozen=True)
+class Delayed:
+    """Wait, then serve `then`; a client that leaves or a server that stops meanwhile gets nothing."""
+
+    seconds: float
+    then: Action
+
+    def serve(self, exchange: Exchange) -> None:
+        if self.seconds > 0 and exchange.wait(self.seconds):
+            return
+        self.then.serve(exchange)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Send nothing until the client leaves, the server stops, or `cap_s` passes (None: no cap)."""
+
+    cap_s: float | None = None
+
+    def serve(self, exchange: Exchange) -> None:
+        exchange.close_after()
+        exchange.wait(self.cap_s)
 
 
 @dataclass(frozen=True)
