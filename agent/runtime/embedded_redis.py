@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
 import redis
 
 log = logging.getLogger(__name__)
@@ -147,25 +148,7 @@ class EmbeddedRedis:
         self.stop()  # a stale pid that does not answer
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
-        conf = "\n".join(
-            [
-                "port 0",  # no TCP listener at all: the unix socket is the only way in
-                f"unixsocket {self.socket}",
-                "unixsocketperm 700",
-                "bind 127.0.0.1",
-                "protected-mode yes",
-                "daemonize no",
-                f"dir {self.dir}",
-                f"pidfile {self.pid_file}",
-                "dbfilename dump.rdb",
-                "appendonly yes",
-                "appendfsync everysec",
-                "save 60 1",
-                f"logfile {self.log_file}",
-                f"requirepass {self.password}",
-                "",
-            ]
-        )
+        conf = _server_config(self.socket, self.dir, self.pid_file, self.log_file, self.password)
         fd = os.open(self.conf_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(conf)
@@ -191,39 +174,48 @@ class EmbeddedRedis:
         raise RuntimeError(f"embedded Redis did not answer within {START_TIMEOUT_S:g} s; see {self.log_file}")
 
     def _live_users(self) -> list[int]:
+        """Pids of the registered users still alive; the entries of the dead are removed."""
         live = []
-        if not self.users_dir.exists():
-            return live
-        for entry in self.users_dir.iterdir():
-            try:
-                pid = int(entry.name)
-            except ValueError:
-                continue
-            if _alive(pid):
-                live.append(pid)
+        for entry in self.users_dir.glob("*") if self.users_dir.exists() else ():
+            if entry.name.isdigit() and _alive(int(entry.name)):
+                live.append(int(entry.name))
             else:
                 entry.unlink(missing_ok=True)
         return live
 
 
+def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path, password: str) -> str:
+    return "\n".join(
+        [
+            "port 0",  # no TCP listener at all: the unix socket is the only way in
+            f"unixsocket {socket}",
+            "unixsocketperm 700",
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            "daemonize no",
+            f"dir {directory}",
+            f"pidfile {pid_file}",
+            "dbfilename dump.rdb",
+            "appendonly yes",
+            "appendfsync everysec",
+            "save 60 1",
+            f"logfile {log_file}",
+            f"requirepass {password}",
+            "",
+        ]
+    )
+
+
 def _is_redis_server(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"redis-server" in f.read()
-    except OSError:
+        return any("redis-server" in part for part in psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
 
 
 def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie child still answers kill(0))."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); it is not a server any more.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except (FileNotFoundError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
