@@ -13,11 +13,12 @@ import itertools
 import httpx
 import pytest
 
+from agent.hosts import is_local_host, is_local_url
 from agent.providers import ProviderError, make_provider
 from agent.queue import get_queue
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.settings import TurnConfig, is_local_host, is_local_url
+from agent.settings import TurnConfig
 from agent.store import Store
 from tests.conftest import CANARY_KEY, FAST, ask, start_pool, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply

@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from agent.settings import Settings, SettingsError, allowed_hosts, host_allowed
+from agent.hosts import host_allowed
+from agent.settings import Settings, SettingsError, allowed_hosts
 
 
 def test_no_configuration_at_all_gives_the_documented_defaults():
