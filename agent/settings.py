@@ -108,7 +108,7 @@ class Settings:
                 env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
-            allowed_hosts=allowed_hosts(env, bound_address),
+            allowed_hosts=_allowed_hosts(env, bound_address),
         )
 
 
@@ -200,10 +200,9 @@ def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -
     return value
 
 
-def allowed_hosts(env: Mapping[str, str] | None = None, bound_address: str | None = None) -> tuple[str, ...]:
+def _allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[str, ...]:
     """The host names the page answers at: the defaults, the address the server is bound to (unless
     it is a wildcard), and AGENT_ALLOWED_HOSTS (comma-separated names or IP addresses)."""
-    env = os.environ if env is None else env
     hosts = list(DEFAULT_ALLOWED_HOSTS)
     bound = host_name(bound_address or "")
     if bound and bound not in ("0.0.0.0", "::"):

@@ -50,14 +50,9 @@ class AnthropicProvider:
         return parse_message(decode_json(reply.body, secret=self._api_key))
 
 
-SPEC = ProviderSpec(
-    name="anthropic",
-    client=AnthropicProvider,
-    default_model="claude-sonnet-4-5",
-    url_variable="ANTHROPIC_BASE_URL",
-    default_url="https://api.anthropic.com",
-    key_variable="ANTHROPIC_API_KEY",
-)
+ANTHROPIC = ProviderSpec(name="anthropic", client=AnthropicProvider, default_model="claude-sonnet-4-5",
+                         url_variable="ANTHROPIC_BASE_URL", default_url="https://api.anthropic.com",
+                         key_variable="ANTHROPIC_API_KEY")
 
 
 def to_anthropic_tools(tools: list[dict]) -> list[dict]:

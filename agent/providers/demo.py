@@ -7,7 +7,7 @@ from agent.demo.scenarios import MODEL_PREFIX
 from agent.providers.openai import OpenAIProvider
 from agent.providers.spec import ProviderSpec
 
-SPEC = ProviderSpec(
+DEMO = ProviderSpec(
     name="demo",
     client=OpenAIProvider,
     default_model=MODEL_PREFIX,  # the healthy scenario, at its default latency

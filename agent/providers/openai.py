@@ -39,14 +39,8 @@ class OpenAIProvider:
         return parse_completion(decode_json(reply.body, secret=self._api_key))
 
 
-SPEC = ProviderSpec(
-    name="openai",
-    client=OpenAIProvider,
-    default_model="gpt-4o-mini",
-    url_variable="OPENAI_BASE_URL",
-    default_url="https://api.openai.com/v1",
-    key_variable="OPENAI_API_KEY",
-)
+OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4o-mini", url_variable="OPENAI_BASE_URL",
+                      default_url="https://api.openai.com/v1", key_variable="OPENAI_API_KEY")
 
 
 def decode_json(body: bytes, *, secret: str | None = None) -> Any:

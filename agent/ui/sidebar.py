@@ -10,7 +10,7 @@ import streamlit as st
 
 from agent.demo.scenarios import SCENARIO_LATENCIES_S, Scenario, UnknownModelError, parse_model_name
 from agent.providers import registry
-from agent.providers.demo import SPEC as DEMO
+from agent.providers.demo import DEMO
 from agent.settings import SettingsError, TurnConfig
 
 SCENARIOS = {  # the picker's order and the plain-words description of each
