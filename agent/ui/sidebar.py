@@ -149,7 +149,7 @@ def _scenario_changed() -> None:
 def _first_typed_model() -> str:
     """The model box's value while the demo is chosen (its scenario picks its model): the default
     model of the first provider whose model is typed in."""
-    return next(spec.default_model for spec in registry.PROVIDERS.values() if spec != DEMO)
+    return next(spec.default_model for spec in registry.PROVIDERS.values() if spec is not DEMO)
 
 
 def _base_url(provider: str, base: TurnConfig) -> str | None:
