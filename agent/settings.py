@@ -1,18 +1,19 @@
-"""Environment -> one validated settings object, with documented defaults and units."""
+"""Environment -> one validated settings object, with documented defaults and units.
+
+Which providers exist, and the variables each reads, is agent.providers.registry: none is named here.
+"""
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from urllib.parse import urlsplit
 
-PROVIDERS = ("demo", "openai", "anthropic")
+from agent.hosts import host_name
+from agent.providers import registry
+from agent.providers.spec import ProviderSpec
 
-DEFAULT_PROVIDER = "demo"
-DEFAULT_MODELS = {"demo": "demo", "openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
 DEFAULT_JOB_TIMEOUT_S = 120  # seconds; RQ enforces whole seconds
 DEFAULT_DEADLINE_MARGIN_S = 20.0  # seconds
 DEFAULT_CALL_TIMEOUT_CAP_S = 60.0  # seconds
@@ -29,10 +30,6 @@ DEFAULT_WORKERS = 2
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
 ALLOWED_HOSTS_VARIABLE = "AGENT_ALLOWED_HOSTS"
 
-API_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
-DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
-
 
 class SettingsError(ValueError):
     """A configuration value is missing or inconsistent; the message names the variable."""
@@ -46,8 +43,8 @@ class SettingsError(ValueError):
 class TurnConfig:
     """What a turn runs with, fixed when it is enqueued and stored beside it (never secrets)."""
 
-    provider: str = DEFAULT_PROVIDER
-    model: str = DEFAULT_MODELS[DEFAULT_PROVIDER]
+    provider: str = registry.DEFAULT.name
+    model: str = registry.DEFAULT.default_model
     base_url: str | None = None
     job_timeout_s: int = DEFAULT_JOB_TIMEOUT_S
     deadline_margin_s: float = DEFAULT_DEADLINE_MARGIN_S
@@ -81,22 +78,15 @@ class Settings:
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, bound_address: str | None = None) -> Settings:
+        """The settings `env` (default: this process's environment) gives; `bound_address` is the
+        address the page's server listens on, which it answers at too."""
         env = os.environ if env is None else env
-        provider = env.get("AGENT_PROVIDER", "").strip() or DEFAULT_PROVIDER
-        if provider not in PROVIDERS:
-            raise SettingsError("AGENT_PROVIDER", f"must be one of {', '.join(PROVIDERS)}, not {provider!r}")
-        model = env.get("AGENT_MODEL", "").strip() or DEFAULT_MODELS[provider]
-        base_url = None
-        if provider in BASE_URL_VARIABLES:
-            base_url = configured_base_url(provider, env)
-            if not base_url.startswith(("http://", "https://")):
-                raise SettingsError(BASE_URL_VARIABLES[provider], "must start with http:// or https://")
-            key_var = API_KEY_VARIABLES[provider]
-            if not is_local_url(base_url) and not _has_secret(key_var, env):
-                raise SettingsError(key_var, f"is required for AGENT_PROVIDER={provider} (environment or secrets.toml)")
+        spec = _provider(env)
+        model = env.get("AGENT_MODEL", "").strip() or spec.default_model
+        base_url = None if spec.served_by_pool else _server_url(spec, env)
         turn = TurnConfig(
-            provider=provider,
+            provider=spec.name,
             model=model,
             base_url=base_url,
             job_timeout_s=_whole_seconds(env, "AGENT_JOB_TIMEOUT", DEFAULT_JOB_TIMEOUT_S),
@@ -118,14 +108,27 @@ class Settings:
                 env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
-            allowed_hosts=allowed_hosts(env),
+            allowed_hosts=_allowed_hosts(env, bound_address),
         )
 
 
-def configured_base_url(provider: str, env: Mapping[str, str] | None = None) -> str:
-    """The server a provider's key belongs to: its *_BASE_URL variable, else the official default."""
-    env = os.environ if env is None else env
-    return env.get(BASE_URL_VARIABLES[provider], "").strip() or DEFAULT_BASE_URLS[provider]
+def _provider(env: Mapping[str, str]) -> ProviderSpec:
+    name = env.get("AGENT_PROVIDER", "").strip() or registry.DEFAULT.name
+    spec = registry.find(name)
+    if spec is None:
+        raise SettingsError("AGENT_PROVIDER", f"must be one of {', '.join(registry.names())}, not {name!r}")
+    return spec
+
+
+def _server_url(spec: ProviderSpec, env: Mapping[str, str]) -> str:
+    """The provider's configured server, refused when it is no http(s) URL or takes a key that is not set."""
+    base_url = spec.configured_url(env) or ""
+    if not base_url.startswith(("http://", "https://")):
+        raise SettingsError(spec.url_variable, "must start with http:// or https://")
+    if spec.key_missing(base_url, env):
+        raise SettingsError(spec.key_variable,
+                            f"is required for AGENT_PROVIDER={spec.name} (environment or secrets.toml)")
+    return base_url
 
 
 def validate_clocks(turn: TurnConfig) -> None:
@@ -197,57 +200,9 @@ def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -
     return value
 
 
-def _has_secret(variable: str, env: Mapping[str, str]) -> bool:
-    from agent.providers import read_secret  # providers import this module's constants
-
-    return read_secret(variable, env=env) is not None
-
-
-def is_local_url(url: str) -> bool:
-    """A server on this machine (loopback), such as Ollama, llama.cpp or vLLM, which usually needs no key.
-
-    Whether an API key may go to a turn's server rests on this, so it is strict: the URL must be
-    plain (no user info, backslash, whitespace, control or non-ASCII characters, which URL
-    parsers read differently), and its host must be a loopback IP literal (127.0.0.0/8, ::1) or
-    exactly `localhost`, in any case. `127.0.0.1.evil.test`, `localhost.` (trailing dot), `127.1`
-    and `0x7f.0.0.1` are names or shorthands, not literals: they are not local."""
-    if not isinstance(url, str) or not url.isascii() or not url.isprintable() or " " in url or "\\" in url:
-        return False
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a port that is not a number in range
-    except ValueError:
-        return False
-    host = parts.hostname
-    if parts.scheme.lower() not in ("http", "https") or not host:
-        return False
-    # The netloc must be the host and port and nothing else: urlsplit reads "[::1].evil.test" as
-    # host "::1", and "user@host" has a host that parsers disagree on.
-    bracketed = f"[{host}]" if ":" in host else host
-    if parts.netloc.lower() != (bracketed if port is None else f"{bracketed}:{port}"):
-        return False
-    return is_local_host(host)
-
-
-def is_local_host(host: str | None) -> bool:
-    """The host (no port; IPv6 with or without brackets) is a loopback IP literal or exactly `localhost`."""
-    if not host:
-        return False
-    host = host.lower()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def allowed_hosts(env: Mapping[str, str] | None = None, bound_address: str | None = None) -> tuple[str, ...]:
+def _allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[str, ...]:
     """The host names the page answers at: the defaults, the address the server is bound to (unless
     it is a wildcard), and AGENT_ALLOWED_HOSTS (comma-separated names or IP addresses)."""
-    env = os.environ if env is None else env
     hosts = list(DEFAULT_ALLOWED_HOSTS)
     bound = host_name(bound_address or "")
     if bound and bound not in ("0.0.0.0", "::"):
@@ -261,42 +216,3 @@ def allowed_hosts(env: Mapping[str, str] | None = None, bound_address: str | Non
                                 f"must be host names or IP addresses separated by commas, not {raw.strip()!r}")
         hosts.append(name)
     return tuple(dict.fromkeys(hosts))
-
-
-def host_name(text: str) -> str | None:
-    """The host of a Host header or a name ("Example.COM.:8501" -> "example.com", "[::1]" -> "::1");
-    None when the text is anything more than a host and an optional port."""
-    if not text or not text.isascii() or not text.isprintable() or " " in text or "\\" in text:
-        return None
-    try:
-        return str(ipaddress.ip_address(text))  # an unbracketed IPv6 address, as an operator may write it
-    except ValueError:
-        pass
-    try:
-        parts = urlsplit("//" + text)
-        port = parts.port  # raises ValueError on a port that is not a number in range
-    except ValueError:
-        return None
-    host = parts.hostname
-    if not host:
-        return None
-    bracketed = f"[{host}]" if ":" in host else host
-    if parts.netloc.lower() != (bracketed if port is None else f"{bracketed}:{port}") or parts.path or parts.query \
-            or parts.fragment:
-        return None
-    try:
-        return str(ipaddress.ip_address(host))  # one spelling per address: "0:0::1" is "::1"
-    except ValueError:
-        return host.removesuffix(".") or None  # "localhost." is the same name as "localhost" to a resolver
-
-
-def host_allowed(host_header: str | None, allowed: tuple[str, ...]) -> bool:
-    """Whether the page may answer a request with this Host header.
-
-    No header at all is allowed: every browser sends one (so a rebinding attack comes with one), and
-    headless clients such as Streamlit's AppTest send none. A loopback literal or localhost is
-    always this machine; any other name must be in `allowed`."""
-    if host_header is None:
-        return True
-    name = host_name(host_header)
-    return name is not None and (name in allowed or is_local_host(name))

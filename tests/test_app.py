@@ -603,3 +603,21 @@ def test_a_page_asked_for_under_a_foreign_host_name_refuses_before_showing_any_c
     allowed = app(cid)
     allowed.run()
     assert "17*23 = 391" in texts(allowed)
+
+
+def test_a_provider_without_its_key_is_refused_in_the_sidebar_unless_its_server_is_on_this_machine(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://models.example.test/v1")
+    remote = app()
+    remote.run()
+    assert remote.selectbox(key="sb_provider").options == ["demo (offline, built in)", "openai", "anthropic"]
+    remote.selectbox(key="sb_provider").set_value("openai").run()
+    assert_no_exception(remote)
+    assert any("OPENAI_API_KEY: is not set" in e.value for e in remote.sidebar.error)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://localhost:11434/v1")
+    local = app()
+    local.run()
+    local.selectbox(key="sb_provider").set_value("openai").run()
+    assert_no_exception(local)
+    assert not local.sidebar.error
+    assert "API key: **not set** · base URL: `http://localhost:11434/v1`" in texts(local)

@@ -13,8 +13,9 @@ import itertools
 import httpx
 import pytest
 
+from agent.hosts import is_local_host, is_local_url
 from agent.providers import ProviderError, make_provider
-from agent.settings import TurnConfig, is_local_host, is_local_url
+from agent.settings import TurnConfig
 from harness.pools import stop_pool
 from tests.conftest import CANARY_KEY, FAST, ask, start_pool, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
@@ -15,13 +16,15 @@ from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
 from agent import job_alarm
 from agent.deadline import CallTimeout
 from agent.demo.http_server import delayed, hang, raw, reply, reset, trickle
-from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError, make_provider, read_secret
+from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError, make_provider, registry
 from agent.providers import http as provider_http
 from agent.providers.anthropic import parse_message, to_anthropic_messages, to_anthropic_tools
 from agent.providers.base import Completion, ToolCall
 from agent.providers.http import HTTPReply, check_status, parse_retry_after
 from agent.providers.openai import parse_completion
-from agent.settings import TurnConfig
+from agent.providers.spec import ProviderSpec
+from agent.secrets import read_secret
+from agent.settings import Settings, SettingsError, TurnConfig
 from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 
 SHORT = CallTimeout(total_s=5.0, connect_s=2.0)
@@ -228,6 +231,13 @@ def test_401_is_an_auth_error_that_is_not_retried_and_does_not_echo_the_key(serv
     assert (error.kind, error.status, error.retryable) == ("auth", 401, False)
     assert error.message == "the API key was rejected (HTTP 401)"
     assert SECRET not in str(error)
+
+
+def test_a_transport_error_that_quotes_the_url_has_the_key_redacted():
+    # httpx quotes an unusable URL; a base URL that carries the key must not carry it into the error.
+    error = error_of(OpenAIProvider(f"http://[{SECRET.upper()}]/v1", "m", SECRET))
+    assert error.kind == "connection" and "[redacted]" in error.message
+    assert SECRET.lower() not in error.message.lower()
 
 
 def test_401_without_a_key_says_a_key_is_required(server, openai):
@@ -484,10 +494,47 @@ def test_make_provider_uses_the_demo_url_and_refuses_when_the_demo_is_not_runnin
     config = TurnConfig(provider="demo", model="demo")
     provider = make_provider(config, env={"AGENT_DEMO_URL": "http://127.0.0.1:9/v1"}, project_root=tmp_path)
     assert isinstance(provider, OpenAIProvider) and provider.base_url == "http://127.0.0.1:9/v1"
-    assert make_provider(config, env={}, demo_url="http://127.0.0.1:8/v1").base_url == "http://127.0.0.1:8/v1"
+    forged = replace(config, base_url="http://evil.test/v1")  # a turn never names the demo's server
+    assert make_provider(forged, env={"AGENT_DEMO_URL": "http://127.0.0.1:9/v1"}).base_url == "http://127.0.0.1:9/v1"
     with pytest.raises(ProviderError) as info:
         make_provider(config, env={}, project_root=tmp_path)
     assert (info.value.kind, info.value.message) == ("connection", "the demo provider is not running")
+
+
+# A provider that is one declaration and one registration, as a new OpenAI-compatible one would be.
+LOCALAI = ProviderSpec(name="localai", client=OpenAIProvider, default_model="tiny", url_variable="LOCALAI_BASE_URL",
+                       default_url="https://models.example.test/v1", key_variable="LOCALAI_API_KEY")
+
+
+@pytest.fixture
+def localai(monkeypatch):
+    monkeypatch.setattr(registry, "PROVIDERS", dict(registry.PROVIDERS))  # the registration ends with the test
+    return registry.register(LOCALAI)
+
+
+def test_a_registered_provider_is_validated_by_the_settings_and_built_by_the_factory(localai, server, tmp_path):
+    for env, variable in [({"AGENT_PROVIDER": "localai"}, "LOCALAI_API_KEY"),
+                          ({"AGENT_PROVIDER": "localai", "LOCALAI_API_KEY": "k", "LOCALAI_BASE_URL": "ftp://x"},
+                           "LOCALAI_BASE_URL")]:
+        with pytest.raises(SettingsError) as info:
+            Settings.from_env(env)
+        assert info.value.variable == variable
+    with pytest.raises(SettingsError, match="must be one of demo, openai, anthropic, localai"):
+        Settings.from_env({"AGENT_PROVIDER": "other"})
+    on_loopback = Settings.from_env({"AGENT_PROVIDER": "localai", "LOCALAI_BASE_URL": server.url}).turn
+    assert (on_loopback.provider, on_loopback.model, on_loopback.base_url) == ("localai", "tiny", server.url)
+    remote = Settings.from_env({"AGENT_PROVIDER": "localai", "LOCALAI_API_KEY": SECRET}).turn
+    assert remote.base_url == "https://models.example.test/v1" and SECRET not in json.dumps(remote.to_dict())
+
+    server.add(chat_reply("hi from localai"))
+    env = {"LOCALAI_API_KEY": SECRET, "LOCALAI_BASE_URL": server.url}
+    provider = make_provider(on_loopback, env=env, project_root=tmp_path)
+    assert provider.complete(MESSAGES, [], SHORT).content == "hi from localai"
+    assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert server.requests[0].json["model"] == "tiny"
+    with pytest.raises(ProviderError) as refused:
+        make_provider(replace(on_loopback, base_url="https://evil.test/v1"), env=env, project_root=tmp_path)
+    assert "LOCALAI_BASE_URL" in refused.value.message and "LOCALAI_API_KEY" in refused.value.message
 
 
 def test_openai_base_url_comes_from_the_environment_when_the_config_has_none(tmp_path):

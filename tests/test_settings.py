@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from agent.settings import Settings, SettingsError, allowed_hosts, host_allowed
+from agent.hosts import host_allowed
+from agent.settings import Settings, SettingsError
 
 
 def test_no_configuration_at_all_gives_the_documented_defaults():
@@ -82,7 +83,8 @@ HOST_PORTS = ["", ":80", ":8501", ":65535"]
 
 
 def test_the_page_answers_only_at_loopback_localhost_the_bound_address_and_configured_names():
-    allowed = allowed_hosts({"AGENT_ALLOWED_HOSTS": " Example.COM., 10.0.0.5 ,,fe80::2 "}, bound_address="192.168.1.9")
+    allowed = Settings.from_env({"AGENT_ALLOWED_HOSTS": " Example.COM., 10.0.0.5 ,,fe80::2 "},
+                                bound_address="192.168.1.9").allowed_hosts
     good = ["127.0.0.1", "127.0.0.2", "localhost", "LocalHost", "localhost.", "[::1]", "[0:0:0:0:0:0:0:1]",
             "example.com", "EXAMPLE.COM.", "10.0.0.5", "[fe80::2]", "192.168.1.9"]
     for host, port in itertools.product(good, HOST_PORTS):
@@ -91,7 +93,7 @@ def test_the_page_answers_only_at_loopback_localhost_the_bound_address_and_confi
 
 
 def test_a_foreign_or_malformed_host_header_is_refused():
-    allowed = allowed_hosts({"AGENT_ALLOWED_HOSTS": "example.com,10.0.0.5"}, bound_address="0.0.0.0")
+    allowed = Settings.from_env({"AGENT_ALLOWED_HOSTS": "example.com,10.0.0.5"}, bound_address="0.0.0.0").allowed_hosts
     bad = [name + port for name, port in itertools.product(FOREIGN_NAMES, HOST_PORTS)]
     for name in ["127.0.0.1", "localhost", "example.com", "[::1]"]:
         bad += [f"user@{name}", f"{name}@evil.test", f"evil.test@{name}", f"{name}/x", f"{name}?x", f"{name}#x",

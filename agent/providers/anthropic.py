@@ -11,6 +11,7 @@ from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ToolCall
 from agent.providers.http import check_status, post_json
 from agent.providers.openai import decode_json, malformed
+from agent.providers.spec import ProviderSpec
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024  # tokens per response
@@ -47,6 +48,11 @@ class AnthropicProvider:
                           secret=self._api_key)
         check_status(reply, secret=self._api_key)
         return parse_message(decode_json(reply.body, secret=self._api_key))
+
+
+ANTHROPIC = ProviderSpec(name="anthropic", client=AnthropicProvider, default_model="claude-sonnet-4-5",
+                         url_variable="ANTHROPIC_BASE_URL", default_url="https://api.anthropic.com",
+                         key_variable="ANTHROPIC_API_KEY")
 
 
 def to_anthropic_tools(tools: list[dict]) -> list[dict]:

@@ -122,17 +122,14 @@ def post_json(
 ) -> HTTPReply:
     """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
     `stop` is set (ProviderError "stopped"). Raises ProviderError, with `secret` (the key sent)
-    redacted from its message: a transport error can quote what the server sent."""
+    redacted from its message (by `_quote`): a transport error can quote what the server sent."""
     session = _session()
     try:
         reply = session.loop.run_until_complete(
             _post_unless_stopped(session.client, url, headers, body, timeout, stop, secret))
-    except ProviderError as exc:
+    except ProviderError:
         # A job timeout that fired inside a socket callback reaches here as a failed connection.
         job_alarm.raise_if_fired()
-        if secret and redact(exc.message, secret) != exc.message:
-            raise ProviderError(exc.kind, redact(exc.message, secret), status=exc.status,
-                                retry_after_s=exc.retry_after_s) from None
         raise
     except BaseException as exc:  # noqa: B036
         # Anything else interrupted the call from outside (RQ's JobTimeoutException from its

@@ -9,6 +9,7 @@ from typing import Any
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import check_status, post_json, redact_json
+from agent.providers.spec import ProviderSpec
 from agent.surrogates import scrub_json
 
 
@@ -36,6 +37,10 @@ class OpenAIProvider:
                           secret=self._api_key)
         check_status(reply, secret=self._api_key)
         return parse_completion(decode_json(reply.body, secret=self._api_key))
+
+
+OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4o-mini", url_variable="OPENAI_BASE_URL",
+                      default_url="https://api.openai.com/v1", key_variable="OPENAI_API_KEY")
 
 
 def decode_json(body: bytes, *, secret: str | None = None) -> Any:

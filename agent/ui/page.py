@@ -16,16 +16,9 @@ import redis
 import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
+from agent.hosts import host_allowed
 from agent.runtime import services
-from agent.settings import (
-    ALLOWED_HOSTS_VARIABLE,
-    DEFAULT_ALLOWED_HOSTS,
-    MIN_POLL_INTERVAL_MS,
-    Settings,
-    SettingsError,
-    allowed_hosts,
-    host_allowed,
-)
+from agent.settings import ALLOWED_HOSTS_VARIABLE, DEFAULT_ALLOWED_HOSTS, MIN_POLL_INTERVAL_MS, Settings, SettingsError
 from agent.ui import render, sidebar
 from agent.ui import state as ui
 from agent.ui.timeline import timeline_chart
@@ -63,12 +56,12 @@ def backend(redis_url: str | None, workers: int, state_ttl_s: int) -> ui.Backend
 
 
 def main() -> None:
-    if not _host_allowed():
-        return
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env(bound_address=st.get_option("server.address"))
     except SettingsError as exc:
         _fatal("The configuration is not valid", str(exc), "Fix the variable named above and restart the app.")
+        return
+    if not _host_allowed(settings.allowed_hosts):
         return
     try:
         be = backend(settings.redis_url, settings.workers, settings.state_ttl_s)
@@ -91,14 +84,9 @@ def request_host() -> str | None:
     return st.context.headers.get("Host")
 
 
-def _host_allowed() -> bool:
+def _host_allowed(allowed: tuple[str, ...]) -> bool:
     """Refuse, before any conversation is read, a page asked for under a name it does not answer at:
     a page with no login must not be readable through a name an attacker's DNS points here."""
-    try:
-        allowed = allowed_hosts(bound_address=st.get_option("server.address"))
-    except SettingsError as exc:
-        _fatal("The configuration is not valid", str(exc), "Fix the variable named above and restart the app.")
-        return False
     if host_allowed(request_host(), allowed):
         return True
     # The requested name is not echoed: it is whatever the caller chose to send.

@@ -9,16 +9,9 @@ from __future__ import annotations
 import streamlit as st
 
 from agent.demo.scenarios import SCENARIO_LATENCIES_S, Scenario, UnknownModelError, parse_model_name
-from agent.providers import read_secret
-from agent.settings import (
-    API_KEY_VARIABLES,
-    DEFAULT_MODELS,
-    PROVIDERS,
-    SettingsError,
-    TurnConfig,
-    configured_base_url,
-    is_local_url,
-)
+from agent.providers import registry
+from agent.providers.demo import DEMO
+from agent.settings import SettingsError, TurnConfig
 
 SCENARIOS = {  # the picker's order and the plain-words description of each
     "healthy": "answers quickly and uses the tools your message asks for",
@@ -51,7 +44,7 @@ K = {  # widget keys
 # The next turn's settings live in the URL too (only where they differ from the defaults), so a
 # reload or a shared link keeps them. Each parameter: (widget, parse a string or raise ValueError).
 URL_PARAMS = {
-    "provider": ("provider", lambda v: _one_of(v, PROVIDERS)),
+    "provider": ("provider", lambda v: _one_of(v, registry.names())),
     "scenario": ("scenario", lambda v: _one_of(v, SCENARIOS)),
     "latency": ("latency", lambda v: _number(v, 0.0, 600.0)),
     "model": ("model", lambda v: _text(v, 200)),
@@ -91,14 +84,14 @@ def _url_value(name: str, value) -> str:
 def defaults(base: TurnConfig) -> dict:
     """Each widget's starting value, from the environment's settings."""
     try:
-        scenario = parse_model_name(base.model) if base.provider == "demo" else Scenario()
+        scenario = parse_model_name(base.model) if base.provider == DEMO.name else Scenario()
     except UnknownModelError:
         scenario = Scenario()
     return {
         K["provider"]: base.provider,
         K["scenario"]: scenario.name if scenario.name in SCENARIOS else "healthy",
         K["latency"]: float(scenario.latency_s),
-        K["model"]: base.model if base.provider != "demo" else DEFAULT_MODELS["openai"],
+        K["model"]: base.model if base.provider != DEMO.name else _first_typed_model(),
         K["job_timeout_s"]: int(base.job_timeout_s),
         K["deadline_margin_s"]: float(base.deadline_margin_s),
         K["call_timeout_cap_s"]: float(base.call_timeout_cap_s),
@@ -153,36 +146,45 @@ def _scenario_changed() -> None:
     st.session_state[K["latency"]] = float(SCENARIO_LATENCIES_S[st.session_state[K["scenario"]]])
 
 
+def _first_typed_model() -> str:
+    """The model box's value while the demo is chosen (its scenario picks its model): the default
+    model of the first provider whose model is typed in."""
+    return next(spec.default_model for spec in registry.PROVIDERS.values() if spec is not DEMO)
+
+
 def _base_url(provider: str, base: TurnConfig) -> str | None:
-    if provider == "demo":
+    spec = registry.PROVIDERS[provider]
+    if spec.served_by_pool:
         return None
     if provider == base.provider and base.base_url:
         return base.base_url
-    return configured_base_url(provider)
+    return spec.configured_url()
 
 
 def key_status(provider: str) -> str | None:
     """'set' / 'not set' for the provider's API key (never the key itself); None when none is needed."""
-    if provider not in API_KEY_VARIABLES:
+    spec = registry.PROVIDERS[provider]
+    if spec.key_variable is None:
         return None
-    return "set" if read_secret(API_KEY_VARIABLES[provider]) else "not set"
+    return "set" if spec.key() else "not set"
 
 
 def next_turn_config(base: TurnConfig) -> TurnConfig:
     """The config the next turn will be enqueued with. Raises SettingsError with a readable reason."""
     ss = st.session_state
     provider = ss.get(K["provider"], base.provider)
-    if provider == "demo":
+    spec = registry.PROVIDERS[provider]
+    if provider == DEMO.name:
         scenario = ss.get(K["scenario"], "healthy")
         latency = ss.get(K["latency"], SCENARIO_LATENCIES_S.get(scenario, 0.05))
         if not 0 <= float(latency) <= 600:
             raise SettingsError("model latency", "must be between 0 and 600 seconds")
         model = Scenario(scenario, float(latency)).model_name
     else:
-        model = (ss.get(K["model"]) or DEFAULT_MODELS[provider]).strip()
+        model = (ss.get(K["model"]) or spec.default_model).strip()
     base_url = _base_url(provider, base)
-    if provider != "demo" and key_status(provider) == "not set" and not is_local_url(base_url or ""):
-        raise SettingsError(API_KEY_VARIABLES[provider], "is not set (environment or .streamlit/secrets.toml)")
+    if spec.key_missing(base_url):
+        raise SettingsError(spec.key_variable, "is not set (environment or .streamlit/secrets.toml)")
     return base.with_changes(
         provider=provider,
         model=model,
@@ -203,9 +205,9 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
     sb.caption("These settings apply to the next message you send; a turn keeps the settings it was sent with.")
 
     sb.subheader("Model")
-    provider = sb.selectbox("Provider", PROVIDERS, key=K["provider"],
-                            format_func=lambda p: {"demo": "demo (offline, built in)"}.get(p, p))
-    if provider == "demo":
+    provider = sb.selectbox("Provider", registry.names(), key=K["provider"],
+                            format_func=lambda p: registry.PROVIDERS[p].label or p)
+    if provider == DEMO.name:
         sb.selectbox("Scenario", list(SCENARIOS), key=K["scenario"], on_change=_scenario_changed,
                      format_func=lambda s: s.replace("-", " "))
         sb.caption(SCENARIOS[st.session_state[K["scenario"]]].capitalize() + ".")
