@@ -19,6 +19,7 @@ from agent.settings import (
     configured_base_url,
     is_local_url,
 )
+from agent.ui import tool_sources
 
 SCENARIOS = {  # the picker's order and the plain-words description of each
     "healthy": "answers quickly and uses the tools your message asks for",
@@ -192,6 +193,7 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
         call_timeout_cap_s=float(ss.get(K["call_timeout_cap_s"], base.call_timeout_cap_s)),
         min_call_s=float(ss.get(K["min_call_s"], base.min_call_s)),
         safeguards=not ss.get(K["naive"], False),
+        tools=tool_sources.chosen(ss),
     )
 
 
