@@ -14,7 +14,7 @@ from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.store import Store
-from agent.tools import REGISTRY, run_tool, schemas
+from agent.tools import REGISTRY, run_tool, schemas, sources
 from agent.tools.mcp import McpConfigError, McpHub, ServerConfig, public_name, read_config
 from agent.tools.running import MAX_OUTPUT_CHARS
 from agent.tools.sources import CATALOGUE_KEY, read_catalogue
@@ -60,6 +60,35 @@ def test_a_bad_config_is_refused_naming_the_file_and_the_problem(tmp_path, confi
 def test_the_shipped_config_names_mcp_server_time():
     servers = read_config(ROOT / "mcp.json")
     assert [(s.name, s.command) for s in servers] == [("time", "mcp-server-time")]
+
+
+def test_agent_tools_adds_the_typed_functions_a_module_lists(monkeypatch):
+    monkeypatch.setattr("agent.tools.sources._hubs", [])
+    try:
+        loaded = sources.load({"AGENT_TOOLS": "tests.sample_tools", "AGENT_MCP_CONFIG": "off"})
+        assert [s["name"] for s in loaded] == ["built-in", "tests.sample_tools"]
+        assert loaded[1]["tools"] == [{"name": "shout", "description": "Say it louder."}]
+        (offered,) = schemas(["shout"])
+        assert offered["function"]["parameters"]["properties"]["style"]["enum"] == ["caps", "stars"]
+        assert run_tool("shout", json.dumps({"text": "hi", "style": "stars"}), 5).output == "*hi*"
+    finally:
+        REGISTRY.pop("shout", None)
+
+
+def test_a_bad_agent_tools_module_is_reported_and_the_built_ins_still_work():
+    loaded = sources.load({"AGENT_TOOLS": "tests.no_such_module", "AGENT_MCP_CONFIG": "off"})
+    assert "ModuleNotFoundError" in loaded[-1]["error"]
+    assert run_tool("calculator", json.dumps({"expression": "6*7"}), 5).output == "42"
+
+
+def test_a_missing_config_named_by_the_variable_is_reported(tmp_path):
+    loaded = sources.load({"AGENT_MCP_CONFIG": str(tmp_path / "nowhere.json")})
+    assert loaded[-1]["name"] == "AGENT_MCP_CONFIG" and "cannot be read" in loaded[-1]["error"]
+
+
+def test_a_turn_runs_only_the_tools_it_was_offered():
+    result = run_tool("calculator", json.dumps({"expression": "1+1"}), 5, offered=("current_time",))
+    assert not result.ok and "unknown tool 'calculator'" in result.output and "current_time" in result.output
 
 
 # -- real servers in this process ---------------------------------------------------------------
@@ -191,6 +220,15 @@ def mcp_backend(tmp_path_factory):
         server.stop()
 
 
+def run_turn(mcp_backend, message: str, config=FAST) -> tuple[dict, list[dict]]:
+    """One turn through the MCP workers: its final state and its tool steps."""
+    store, queue, _ = mcp_backend
+    cid = new_id()
+    submit_turn(store, queue, cid, message, config)
+    state = wait_done(store, cid)
+    return state, [s for s in state["steps"] if s["kind"] == "tool"]
+
+
 def test_workers_publish_their_tool_sources_without_commands_or_env_values(mcp_backend):
     _, _, client = mcp_backend
     sources = {s["name"]: s for s in read_catalogue(client)}
@@ -201,11 +239,7 @@ def test_workers_publish_their_tool_sources_without_commands_or_env_values(mcp_b
 
 
 def test_a_turn_calls_get_current_time_when_the_message_names_it(mcp_backend):
-    store, queue, _ = mcp_backend
-    cid = new_id()
-    submit_turn(store, queue, cid, "What time is it in Tokyo via get_current_time?", FAST)
-    state = wait_done(store, cid)
-    (step,) = [s for s in state["steps"] if s["kind"] == "tool"]
+    state, (step,) = run_turn(mcp_backend, "What time is it in Tokyo via get_current_time?")
     assert step["name"] == "time__get_current_time" and step["outcome"] == "ok"
     assert json.loads(step["arguments"]) == {"timezone": "Asia/Tokyo"}
     assert '"timezone": "Asia/Tokyo"' in step["result"]
@@ -213,35 +247,32 @@ def test_a_turn_calls_get_current_time_when_the_message_names_it(mcp_backend):
 
 
 def test_a_hanging_mcp_tool_ends_as_a_tool_error_inside_the_deadline(mcp_backend):
-    store, queue, _ = mcp_backend
-    cid = new_id()
-    submit_turn(store, queue, cid, "Please run hang for me", FAST)
-    state = wait_done(store, cid)
-    (step,) = [s for s in state["steps"] if s["kind"] == "tool"]
+    state, (step,) = run_turn(mcp_backend, "Please run hang for me")
     assert step["name"] == "hostile__hang" and step["outcome"] == "error"
     assert "did not answer within" in step["result"]
     assert state["done"] and state["updated_at"] <= state["deadline_at"] + 1.0  # the final write, in time
     assert step["ended_at"] <= state["deadline_at"]
 
 
+def test_a_tool_run_gets_the_tool_cap_when_less_than_the_time_left(mcp_backend):
+    state, (step,) = run_turn(mcp_backend, "Please run hang for me", FAST.with_changes(tool_timeout_cap_s=1.0))
+    assert step["timeout_s"] == 1.0 and step["outcome"] == "error" and "did not answer within" in step["result"]
+    assert 0.7 < step["duration_s"] < 1.0 + 1.0
+
+
 def test_the_turns_chosen_tools_are_the_only_ones_offered_and_run(mcp_backend):
-    store, queue, _ = mcp_backend
-    cid = new_id()
-    submit_turn(store, queue, cid, "What time is it in Tokyo via get_current_time?",
-                FAST.with_changes(tools=("calculator",)))
-    state = wait_done(store, cid)
-    assert not [s for s in state["steps"] if s["kind"] == "tool"]  # not offered: the demo model did not call it
+    _, steps = run_turn(mcp_backend, "What time is it in Tokyo via get_current_time?",
+                        FAST.with_changes(tools=("calculator",)))
+    assert steps == []  # not offered: the demo model did not call it
 
 
 def test_a_real_openai_compatible_model_is_offered_the_mcp_tools_schema(mcp_backend, scripted):
     from tests.scripted_server import chat_reply
 
-    store, queue, _ = mcp_backend
     scripted.add(chat_reply("noted"))
     config = FAST.with_changes(provider="openai", model="scripted", base_url=scripted.url + "/v1")
-    cid = new_id()
-    submit_turn(store, queue, cid, "what time is it?", config)
-    assert wait_done(store, cid)["status"] == "done"
+    state, _ = run_turn(mcp_backend, "what time is it?", config)
+    assert state["status"] == "done"
     offered = {t["function"]["name"]: t["function"] for t in scripted.requests[0].json["tools"]}
     get_time = offered["time__get_current_time"]
     assert get_time["parameters"]["required"] == ["timezone"]
@@ -252,12 +283,7 @@ def test_a_real_openai_compatible_model_is_offered_the_mcp_tools_schema(mcp_back
 def test_a_hostile_tool_result_is_stored_as_text_and_drawn_inert(mcp_backend):
     from agent.ui.markdown import safe_markdown
 
-    store, queue, _ = mcp_backend
-    cid = new_id()
-    submit_turn(store, queue, cid, "run markup please", FAST)
-    state = wait_done(store, cid)
-    (step,) = [s for s in state["steps"] if s["kind"] == "tool"]
+    state, (step,) = run_turn(mcp_backend, "run markup please")
     assert step["result"] == HOSTILE_TEXT  # the page shows a tool result in a code block, as text
     reply = safe_markdown(state["history"][-1]["content"])  # the demo quotes it in its reply
-    assert "](http://127.0.0.1:9/tracker.png)" not in reply.replace("\\", "") or "![" not in reply
-    assert "javascript:" not in reply.split("](")[-1] if "](" in reply else True
+    assert "tracker.png" not in reply and "<script" not in reply and "](javascript:" not in reply

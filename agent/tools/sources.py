@@ -46,8 +46,11 @@ def load(env: Mapping[str, str] | None = None) -> list[dict]:
     reports, hub = _start_mcp(env)
     _hubs.extend([hub] if hub else [])
     for report in reports:
-        for found in report.tools:
-            add(found)
+        try:
+            for found in report.tools:
+                add(found)
+        except ValueError as exc:  # an AGENT_TOOLS function took the name first
+            report.error = str(exc)
         sources.append(_source(report.name, f"MCP, {report.transport}", report.tools, report.error))
     for source in sources:
         if source["error"]:
