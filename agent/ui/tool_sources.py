@@ -44,8 +44,9 @@ def render_tool_sources(client: redis.Redis) -> None:
             sb.warning(f"{inert(source.get('name'))}: {inert(source['error'])}", icon="🧰")
     session = st.session_state
     if session.get(OFFERED_KEY) != names:  # a new catalogue: new tools start chosen, gone ones drop out
+        previous = session.get(OFFERED_KEY) or []
         kept = [n for n in session.get(CHOSEN_KEY, names) if n in names]
-        session[CHOSEN_KEY] = kept + [n for n in names if n not in (session.get(OFFERED_KEY) or [])]
+        session[CHOSEN_KEY] = kept + [n for n in names if n not in previous and n not in kept]
         session[OFFERED_KEY] = names
     sb.multiselect("Tools the next message may use", names, key=CHOSEN_KEY,
                    help="Names only: each worker runs tools from its own config file (mcp.json, AGENT_TOOLS).")
