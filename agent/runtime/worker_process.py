@@ -52,12 +52,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker = make_worker(url, args.kind, args.name)
-    start_tools(url)
+    worker.bootstrap = tools_after(worker.bootstrap, url)
     try:
         worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
     finally:
         tool_sources.close()
     return 0
+
+
+def tools_after(bootstrap, url: str):
+    """RQ's bootstrap (which registers the worker), then the tool sources: a client sees a worker
+    at once, busy starting its MCP servers, instead of none for the seconds they take."""
+
+    def bootstrap_then_start_tools(*args, **kwargs) -> None:
+        bootstrap(*args, **kwargs)
+        start_tools(url)
+
+    return bootstrap_then_start_tools
 
 
 def start_tools(url: str) -> None:
