@@ -1,4 +1,4 @@
-"""`python -m agent ask [--conversation ID] [--json] MESSAGE`: one turn through the same queue,
+"""`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`.
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
@@ -20,7 +20,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -31,6 +31,7 @@ from agent.runtime import services
 from agent.runtime.connection import describe, is_disk_error, redis_problem
 from agent.settings import Settings, SettingsError
 from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
+from agent.tools.registry import TOOL_NAME
 
 EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="continue this conversation id (default: a new one)")
     ask.add_argument("--json", action="store_true",
                      help="print each version as one JSON object a line: what changed, then the whole final state")
+    ask.add_argument("--tools", type=_tool_names,
+                     help="offer only these tools, comma-separated (default: every tool the workers have)")
     ask.add_argument("message")
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.tools is not None:
+        settings = replace(settings, turn=settings.turn.with_changes(tools=args.tools))
     try:
         return ask_and_follow(settings, args.message, args.conversation, as_json=args.json)
     except services.ServiceError as exc:
@@ -82,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _tool_names(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    if not all(TOOL_NAME.match(name) for name in names):
+        raise argparse.ArgumentTypeError(f"tool names are letters, digits, '_' and '-', separated by commas: {value!r}")
+    return names
 
 
 def _conversation_id(value: str) -> str:

@@ -20,6 +20,7 @@ DEFAULT_CALL_TIMEOUT_CAP_S = 60.0  # seconds
 DEFAULT_CONNECT_TIMEOUT_S = 10.0  # seconds
 DEFAULT_MIN_CALL_S = 5.0  # seconds
 DEFAULT_MAX_STEPS = 8  # model round-trips per turn
+DEFAULT_TOOL_TIMEOUT_CAP_S = 60.0  # seconds: the most one tool run gets, like a model call's cap
 DEFAULT_STATE_TTL_S = 600  # seconds
 DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
 # A page run must finish well inside the interval, or every refresh cuts the one before short.
@@ -53,6 +54,9 @@ class TurnConfig:
     min_call_s: float = DEFAULT_MIN_CALL_S
     max_steps: int = DEFAULT_MAX_STEPS
     safeguards: bool = True
+    # Tools: each run gets min(cap, time left); `tools` names the ones offered (None: all the worker has).
+    tool_timeout_cap_s: float = DEFAULT_TOOL_TIMEOUT_CAP_S
+    tools: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +64,8 @@ class TurnConfig:
     @classmethod
     def from_dict(cls, data: Mapping) -> TurnConfig:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if known.get("tools") is not None:
+            known["tools"] = tuple(known["tools"])  # JSON has lists
         return cls(**known)
 
     def with_changes(self, **changes) -> TurnConfig:
@@ -95,6 +101,7 @@ class Settings:
             connect_timeout_s=_seconds(env, "AGENT_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
             min_call_s=_seconds(env, "AGENT_MIN_CALL_SECONDS", DEFAULT_MIN_CALL_S),
             max_steps=_integer(env, "AGENT_MAX_STEPS", DEFAULT_MAX_STEPS, minimum=1),
+            tool_timeout_cap_s=_seconds(env, "AGENT_TOOL_TIMEOUT_CAP", DEFAULT_TOOL_TIMEOUT_CAP_S),
         )
         validate_clocks(turn)
         redis_url = env.get("REDIS_URL", "").strip() or None
@@ -161,6 +168,8 @@ def validate_clocks(turn: TurnConfig) -> None:
         )
     if turn.max_steps < 1:
         raise SettingsError("AGENT_MAX_STEPS", "must be at least 1")
+    if turn.tool_timeout_cap_s <= 0:
+        raise SettingsError("AGENT_TOOL_TIMEOUT_CAP", "must be more than 0")
 
 
 def _raw(env: Mapping[str, str], name: str) -> str | None:

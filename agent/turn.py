@@ -288,7 +288,7 @@ class Turn:
         return self.budget.call_timeout()
 
     def call_model(self, *, last_call: bool) -> Completion:
-        tools = [] if last_call else tool_registry.schemas()
+        tools = [] if last_call else tool_registry.schemas(self.config.tools)
         messages = self.history + ([{"role": "system", "content": LAST_CALL_NUDGE}] if last_call else [])
         name = f"{self.config.provider}:{self.config.model}" if self.config.provider != "demo" else self.config.model
         for attempt in range(1, MAX_ATTEMPTS_PER_CALL + 1):
@@ -392,15 +392,16 @@ class Turn:
 
     def run_tool(self, call) -> None:
         remaining = self.budget.remaining_s() if self.config.safeguards else NAIVE_TIMEOUT_S
+        timeout_s = min(self.config.tool_timeout_cap_s, remaining) if self.config.safeguards else remaining
         started = self.budget.now()
-        self.set_current("tool", call.name, remaining)
-        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=remaining, stop=self.stop,
-                                        heartbeat=self.heartbeat)
+        self.set_current("tool", call.name, timeout_s)
+        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=timeout_s, stop=self.stop,
+                                        heartbeat=self.heartbeat, offered=self.config.tools)
         self.used_tools = True
         self.set_current(None)
         self.add_message({"role": "tool", "tool_call_id": call.id, "content": result.output})
         outcome = "stopped" if result.stopped else "ok" if result.ok else "error"
-        self.add_step("tool", call.name, started, outcome, timeout_s=round(remaining, 3),
+        self.add_step("tool", call.name, started, outcome, timeout_s=round(timeout_s, 3),
                       remaining_s=round(remaining, 3), arguments=call.arguments[:2000], result=result.output[:2000])
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.

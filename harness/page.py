@@ -81,7 +81,8 @@ class PageServer:
         self.log_path = log_path
         self.marker = f"page-{time.time_ns()}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "REDIS_URL"))}
-        full_env.update(AGENT_DATA_DIR=str(data_dir), AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker)
+        full_env.update(AGENT_DATA_DIR=str(data_dir), AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker,
+                        AGENT_MCP_CONFIG="off")
         full_env.update(env or {})
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(

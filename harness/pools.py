@@ -20,7 +20,11 @@ REGISTRATION_POLL_S = 0.05  # seconds between looks at RQ's worker registry
 
 def start_pool(url: str, workers: int, log_path: Path, *, worker_class: str = "simple", env: dict | None = None,
                demo: bool = True, queue_connection: redis.Redis | None = None) -> PoolHandle:
-    """Start a pool; with `queue_connection`, also wait until every one of its workers has registered."""
+    """Start a pool; with `queue_connection`, also wait until every one of its workers has registered.
+
+    Its workers start no MCP servers unless `env` names a config: what the tools measure and test is
+    the turn's machinery, and a tool server per worker restart would only add noise."""
+    env = {"AGENT_MCP_CONFIG": "off", **(env or {})}
     handle = launch(url, workers, log_path=log_path, worker_class=worker_class, env=env, demo=demo,
                     start_timeout_s=READY_TIMEOUT_S)
     if queue_connection is not None:

@@ -21,6 +21,7 @@ from harness.follow import states
 from harness.private_redis import PrivateRedis, stored_values
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ["AGENT_MCP_CONFIG"] = "off"  # no MCP servers unless a test names its own (tests/test_mcp.py)
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4680"  # must never be seen in Redis, the page or logs
 
 # The clocks scaled down: a 6 s job timeout and a 2 s margin give a 4 s deadline.
@@ -133,7 +134,7 @@ def base_env(tmp_path):
     and other commands run as subprocesses."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AGENT_", "OPENAI_", "ANTHROPIC_")) and k != "REDIS_URL"}
-    return {**env, "AGENT_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
+    return {**env, "AGENT_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1", "AGENT_MCP_CONFIG": "off"}
 
 
 @pytest.fixture

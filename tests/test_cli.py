@@ -115,7 +115,8 @@ def test_a_bad_environment_value_is_refused_in_one_line_naming_the_variable(base
 # -- usage ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [(), ("ask",), ("ask", "--nope", "hi"), ("tell", "hi")], ids=str)
+@pytest.mark.parametrize("args", [(), ("ask",), ("ask", "--nope", "hi"), ("tell", "hi"),
+                                  ("ask", "--tools", "calc ulator", "hi")], ids=str)
 def test_bad_usage_exits_2_with_one_line(base_env, args):
     result = cli(base_env, *args)
     assert result.returncode == 2
@@ -189,6 +190,14 @@ def test_json_output_is_one_state_a_line_ending_done_and_exit_0(cli_env):
     assert states[-1]["done"] and states[-1]["status"] == "done"
     assert not any(s["done"] for s in states[:-1])
     assert "391" in states[-1]["history"][-1]["content"]
+
+
+def test_tools_names_the_only_tools_the_turn_may_use(cli_env):
+    result = cli(cli_env, "ask", "--json", "--tools", "current_time,search_docs", "What is 17*23?")
+    assert result.returncode == 0, result.stderr
+    final = _states(result.stdout)[-1]
+    assert not [s for s in final["steps"] if s["kind"] == "tool"]  # the calculator was not offered
+    assert "calculator" in final["history"][-1]["content"]  # the demo model says what it could not do
 
 
 def test_a_turn_that_runs_out_of_time_exits_1(cli_env):

@@ -317,7 +317,7 @@ def test_many_concurrent_slow_calls_are_served_in_parallel(server):
 def test_a_docs_question_gets_a_short_answer_without_tables():
     # Before: the reply quoted every passage found, a reliability table included (a 4,000 px page).
     from agent.demo.model import DOCS_ANSWER_CHARS, docs_answer
-    from agent.tools import search_docs
+    from agent.tools.docs import search_docs
 
     for question in ("How does the deadline work?", "reliability table", "stop button", "worker pool"):
         result = search_docs(question)

@@ -37,6 +37,8 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
         ({"AGENT_CALL_TIMEOUT_CAP": "-1"}, "AGENT_CALL_TIMEOUT_CAP"),
         ({"AGENT_CONNECT_TIMEOUT": "inf"}, "AGENT_CONNECT_TIMEOUT"),
         ({"AGENT_MAX_STEPS": "0"}, "AGENT_MAX_STEPS"),
+        ({"AGENT_TOOL_TIMEOUT_CAP": "0"}, "AGENT_TOOL_TIMEOUT_CAP"),
+        ({"AGENT_TOOL_TIMEOUT_CAP": "soon"}, "AGENT_TOOL_TIMEOUT_CAP"),
         ({"AGENT_MAX_STEPS": "2.5"}, "AGENT_MAX_STEPS"),
         ({"AGENT_WORKERS": "-1"}, "AGENT_WORKERS"),
         ({"AGENT_STATE_TTL": "soon"}, "AGENT_STATE_TTL"),

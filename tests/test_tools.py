@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import re
 import signal
 import threading
 import time
+from typing import Literal
 
 import pytest
 from rq.timeouts import JobTimeoutException
 
 from agent import tools
 from agent.tools import REGISTRY, ToolError, make_tool, run_tool, schemas
+from agent.tools import docs as docs_tool
+from agent.tools.waiting import wait
 
 
 def args(**kwargs) -> str:
@@ -95,6 +99,59 @@ def test_tool_with_an_unsupported_annotation_is_refused_at_registration():
 
     with pytest.raises(TypeError):
         make_tool(bad)
+
+
+class Unit(enum.Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+def rich_tool(cities: list[str], unit: Unit = Unit.CELSIUS, style: Literal["short", "long"] = "short",
+              limit: int | None = None) -> dict:
+    """Forecasts for several cities.
+
+    Args:
+        cities: city names
+        unit: the temperature unit
+    """
+    return {"cities": cities, "unit": unit.value, "style": style, "limit": limit}
+
+
+def test_list_enum_literal_and_optional_parameters_have_json_schemas():
+    props = make_tool(rich_tool).parameters["properties"]
+    assert props["cities"] == {"type": "array", "items": {"type": "string"}, "description": "city names"}
+    assert props["unit"] == {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius",
+                             "description": "the temperature unit"}
+    assert props["style"] == {"type": "string", "enum": ["short", "long"], "default": "short"}
+    assert props["limit"] == {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None}
+    assert "$defs" not in json.dumps(make_tool(rich_tool).parameters)  # references are inlined for providers
+
+
+def test_list_enum_literal_and_optional_arguments_are_checked_and_converted(registered):
+    registered(rich_tool)
+    result = run_tool("rich_tool", args(cities=["Paris", "Oslo"], unit="fahrenheit", style="long", limit=2), 5)
+    assert result.ok, result.output
+    assert json.loads(result.output) == {"cities": ["Paris", "Oslo"], "unit": "fahrenheit", "style": "long",
+                                         "limit": 2}
+    assert json.loads(run_tool("rich_tool", args(cities=[]), 5).output)["limit"] is None
+
+
+@pytest.mark.parametrize("arguments", [{"cities": "Paris"}, {"cities": [1]}, {"cities": [], "unit": "kelvin"},
+                                       {"cities": [], "style": "medium"}, {"cities": [], "limit": "2"}])
+def test_a_wrong_list_enum_literal_or_optional_argument_is_an_error_result(registered, arguments):
+    registered(rich_tool)
+    result = run_tool("rich_tool", json.dumps(arguments), 5)
+    assert not result.ok
+    assert result.output.startswith("Error: argument ") and "must be" in result.output
+
+
+def test_a_parameter_without_an_annotation_is_refused_at_registration():
+    def untyped(value) -> str:
+        """Untyped."""
+        return ""
+
+    with pytest.raises(TypeError, match="annotation"):
+        make_tool(untyped)
 
 
 # --- run_tool error paths ---
@@ -376,7 +433,7 @@ def test_search_docs_rereads_a_doc_after_it_changes(tmp_path, monkeypatch):
     (tmp_path / "docs").mkdir()
     doc = tmp_path / "docs" / "extra.md"
     doc.write_text("# Pelicans\n\nPelicans fly over the harbour.\n")
-    monkeypatch.setattr(tools, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(docs_tool, "PROJECT_ROOT", tmp_path)
     assert "harbour" in run_tool("search_docs", args(query="pelicans"), 5).output
     doc.write_text("# Pelicans\n\nPelicans now nest by the lighthouse.\n")
     later = doc.stat().st_mtime_ns + 5_000_000_000
@@ -405,7 +462,7 @@ def test_wait_stops_at_the_turns_deadline():
 
 
 def test_wait_called_directly_uses_the_timeout_it_is_given():
-    assert tools.wait(5, timeout_s=0.05) == "Waited 0.1 of 5 s: stopped at the turn's deadline"
+    assert wait(5, timeout_s=0.05) == "Waited 0.1 of 5 s: stopped at the turn's deadline"
 
 
 @pytest.mark.parametrize("seconds", [-1, 601, 1e9])

@@ -104,7 +104,7 @@ def respond(messages: list[dict], tools: list[dict], scenario: Scenario) -> dict
     if scenario.name == "loop" and "calculator" in available:
         return _tool_call_message(next_id, "calculator", {"expression": LOOP_EXPRESSION})
 
-    plan = plan_calls(user_text, scenario)
+    plan = named_tool_calls(user_text, tools) or plan_calls(user_text, scenario)
     # A call we cannot make (its tool is not offered) is not planned; it is mentioned in the answer instead.
     runnable = [c for c in plan if c.name in available]
     if available and len(calls_made) < len(runnable):
@@ -147,6 +147,24 @@ def plan_calls(text: str, scenario: Scenario) -> list[PlannedCall]:
             seconds = min(float(number.group(1)), MAX_WAIT_S)
         plan.append(PlannedCall("wait", {"seconds": seconds}, slow.start()))
     return sorted(plan, key=lambda c: c.position)  # sorted() is stable: ties keep the order above
+
+
+def named_tool_calls(text: str, tools: list[dict] | None) -> list[PlannedCall]:
+    """A call to a tool from another source (an MCP server: "<server>__<tool>") that the message names,
+    by its full name or its own ("... in Tokyo via get_current_time"); a time zone argument is filled in."""
+    for tool in tools or []:
+        function = (tool.get("function") or {}) if isinstance(tool, dict) else {}
+        name = function.get("name")
+        if not isinstance(name, str) or "__" not in name:
+            continue
+        own = name.split("__", 1)[1]
+        named = re.search(rf"(?<![\w-])(?:{re.escape(name)}|{re.escape(own)})(?![\w-])", text)
+        if named:
+            properties = (function.get("parameters") or {}).get("properties") or {}
+            zones = _find_timezones(text) or [(0, "UTC")]
+            arguments = {key: zones[0][1] for key in properties if "timezone" in key.lower()}
+            return [PlannedCall(name, arguments, named.start())]
+    return []
 
 
 def find_expressions(text: str) -> list[tuple[int, str]]:

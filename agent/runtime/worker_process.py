@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
-import signal
 import sys
 
+import redis
 from rq import SimpleWorker, SpawnWorker, Worker
 from rq.serializers import JSONSerializer
 
 import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
 from agent.queue import QUEUE_NAME, SafeJob
-from agent.runtime.connection import queue_client
+from agent.runtime.connection import queue_client, redis_problem, state_client
+from agent.runtime.with_parent import die_with_parent
+from agent.tools import sources as tool_sources
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +24,6 @@ log = logging.getLogger(__name__)
 # job takes its worker with it; the pool starts a new one. See the README for the figures.
 WORKER_CLASSES = {"simple": SimpleWorker, "fork": Worker, "spawn": SpawnWorker}
 DEFAULT_WORKER_CLASS = "simple"
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the thread that started it exits.
-
-    The pool starts workers from its main thread, which lives as long as the pool does."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        return
-    if os.getppid() == 1:  # the parent is already gone
-        os._exit(1)
 
 
 def make_worker(url: str, kind: str = DEFAULT_WORKER_CLASS, name: str | None = None):
@@ -65,8 +52,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker = make_worker(url, args.kind, args.name)
-    worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
+    worker.bootstrap = tools_after(worker.bootstrap, url)
+    try:
+        worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
+    finally:
+        tool_sources.close()
     return 0
+
+
+def tools_after(bootstrap, url: str):
+    """RQ's bootstrap (which registers the worker), then the tool sources: a client sees a worker
+    at once, busy starting its MCP servers, instead of none for the seconds they take."""
+
+    def bootstrap_then_start_tools(*args, **kwargs) -> None:
+        bootstrap(*args, **kwargs)
+        start_tools(url)
+
+    return bootstrap_then_start_tools
+
+
+def start_tools(url: str) -> None:
+    """Start this worker's tool sources (MCP servers once per process, not per turn) and publish the
+    catalogue the page lists; a Redis hiccup here only delays the page's list, never the worker."""
+    sources = tool_sources.load()
+    try:
+        tool_sources.publish(state_client(url), sources)
+    except redis.RedisError as exc:
+        log.warning("the tool catalogue was not published: %s", redis_problem(exc))
 
 
 if __name__ == "__main__":

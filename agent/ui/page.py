@@ -19,7 +19,7 @@ from streamlit_autorefresh import st_autorefresh
 from agent.hosts import host_allowed
 from agent.runtime import services
 from agent.settings import ALLOWED_HOSTS_VARIABLE, DEFAULT_ALLOWED_HOSTS, MIN_POLL_INTERVAL_MS, Settings, SettingsError
-from agent.ui import render, sidebar
+from agent.ui import render, sidebar, tool_sources
 from agent.ui import state as ui
 from agent.ui.timeline import timeline_chart
 
@@ -118,6 +118,7 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     in_flight = state is not None and not state["done"]
 
     config, config_error = sidebar.render_sidebar(settings.turn)
+    tool_sources.render_tool_sources(be.store.redis)
     st.sidebar.divider()
     st.sidebar.button("🗨️ New chat", on_click=_new_chat, width="stretch")
     # The input is drawn early (Streamlit pins it to the bottom wherever it is called), so a run that

@@ -12,6 +12,7 @@ from agent.demo.scenarios import SCENARIO_LATENCIES_S, Scenario, UnknownModelErr
 from agent.providers import registry
 from agent.providers.demo import DEMO
 from agent.settings import SettingsError, TurnConfig
+from agent.ui import tool_sources
 
 SCENARIOS = {  # the picker's order and the plain-words description of each
     "healthy": "answers quickly and uses the tools your message asks for",
@@ -194,6 +195,7 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
         call_timeout_cap_s=float(ss.get(K["call_timeout_cap_s"], base.call_timeout_cap_s)),
         min_call_s=float(ss.get(K["min_call_s"], base.min_call_s)),
         safeguards=not ss.get(K["naive"], False),
+        tools=tool_sources.chosen(ss),
     )
 
 

@@ -1,4 +1,4 @@
-"""Safe arithmetic for the calculator tool: an allowlist walk over the parsed expression.
+"""The calculator tool: safe arithmetic, an allowlist walk over the parsed expression.
 
 Nothing is ever compiled or evaluated as code (simpleeval and asteval have both had sandbox
 escapes). Only number constants and + - * / // % ** and unary +/- are allowed; the input length,
@@ -13,10 +13,11 @@ import math
 import operator
 from collections.abc import Callable
 
+from agent.tools.registry import ToolError
+
 
 class CalculatorError(ValueError):
     """The expression was refused; the message says why, for the model to read."""
-
 
 
 MAX_EXPRESSION_CHARS = 200  # bounded before parsing: ast.parse recurses and can raise RecursionError
@@ -34,6 +35,18 @@ _REFUSALS: dict[type, str] = {  # clearer words for the usual attempts; others a
     ast.Name: "names", ast.Call: "function calls", ast.Attribute: "attribute access", ast.Subscript: "indexing",
     ast.Lambda: "lambdas", ast.NamedExpr: "assignments", ast.JoinedStr: "strings", ast.Compare: "comparisons",
 }  # fmt: skip
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly: numbers, + - * / // % ** and parentheses.
+
+    Args:
+        expression: the expression, e.g. "17*23" or "(2.5 + 4) ** 2 / 3"
+    """
+    try:
+        return evaluate(expression)
+    except CalculatorError as exc:
+        raise ToolError(str(exc)) from None
 
 
 def evaluate(expression: str) -> str:

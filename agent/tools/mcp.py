@@ -1,0 +1,273 @@
+"""MCP servers as tool sources, through the official `mcp` SDK (stdio and streamable HTTP).
+
+A worker process starts the servers named in its own config file once, at start-up, each within
+a bounded time, on one event loop in a background thread that holds the sessions for the life of
+the process. Each server's tools are registered as `<server>__<tool>` with the server's own input
+schema. A call runs on that loop under min(tool cap, time left) (run_tool's timeout_s) and is
+cancelled when that runs out or the user stops the turn; an error result, a crash or a hang ends
+as a ToolError that says which server and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+from agent.tools.registry import Tool, ToolError
+
+WITH_PARENT = Path(__file__).resolve().parents[1] / "runtime" / "with_parent.py"  # stdlib only: run as a script
+TOOL_NAME_SEPARATOR = "__"  # server and tool: "time__get_current_time"
+MAX_TOOL_NAME_CHARS = 64  # the providers' limit: ^[a-zA-Z0-9_-]{1,64}$
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*$")  # no "__", which separates server from tool
+MAX_SERVER_NAME_CHARS = 24  # leaves 38 characters of a 64-character name for the tool's own name
+MAX_LISTED_PAGES = 20  # pages of tools/list read from one server; a paginator that never ends cannot hang start-up
+CALL_SLICE_S = 0.05  # seconds between stop checks while a call runs
+CLOSE_TIMEOUT_S = 5.0  # seconds the servers get to shut down when the worker exits
+
+
+class McpConfigError(ValueError):
+    """The config file cannot be used; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets: never published or logged
+    url: str | None = None
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command else "streamable HTTP"
+
+
+@dataclass
+class ServerReport:
+    """What a server's start-up gave: its tools, or why it has none. Holds no command, env or URL."""
+
+    name: str
+    transport: str
+    tools: list[Tool] = field(default_factory=list)
+    error: str | None = None
+
+
+def read_config(path: Path) -> list[ServerConfig]:
+    """The servers of an `mcpServers` config file; McpConfigError says what is wrong with it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise McpConfigError(f"{path}: cannot be read as JSON ({type(exc).__name__}: {exc})") from None
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise McpConfigError(f"{path}: must be an object with an \"mcpServers\" object")
+    return [_server_config(path, name, entry) for name, entry in servers.items()]
+
+
+def _server_config(path: Path, name: str, entry: object) -> ServerConfig:
+    where = f"{path}: server {name!r}"
+    if len(name) > MAX_SERVER_NAME_CHARS or not _SERVER_NAME.match(name):
+        raise McpConfigError(f"{where}: a name is 1 to {MAX_SERVER_NAME_CHARS} letters, digits, '-' or single '_'")
+    if not isinstance(entry, dict) or ("command" in entry) == ("url" in entry):
+        raise McpConfigError(f"{where}: needs either \"command\" (stdio) or \"url\" (streamable HTTP)")
+    args, env = entry.get("args", []), entry.get("env", {})
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise McpConfigError(f"{where}: \"args\" must be a list of strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise McpConfigError(f"{where}: \"env\" must map names to strings")
+    command, url = entry.get("command"), entry.get("url")
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        raise McpConfigError(f"{where}: \"command\" must be a program name or path")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+        raise McpConfigError(f"{where}: \"url\" must start with http:// or https://")
+    return ServerConfig(name, command, tuple(args), dict(env), url)
+
+
+def resolve_command(command: str) -> str:
+    """A bare program name is looked for beside this Python first (the venv's bin), then on PATH,
+    so `make run` finds the venv's `mcp-server-time` without an activated venv or uvx."""
+    beside = Path(sys.executable).parent / command
+    found = shutil.which(command) if os.sep in command or not beside.is_file() else shutil.which(str(beside))
+    if found is None:
+        raise FileNotFoundError(f"{command!r} is not a program (looked beside {sys.executable} and on PATH)")
+    return found
+
+
+def public_name(server: str, tool: str) -> str:
+    """`<server>__<tool>` within ^[a-zA-Z0-9_-]{1,64}$; a tool name that had to change gets a short hash,
+    so two different names never end up the same."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", tool) or "tool"
+    name = f"{server}{TOOL_NAME_SEPARATOR}{cleaned}"
+    if cleaned == tool and len(name) <= MAX_TOOL_NAME_CHARS:
+        return name
+    digest = hashlib.sha256(tool.encode()).hexdigest()[:8]
+    return f"{name[: MAX_TOOL_NAME_CHARS - 9]}_{digest}"
+
+
+def offered_schema(schema: object) -> dict:
+    """The server's input schema as is, when it describes an object (the only kind a tool call sends)."""
+    if isinstance(schema, dict) and schema.get("type") == "object":
+        return {"properties": {}, **schema}
+    return {"type": "object", "properties": {}}
+
+
+class McpHub:
+    """This process's MCP sessions, held by one event loop in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.clients: dict[str, Client] = {}
+        self.ended: dict[str, str] = {}  # server -> why its session ended (a crash, a closed connection)
+        self.closing: asyncio.Event | None = None
+        self.tasks: list[asyncio.Task] = []
+        threading.Thread(target=self.loop.run_forever, name="mcp-sessions", daemon=True).start()
+
+    def start(self, servers: list[ServerConfig], timeout_s: float) -> list[ServerReport]:
+        """Start every server at once; each gets timeout_s to start and list its tools."""
+        future = asyncio.run_coroutine_threadsafe(self._start_all(servers, timeout_s), self.loop)
+        return future.result()
+
+    async def _start_all(self, servers: list[ServerConfig], timeout_s: float) -> list[ServerReport]:
+        self.closing = asyncio.Event()
+        return list(await asyncio.gather(*(self._start(server, timeout_s) for server in servers)))
+
+    async def _start(self, server: ServerConfig, timeout_s: float) -> ServerReport:
+        report = ServerReport(server.name, server.transport)
+        listed: asyncio.Future = self.loop.create_future()
+        task = self.loop.create_task(self._session(server, listed), name=f"mcp-{server.name}")
+        try:
+            async with asyncio.timeout(timeout_s):
+                listing = await asyncio.shield(listed)
+        except TimeoutError:
+            listed.cancel()  # nobody waits for it any more
+            task.cancel()  # ends the session: a stdio server's process is stopped
+            report.error = f"did not start and list its tools within {timeout_s:g} s"
+            return report
+        except Exception as exc:  # noqa: BLE001 - any start-up failure is this server's report, not the worker's
+            report.error = f"did not start: {_reason(exc)}"
+            return report
+        self.tasks.append(task)
+        report.tools = [self._tool(server.name, listed_tool) for listed_tool in _unique(listing)]
+        return report
+
+    async def _session(self, server: ServerConfig, listed: asyncio.Future) -> None:
+        """One server's whole session, in one task (the SDK's contexts must open and close in the same task)."""
+        try:
+            async with Client(_target(server)) as client:
+                tools, cursor = [], None
+                for _ in range(MAX_LISTED_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    tools.extend(page.tools)
+                    if (cursor := page.next_cursor) is None:
+                        break
+                self.clients[server.name] = client
+                listed.set_result(tools)
+                await self.closing.wait()
+        except BaseException as exc:
+            if not listed.done():
+                listed.set_exception(exc if isinstance(exc, Exception) else RuntimeError("start-up was cancelled"))
+            self.ended[server.name] = _reason(exc)
+            self.clients.pop(server.name, None)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _tool(self, server: str, listed) -> Tool:
+        def call(arguments: dict, *, timeout_s: float, stop: threading.Event | None = None) -> str:
+            return self.call(server, listed.name, arguments, timeout_s, stop)
+
+        name = public_name(server, listed.name)
+        call.__qualname__ = name  # registry.add tells tools apart by their origin
+        description = (listed.description or "").strip() or f"The {listed.name} tool of the {server} MCP server."
+        return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=call,
+                    arguments=None, takes_timeout=True, takes_stop=True, source=server)
+
+    def call(self, server: str, tool: str, arguments: dict, timeout_s: float, stop: threading.Event | None) -> str:
+        """Call a tool on this process's session; a ToolError says what went wrong, in words."""
+        if os.getpid() != self.pid:
+            raise ToolError("MCP servers run in the worker process, not in a forked work horse: use the simple "
+                            "worker class")
+        future = asyncio.run_coroutine_threadsafe(self._call(server, tool, arguments, timeout_s), self.loop)
+        while True:
+            try:
+                return future.result(CALL_SLICE_S)
+            except TimeoutError:
+                if stop is not None and stop.is_set():
+                    future.cancel()
+                    raise ToolError(f"stopped at your request while {tool} on the {server} MCP server ran") from None
+
+    async def _call(self, server: str, tool: str, arguments: dict, timeout_s: float) -> str:
+        client = self.clients.get(server)
+        if client is None:
+            raise ToolError(f"the {server} MCP server is not running ({self.ended.get(server, 'it never started')})")
+        try:
+            with anyio.fail_after(timeout_s):
+                result = await client.call_tool(tool, arguments)
+        except TimeoutError:
+            raise ToolError(f"{tool} on the {server} MCP server did not answer within {timeout_s:.1f} s (the tool "
+                            "timeout: min(AGENT_TOOL_TIMEOUT_CAP, time left)) and was cancelled") from None
+        except ToolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the transport's and the protocol's errors, in words
+            ended = self.ended.get(server)
+            reason = f"the server stopped ({ended})" if ended else _reason(exc)
+            raise ToolError(f"{tool} on the {server} MCP server failed: {reason}") from None
+        text = result_text(result)
+        if result.is_error:
+            raise ToolError(f"{tool} on the {server} MCP server reported an error: {text}")
+        return text
+
+    def close(self) -> None:
+        """Stop every session (and the stdio servers' processes), waiting at most CLOSE_TIMEOUT_S."""
+        if self.closing is not None and os.getpid() == self.pid:
+            self.loop.call_soon_threadsafe(self.closing.set)
+            done = asyncio.run_coroutine_threadsafe(asyncio.wait(self.tasks or [asyncio.sleep(0)]), self.loop)
+            try:
+                done.result(CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                pass
+
+
+def result_text(result) -> str:
+    """A tool result's content as text for the model (untrusted: the page renders it inert)."""
+    parts = []
+    for item in result.content or []:
+        text = getattr(item, "text", None)
+        parts.append(text if isinstance(text, str) else f"[{getattr(item, 'type', 'other')} content left out]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
+    return "\n".join(parts)
+
+
+def _target(server: ServerConfig) -> StdioServerParameters | str:
+    if server.url:
+        return server.url
+    # Through with_parent: the server dies with the session thread that started it, even if this
+    # process is killed before it can stop its servers.
+    launcher = ["-I", str(WITH_PARENT), resolve_command(server.command)]
+    return StdioServerParameters(command=sys.executable, args=[*launcher, *server.args], env=server.env or None)
+
+
+def _unique(listing: list) -> list:
+    """The listed tools, once each by name (a server that lists a name twice keeps the first)."""
+    seen: set[str] = set()
+    return [t for t in listing if not (t.name in seen or seen.add(t.name))]
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception in one line; a task group's wrapper is unwrapped to what actually failed."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__

@@ -1,0 +1,202 @@
+"""The tool registry: a tool is a plain typed function, or a tool an MCP server offers.
+
+A function's arguments are checked by a pydantic model built from its signature, and the JSON
+schema offered to the model is that model's schema; descriptions come from the docstring (its
+first line, and a Google-style "Args:" section). Two keyword-only parameters are never offered:
+`timeout_s: float` (the time the run may take) and `stop: threading.Event | None` (set when the
+user stops the turn); `run_tool` fills them in.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import threading
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pydantic
+
+from agent.surrogates import scrub_json
+
+TIMEOUT_PARAMETER = "timeout_s"  # filled by run_tool with the time the run may take, never shown to the model
+STOP_PARAMETER = "stop"  # filled by run_tool with an Event set when the user stops the turn; never shown
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what every provider accepts as a tool name
+BUILT_IN = "built-in"  # the source name of the tools this package ships
+_BARE_CONTAINERS = (list, dict, set, frozenset, tuple)  # their items' type says what the model must send
+
+
+class ToolError(Exception):
+    """A tool's expected failure; its message goes to the model as is."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # JSON schema of the arguments object, as offered to the model
+    func: Callable  # called with the checked arguments as keywords, plus timeout_s/stop when it takes them
+    arguments: type[pydantic.BaseModel] | None  # None: the arguments object is passed whole, as `arguments`
+    takes_timeout: bool = False
+    takes_stop: bool = False
+    source: str = BUILT_IN  # where it comes from: built-in, an AGENT_TOOLS module, an MCP server's name
+
+
+REGISTRY: dict[str, Tool] = {}
+
+
+def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
+    """Build a Tool from a typed function without registering it; TypeError says what is wrong with it."""
+    hints = typing.get_type_hints(func)
+    description, arg_docs = _parse_docstring(inspect.getdoc(func) or "")
+    fields: dict[str, tuple] = {}
+    hidden = set()
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise TypeError(f"tool {func.__name__}: parameter {param.name!r} must be a named parameter")
+        if param.name in (TIMEOUT_PARAMETER, STOP_PARAMETER):
+            _check_hidden(func.__name__, param, hints.get(param.name))
+            hidden.add(param.name)
+            continue
+        annotation = hints.get(param.name)
+        if annotation is None or annotation is typing.Any or annotation in _BARE_CONTAINERS:
+            raise TypeError(f"tool {func.__name__}: parameter {param.name!r} needs a type annotation that says "
+                            "what to send (str, int, float, bool, list[str], a Literal or an Enum, ...)")
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, pydantic.Field(default, description=arg_docs.get(param.name)))
+    try:
+        model = pydantic.create_model(
+            f"{func.__name__}_arguments",
+            __config__=pydantic.ConfigDict(extra="forbid", strict=True),  # "3" is not a number; 3 is a float
+            **fields,
+        )
+        parameters = _offered_schema(model.model_json_schema())
+    except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as exc:
+        raise TypeError(f"tool {func.__name__}: its parameters have no JSON schema ({exc})") from None
+    return Tool(name=func.__name__, description=description, parameters=parameters, func=func, arguments=model,
+                takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden, source=source)
+
+
+def _check_hidden(tool_name: str, param: inspect.Parameter, annotation: object) -> None:
+    expected = float if param.name == TIMEOUT_PARAMETER else threading.Event | None
+    if param.kind is not param.KEYWORD_ONLY or annotation != expected:
+        shown = "a float" if param.name == TIMEOUT_PARAMETER else "a threading.Event | None"
+        raise TypeError(f"tool {tool_name}: {param.name} must be keyword-only and {shown}")
+
+
+def tool(func: Callable, source: str = BUILT_IN) -> Callable:
+    """Register a typed function as a tool; returns the function unchanged."""
+    add(make_tool(func, source))
+    return func
+
+
+def add(new: Tool) -> None:
+    """Register a built Tool; a second, different tool under a name already taken is refused."""
+    old = REGISTRY.get(new.name)
+    # A module reload re-registers the same function; two different functions under one name is a bug.
+    if old is not None and (old.source, _origin(old.func)) != (new.source, _origin(new.func)):
+        raise ValueError(f"a tool named {new.name!r} is already registered (from {old.source})")
+    REGISTRY[new.name] = new
+
+
+def _origin(func: Callable) -> tuple[str, str]:
+    return func.__module__, func.__qualname__
+
+
+def schemas(names: Iterable[str] | None = None) -> list[dict]:
+    """Tools in the OpenAI `tools` format: all registered tools when names is None, else those of
+    `names` this process has (a chosen tool whose server did not start here is left out)."""
+    selected = list(REGISTRY) if names is None else [n for n in names if n in REGISTRY]
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in (REGISTRY[n] for n in selected)
+    ]
+
+
+def check_arguments(found: Tool, arguments_json: str | None) -> dict:
+    """The keyword arguments for the tool's function, from the model's JSON; ToolError says what is wrong."""
+    text = "{}" if arguments_json is None or not str(arguments_json).strip() else str(arguments_json)
+    try:  # some models send "" for a tool without parameters
+        arguments = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ToolError(f"arguments for {found.name} are not valid JSON ({exc})") from None
+    if not isinstance(arguments, dict):
+        raise ToolError(f"arguments for {found.name} must be a JSON object, not {type(arguments).__name__}")
+    arguments = scrub_json(arguments)  # "\\ud800" is valid JSON, but no UTF-8 text
+    if found.arguments is None:
+        return {"arguments": arguments}  # the tool's own server checks them against its schema
+    try:  # JSON mode, so that an enum or a tuple is read from its JSON form even in strict mode
+        checked = found.arguments.model_validate_json(json.dumps(arguments))
+    except pydantic.ValidationError as exc:
+        raise ToolError(_describe(found, exc)) from None
+    return {name: getattr(checked, name) for name in type(checked).model_fields}
+
+
+def _describe(found: Tool, exc: pydantic.ValidationError) -> str:
+    """Pydantic's errors in the words the model needs to fix its call."""
+    errors = exc.errors(include_url=False)
+    missing = [str(e["loc"][0]) for e in errors if e["type"] == "missing" and e["loc"]]
+    if missing:
+        return f"missing required argument(s) for {found.name}: {', '.join(map(repr, missing))}"
+    unexpected = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden" and e["loc"]]
+    if unexpected:
+        return f"unexpected argument(s) for {found.name}: {', '.join(map(repr, unexpected))}"
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "arguments"
+    expected = found.parameters["properties"].get(str(first["loc"][0]) if first["loc"] else "", {}).get("type")
+    wanted = f"{expected}, as its schema says" if isinstance(expected, str) else "as its schema says"
+    return f"argument {where!r} of {found.name} must be {wanted}: {first['msg'].lower()}, not {_json_kind(first)}"
+
+
+def _json_kind(error: dict) -> str:
+    value = error.get("input")
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+    return kinds.get(type(value), "null")
+
+
+def _offered_schema(schema: dict) -> dict:
+    """Pydantic's schema as providers take it: references inlined, no generated titles."""
+    definitions = schema.pop("$defs", {})
+
+    def clean(node: object, key: str | None = None) -> object:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                target = definitions[node["$ref"].rsplit("/", 1)[-1]]
+                node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+            # "title" is a field name inside "properties", and pydantic's generated label everywhere else.
+            return {k: clean(v, k) for k, v in node.items() if k != "title" or key == "properties"}
+        if isinstance(node, list):
+            return [clean(item) for item in node]
+        return node
+
+    cleaned = clean(schema)
+    cleaned.setdefault("required", [])
+    return cleaned
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """First line is the description; a Google-style "Args:" section describes parameters."""
+    lines = doc.splitlines()
+    description = lines[0].strip() if lines else ""
+    args: dict[str, str] = {}
+    in_args, entry_indent, current = False, None, None
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped == "Args:":
+            in_args, entry_indent, current = True, None, None
+            continue
+        if not in_args or not stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:  # the next section ("Returns:") ends Args
+            in_args = False
+            continue
+        match = re.match(r"^(\w+)\s*(?:\([^)]*\))?:\s*(.*)$", stripped)
+        if match and (entry_indent is None or indent <= entry_indent):
+            entry_indent, current = indent, match.group(1)
+            args[current] = match.group(2)
+        elif current is not None:  # a continuation line of the current entry
+            args[current] = f"{args[current]} {stripped}".strip()
+    return description, args

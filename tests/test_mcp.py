@@ -1,0 +1,284 @@
+"""MCP servers as tool sources, against real servers: mcp-server-time from PyPI and the project's
+own hostile server (tests/mcp_hostile_server.py), in this process and through real workers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+
+import pytest
+
+from agent.queue import get_queue, new_id, submit_turn
+from agent.runtime.connection import queue_client, state_client
+from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.store import Store
+from agent.tools import REGISTRY, run_tool, schemas, sources
+from agent.tools.mcp import McpConfigError, McpHub, ServerConfig, public_name, read_config
+from agent.tools.running import MAX_OUTPUT_CHARS
+from agent.tools.sources import CATALOGUE_KEY, read_catalogue
+from harness.processes import processes_with_env
+from harness.waiting import wait_for
+from tests.conftest import FAST, ROOT, start_pool, wait_done
+from tests.mcp_hostile_server import HOSTILE_TEXT
+
+HOSTILE = str(ROOT / "tests" / "mcp_hostile_server.py")
+TIME = ServerConfig("time", "mcp-server-time", ("--local-timezone", "UTC"))
+START_TIMEOUT_S = 15.0  # seconds: mcp-server-time starts in about 2 s on an idle machine
+SECRET = "mcp-env-canary-5b1f"  # an env value in the config: must never reach Redis
+
+
+# -- the config file and the naming rule (pure) ----------------------------------------------
+
+
+def test_tool_names_are_server_then_tool_within_the_providers_rule():
+    assert public_name("time", "get_current_time") == "time__get_current_time"
+    odd = public_name("docs", "search.pages/v2")
+    long = public_name("a" * 24, "b" * 80)
+    for name in (odd, long):
+        assert len(name) <= 64 and all(c.isalnum() or c in "_-" for c in name)
+    assert odd != public_name("docs", "search_pages_v2")  # a changed name gets a hash: no collision
+
+
+@pytest.mark.parametrize("config, problem", [
+    ({"servers": {}}, "mcpServers"),
+    ({"mcpServers": {"bad name": {"command": "x"}}}, "a name is"),
+    ({"mcpServers": {"a__b": {"command": "x"}}}, "a name is"),
+    ({"mcpServers": {"t": {}}}, "either"),
+    ({"mcpServers": {"t": {"command": "x", "url": "http://127.0.0.1/mcp"}}}, "either"),
+    ({"mcpServers": {"t": {"command": "x", "args": "-v"}}}, "args"),
+    ({"mcpServers": {"t": {"command": "x", "env": {"K": 1}}}}, "env"),
+    ({"mcpServers": {"t": {"url": "file:///etc/passwd"}}}, "url"),
+])  # fmt: skip
+def test_a_bad_config_is_refused_naming_the_file_and_the_problem(tmp_path, config, problem):
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(McpConfigError, match=problem) as caught:
+        read_config(path)
+    assert str(path) in str(caught.value)
+
+
+def test_the_shipped_config_names_mcp_server_time():
+    servers = read_config(ROOT / "mcp.json")
+    assert [(s.name, s.command) for s in servers] == [("time", "mcp-server-time")]
+
+
+def test_agent_tools_adds_the_typed_functions_a_module_lists(monkeypatch):
+    monkeypatch.setattr("agent.tools.sources._hubs", [])
+    try:
+        loaded = sources.load({"AGENT_TOOLS": "tests.sample_tools", "AGENT_MCP_CONFIG": "off"})
+        assert [s["name"] for s in loaded] == ["built-in", "tests.sample_tools"]
+        assert loaded[1]["tools"] == [{"name": "shout", "description": "Say it louder."}]
+        (offered,) = schemas(["shout"])
+        assert offered["function"]["parameters"]["properties"]["style"]["enum"] == ["caps", "stars"]
+        assert run_tool("shout", json.dumps({"text": "hi", "style": "stars"}), 5).output == "*hi*"
+    finally:
+        REGISTRY.pop("shout", None)
+
+
+def test_a_bad_agent_tools_module_is_reported_and_the_built_ins_still_work():
+    loaded = sources.load({"AGENT_TOOLS": "tests.no_such_module", "AGENT_MCP_CONFIG": "off"})
+    assert "ModuleNotFoundError" in loaded[-1]["error"]
+    assert run_tool("calculator", json.dumps({"expression": "6*7"}), 5).output == "42"
+
+
+def test_a_missing_config_named_by_the_variable_is_reported(tmp_path):
+    loaded = sources.load({"AGENT_MCP_CONFIG": str(tmp_path / "nowhere.json")})
+    assert loaded[-1]["name"] == "AGENT_MCP_CONFIG" and "cannot be read" in loaded[-1]["error"]
+
+
+def test_a_turn_runs_only_the_tools_it_was_offered():
+    result = run_tool("calculator", json.dumps({"expression": "1+1"}), 5, offered=("current_time",))
+    assert not result.ok and "unknown tool 'calculator'" in result.output and "current_time" in result.output
+
+
+# -- real servers in this process ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """mcp-server-time and the hostile server, their tools registered for this module only."""
+    started = McpHub()
+    reports = started.start([TIME, ServerConfig("hostile", sys.executable, (HOSTILE,))], START_TIMEOUT_S)
+    tools = {t.name: t for report in reports for t in report.tools}
+    REGISTRY.update(tools)
+    try:
+        assert [r.error for r in reports] == [None, None]
+        yield started
+    finally:
+        for name in tools:
+            REGISTRY.pop(name, None)
+        started.close()
+
+
+def test_an_mcp_tool_is_offered_with_the_servers_own_input_schema(hub):
+    (offered,) = schemas(["time__get_current_time"])
+    parameters = offered["function"]["parameters"]
+    assert parameters["type"] == "object" and parameters["required"] == ["timezone"]
+    assert "IANA timezone name" in parameters["properties"]["timezone"]["description"]
+
+
+def test_get_current_time_answers_through_run_tool(hub):
+    result = run_tool("time__get_current_time", json.dumps({"timezone": "Asia/Tokyo"}), 5)
+    assert result.ok, result.output
+    assert json.loads(result.output)["timezone"] == "Asia/Tokyo"
+
+
+def test_a_hanging_mcp_tool_ends_as_a_tool_error_at_its_timeout_and_the_server_still_answers(hub):
+    started = time.monotonic()
+    result = run_tool("hostile__hang", "{}", 1.0)
+    elapsed = time.monotonic() - started
+    assert not result.ok and "did not answer within" in result.output and "hostile" in result.output
+    assert 0.7 < elapsed < 1.0 + 1.0
+    assert run_tool("hostile__echo", json.dumps({"text": "still here"}), 5).output == "still here"
+
+
+def test_an_error_result_ends_as_a_tool_error_that_says_so(hub):
+    result = run_tool("hostile__fail", "{}", 5)
+    assert not result.ok and result.output.startswith("Error: fail on the hostile MCP server reported an error")
+
+
+def test_a_huge_result_is_truncated(hub):
+    result = run_tool("hostile__huge", "{}", 10)
+    assert result.ok and len(result.output) == MAX_OUTPUT_CHARS and result.output.endswith("[output truncated]")
+
+
+def test_the_servers_own_schema_check_answers_bad_arguments(hub):
+    result = run_tool("hostile__echo", json.dumps({"text": 5, "times": "x"}), 5)
+    assert not result.ok and result.output.startswith("Error: echo on the hostile MCP server")
+
+
+def test_a_server_that_crashes_mid_call_ends_as_a_tool_error_and_its_other_tools_say_it_is_gone():
+    crashing = McpHub()
+    (report,) = crashing.start([ServerConfig("crashy", sys.executable, (HOSTILE,))], START_TIMEOUT_S)
+    tools = {t.name: t for t in report.tools}
+    try:
+        started = time.monotonic()
+        with pytest.raises(Exception, match="crash on the crashy MCP server failed"):
+            tools["crashy__crash"].func({}, timeout_s=5.0, stop=None)
+        with pytest.raises(Exception, match="crashy"):
+            tools["crashy__echo"].func({"text": "x"}, timeout_s=5.0, stop=None)
+        assert time.monotonic() - started < 5.0
+    finally:
+        crashing.close()
+
+
+def test_a_slow_or_broken_start_is_reported_within_the_start_timeout_and_the_other_server_works():
+    mark = uuid.uuid4().hex
+    starting = McpHub()
+    started = time.monotonic()
+    reports = starting.start([
+        ServerConfig("slow", sys.executable, (HOSTILE, "--start-delay", "60"), {"MCP_TEST_MARK": mark}),
+        ServerConfig("missing", "/nonexistent/mcp-server"),
+        ServerConfig("fine", sys.executable, (HOSTILE,)),
+    ], 4.0)
+    try:
+        assert time.monotonic() - started < 4.0 + 1.0
+        slow, missing, fine = reports
+        assert slow.error == "did not start and list its tools within 4 s" and not slow.tools
+        assert missing.error.startswith("did not start: FileNotFoundError")
+        assert fine.error is None
+        echo = {t.name: t for t in fine.tools}["fine__echo"]
+        assert echo.func({"text": "ok"}, timeout_s=5.0, stop=None) == "ok"
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), 10, "the slow server stopped")
+    finally:
+        starting.close()
+
+
+# -- through real workers, the demo provider and a scripted OpenAI-compatible server -------------
+
+
+@pytest.fixture(scope="module")
+def mcp_backend(tmp_path_factory):
+    """A private Redis and two workers whose config names mcp-server-time and the hostile server
+    (the session's workers have no MCP servers, and must not take these turns)."""
+    folder = tmp_path_factory.mktemp("mcp")
+    config = folder / "mcp.json"
+    mark = uuid.uuid4().hex
+    config.write_text(json.dumps({"mcpServers": {
+        "time": {"command": "mcp-server-time", "args": ["--local-timezone", "UTC"],
+                 "env": {"MCP_TEST_MARK": mark, "SECRET_TOKEN": SECRET}},
+        "hostile": {"command": sys.executable, "args": [HOSTILE], "env": {"MCP_TEST_MARK": mark}},
+    }}))
+    server = EmbeddedRedis(folder / "redis")
+    url = server.acquire()
+    pool = start_pool(url, 2, folder / "pool.log", {"AGENT_MCP_CONFIG": str(config)})
+    client = state_client(url)
+    try:
+        wait_for(lambda: len(read_catalogue(client)) == 3, 60, "three tool sources in the catalogue")
+        yield Store(client, ttl_s=600), get_queue(queue_client(url)), client
+    finally:
+        pool.stop()
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), 15, "the servers stopped with their workers")
+        client.close()
+        server.stop()
+
+
+def run_turn(mcp_backend, message: str, config=FAST) -> tuple[dict, list[dict]]:
+    """One turn through the MCP workers: its final state and its tool steps."""
+    store, queue, _ = mcp_backend
+    cid = new_id()
+    submit_turn(store, queue, cid, message, config)
+    state = wait_done(store, cid)
+    return state, [s for s in state["steps"] if s["kind"] == "tool"]
+
+
+def test_workers_publish_their_tool_sources_without_commands_or_env_values(mcp_backend):
+    _, _, client = mcp_backend
+    sources = {s["name"]: s for s in read_catalogue(client)}
+    assert set(sources) == {"built-in", "time", "hostile"}
+    assert "time__get_current_time" in [t["name"] for t in sources["time"]["tools"]]
+    raw = client.get(CATALOGUE_KEY).decode()
+    assert SECRET not in raw and "mcp-server-time" not in raw and HOSTILE not in raw
+
+
+def test_a_turn_calls_get_current_time_when_the_message_names_it(mcp_backend):
+    state, (step,) = run_turn(mcp_backend, "What time is it in Tokyo via get_current_time?")
+    assert step["name"] == "time__get_current_time" and step["outcome"] == "ok"
+    assert json.loads(step["arguments"]) == {"timezone": "Asia/Tokyo"}
+    assert '"timezone": "Asia/Tokyo"' in step["result"]
+    assert state["status"] == "done" and "Asia/Tokyo" in state["history"][-1]["content"]
+
+
+def test_a_hanging_mcp_tool_ends_as_a_tool_error_inside_the_deadline(mcp_backend):
+    state, (step,) = run_turn(mcp_backend, "Please run hang for me")
+    assert step["name"] == "hostile__hang" and step["outcome"] == "error"
+    assert "did not answer within" in step["result"]
+    assert state["done"] and state["updated_at"] <= state["deadline_at"] + 1.0  # the final write, in time
+    assert step["ended_at"] <= state["deadline_at"]
+
+
+def test_a_tool_run_gets_the_tool_cap_when_less_than_the_time_left(mcp_backend):
+    state, (step,) = run_turn(mcp_backend, "Please run hang for me", FAST.with_changes(tool_timeout_cap_s=1.0))
+    assert step["timeout_s"] == 1.0 and step["outcome"] == "error" and "did not answer within" in step["result"]
+    assert 0.7 < step["duration_s"] < 1.0 + 1.0
+
+
+def test_the_turns_chosen_tools_are_the_only_ones_offered_and_run(mcp_backend):
+    _, steps = run_turn(mcp_backend, "What time is it in Tokyo via get_current_time?",
+                        FAST.with_changes(tools=("calculator",)))
+    assert steps == []  # not offered: the demo model did not call it
+
+
+def test_a_real_openai_compatible_model_is_offered_the_mcp_tools_schema(mcp_backend, scripted):
+    from tests.scripted_server import chat_reply
+
+    scripted.add(chat_reply("noted"))
+    config = FAST.with_changes(provider="openai", model="scripted", base_url=scripted.url + "/v1")
+    state, _ = run_turn(mcp_backend, "what time is it?", config)
+    assert state["status"] == "done"
+    offered = {t["function"]["name"]: t["function"] for t in scripted.requests[0].json["tools"]}
+    get_time = offered["time__get_current_time"]
+    assert get_time["parameters"]["required"] == ["timezone"]
+    assert get_time["parameters"]["properties"]["timezone"]["type"] == "string"
+    assert "hostile__hang" in offered and "calculator" in offered
+
+
+def test_a_hostile_tool_result_is_stored_as_text_and_drawn_inert(mcp_backend):
+    from agent.ui.markdown import safe_markdown
+
+    state, (step,) = run_turn(mcp_backend, "run markup please")
+    assert step["result"] == HOSTILE_TEXT  # the page shows a tool result in a code block, as text
+    reply = safe_markdown(state["history"][-1]["content"])  # the demo quotes it in its reply
+    assert "tracker.png" not in reply and "<script" not in reply and "](javascript:" not in reply
