@@ -32,6 +32,8 @@ MAX_RECORDED_STEPS = 400  # steps one turn may record; a round already started m
 
 @dataclass
 class Turn:
+    """One turn: its clocks and publishing policies, its writer, and what the model sees."""
+
     config: TurnConfig
     budget: Clocks
     publishing: Publishing

@@ -29,6 +29,8 @@ LAST_CALL_NUDGE = (
 
 @dataclass
 class ModelCalls:
+    """The turn's model calls, each with the timeout its clocks give it."""
+
     config: TurnConfig
     budget: Clocks
     publishing: Publishing

@@ -27,6 +27,8 @@ UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended fi
 
 @dataclass
 class ToolRuns:
+    """The turn's tool runs, each with the time that remains as its timeout."""
+
     budget: Clocks
     publishing: Publishing
     writer: StateWriter
