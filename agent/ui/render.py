@@ -6,7 +6,19 @@ import json
 
 import streamlit as st
 
-from agent.contract import ErrorKind, Kind, Outcome, Role, State, Status, Step, TurnSummary, live_summary, safeguards_on
+from agent.contract import (
+    CurrentStep,
+    ErrorKind,
+    Kind,
+    Outcome,
+    Role,
+    State,
+    Status,
+    Step,
+    TurnSummary,
+    live_summary,
+    safeguards_on,
+)
 from agent.ui.markdown import inert, safe_markdown
 from agent.ui.timeline import timeline_chart
 
@@ -331,7 +343,7 @@ def budget_text(state: State, now: float) -> tuple[float, str]:
     return 0.0, f"{_seconds(used)} used"
 
 
-def current_step_text(current: dict | None, now: float) -> str | None:
+def current_step_text(current: CurrentStep | None, now: float) -> str | None:
     if not current or not current.get("kind"):
         return None
     elapsed = max(0.0, now - (current.get("started_at") or now))
