@@ -71,7 +71,7 @@ def split_turns(state: State) -> list[dict]:
             summary, current = summaries[index], False
         else:  # the turn in flight (no summary until it ends)
             summary, current = live_summary(state), True
-        steps = steps_of.get(summary["turn_id"], [])
+        steps = steps_of.get(summary.get("turn_id"), [])
         turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
                       "in_flight": current and not state["done"]})
     return turns
@@ -188,12 +188,12 @@ def render_turn(turn: dict, *, latest: bool) -> None:
 
 def _is_ending_text(reply: dict, summary: TurnSummary) -> bool:
     """An ending written as a reply is shown as the ending's banner, not twice."""
-    return bool(reply.get("content")) and reply.get("content") == (summary["error"] or {}).get("message")
+    return bool(reply.get("content")) and reply.get("content") == (summary.get("error") or {}).get("message")
 
 
 def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
     summary = turn["summary"]
-    safeguards = safeguards_on(summary["config"])
+    safeguards = safeguards_on(summary.get("config"))
     assistant = [m for m in messages if m.get("role") == Role.ASSISTANT]
     replies = iter(assistant)
     shown = 0
@@ -241,7 +241,7 @@ def _turn_details(turn: dict) -> None:
     summary = turn["summary"]
     if not st.toggle("Steps and clocks", key=f"details-{summary.get('turn_id')}"):
         return
-    safeguards = safeguards_on(summary["config"])
+    safeguards = safeguards_on(summary.get("config"))
     for step in turn["steps"]:
         if step["kind"] == Kind.TOOL:
             render_tool_step(step, expanded=False, safeguards=safeguards)
@@ -251,8 +251,8 @@ def _turn_details(turn: dict) -> None:
 
 
 def render_ending(summary: TurnSummary) -> None:
-    status = summary["status"]
-    error = summary["error"] or {}
+    status = summary.get("status")
+    error = summary.get("error") or {}
     message = inert(error.get("message") or "")  # may quote a provider's error text
     if status == Status.DONE:
         return
@@ -264,7 +264,7 @@ def render_ending(summary: TurnSummary) -> None:
         st.info(f"**{_words(status)}.** {message}", icon="⏹️")
     else:
         st.error(f"**{_words(status)}.** {message}", icon="❌")
-    if not safeguards_on(summary["config"]):
+    if not safeguards_on(summary.get("config")):
         st.caption(
             "Safeguards were off for this turn: it had no deadline of its own and wrote nothing until it "
             "ended, so the page could not show any step while it ran. With safeguards on, the same turn "
@@ -274,8 +274,8 @@ def render_ending(summary: TurnSummary) -> None:
 
 def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
     """One sentence per clock, each a point in time after the job started, never two durations in a row."""
-    started, ended = summary["started_at"], summary["ended_at"]
-    deadline, kill = summary["deadline_at"], summary["job_timeout_at"]
+    started, ended = summary.get("started_at"), summary.get("ended_at")
+    deadline, kill = summary.get("deadline_at"), summary.get("job_timeout_at")
     if not started or not ended:
         return ""
     sentences = [f"The job ran for **{_seconds(ended - started)}**."]
@@ -284,7 +284,7 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
         when = f"**{_seconds(spare)}** early" if spare >= 0 else f"**{_seconds(-spare)}** late"
         sentences.append(f"Its own deadline was at {_seconds(deadline - started)}: it ended {when}.")
     if kill:
-        killed = (summary["error"] or {}).get("kind") == ErrorKind.JOB_TIMEOUT
+        killed = (summary.get("error") or {}).get("kind") == ErrorKind.JOB_TIMEOUT
         verb = "killed it" if killed else "would have killed it"
         sentences.append(f"The queue {verb} at {_seconds(kill - started)}.")
     calls = sum(1 for s in steps if s["kind"] == Kind.MODEL)
@@ -293,7 +293,7 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
     tools = sum(1 for s in steps if s["kind"] == Kind.TOOL and s["outcome"] not in not_runs)
     if steps:
         sentences.append(f"{calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}.")
-    elif not safeguards_on(summary["config"]):
+    elif not safeguards_on(summary.get("config")):
         sentences.append("No step was recorded: with safeguards off the job writes only when it ends.")
     return " ".join(sentences)
 
@@ -308,7 +308,7 @@ def finished_chart_spec(steps_json: str, summary_json: str, zoom: bool) -> dict 
 
 def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
     summary, steps = turn["summary"], turn["steps"]
-    if not summary["started_at"]:
+    if not summary.get("started_at"):
         st.caption("This turn ended before a worker started it, so no clock ran.")
         return
     with st.expander("⏱️ The three clocks for this turn", expanded=expanded):

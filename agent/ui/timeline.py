@@ -55,9 +55,9 @@ def _label(number: int, step: Step) -> str:
 
 def horizon_s(summary: TurnSummary, steps: list[Step], now: float | None = None) -> float:
     """The x range: up to the job timeout, or further if something ran past it."""
-    t0 = summary["started_at"] or 0.0
+    t0 = summary.get("started_at") or 0.0
     ends = [s.get("ended_at") or t0 for s in steps]
-    candidates = [summary["job_timeout_at"], summary["deadline_at"], summary["ended_at"], now, *ends]
+    candidates = [summary.get("job_timeout_at"), summary.get("deadline_at"), summary.get("ended_at"), now, *ends]
     span = max((c - t0 for c in candidates if c), default=1.0)
     return max(span, 1.0)
 
@@ -65,7 +65,7 @@ def horizon_s(summary: TurnSummary, steps: list[Step], now: float | None = None)
 def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None = None,
                   current: dict | None = None) -> list[dict]:
     """Two rows per step (the timeout it got, and what it took), in seconds since the turn started."""
-    t0 = summary["started_at"]
+    t0 = summary.get("started_at")
     if not t0:
         return []
     horizon = horizon_s(summary, steps, now)
@@ -96,14 +96,14 @@ def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None 
 
 
 def clock_rules(summary: TurnSummary) -> list[dict]:
-    t0 = summary["started_at"]
+    t0 = summary.get("started_at")
     if not t0:
         return []
     rules = []
-    if summary["deadline_at"]:
+    if summary.get("deadline_at"):
         rules.append({"at_s": round(summary["deadline_at"] - t0, 3), "clock": "deadline",
                       "y_px": 2, "colour": "#D67500"})
-    if summary["job_timeout_at"]:
+    if summary.get("job_timeout_at"):
         rules.append({"at_s": round(summary["job_timeout_at"] - t0, 3), "clock": "job timeout",
                       "y_px": 17, "colour": "#C0392B"})
     return rules
