@@ -3,16 +3,17 @@
 The turn job writes it (agent/turn/), the store keeps it (agent/store.py), and the page, the CLI
 and the lost-worker check read it. Every field name, status, step kind and outcome is spelled
 here once; the types are TypedDicts, so what Redis holds and what `--json` prints are plain JSON
-objects, field for field. Pure: no I/O.
+objects, field for field. The named values are plain strings (not Enum members), so they are
+written to JSON as they are and cost nothing to compare on a page that draws thousands of steps.
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
 
 
-class Status(StrEnum):
+class Status:
     """Where a turn is. Once ended, a turn never goes back to in flight."""
 
     QUEUED = "queued"
@@ -26,7 +27,7 @@ class Status(StrEnum):
 ENDED_STATUSES = (Status.DONE, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED)
 
 
-class Kind(StrEnum):
+class Kind:
     """What a step was."""
 
     MODEL = "model"  # one model call
@@ -35,7 +36,7 @@ class Kind(StrEnum):
     SKIP = "skip"  # a model call not started: too little time was left
 
 
-class Outcome(StrEnum):
+class Outcome:
     """How a step went."""
 
     OK = "ok"
@@ -46,7 +47,7 @@ class Outcome(StrEnum):
     REFUSED = "refused"  # tool calls past a response's limit
 
 
-class ErrorKind(StrEnum):
+class ErrorKind:
     """The endings' `error.kind` that readers tell apart (a provider's own kinds pass through as they are)."""
 
     CANCELLED = "cancelled"
@@ -61,7 +62,7 @@ class ErrorKind(StrEnum):
     QUEUE_EXPIRED = "queue_expired"
 
 
-class Role(StrEnum):
+class Role:
     """A message's role, in the OpenAI chat format the history keeps."""
 
     SYSTEM = "system"
