@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
+from agent.contract import LIST_FIELDS, Role, State, Status
 from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
@@ -41,7 +42,6 @@ TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyL
 REDIS_OUTAGE_GRACE_S = 10.0
 REDIS_RETRY_PAUSE_S = 0.5  # seconds between attempts while Redis is away
 SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
-LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,12 +190,12 @@ class Outage:
     since: float | None = None  # time.time() of the first error in a row
     last_error: str = ""
 
-    def gives_up(self, exc: BaseException, state: dict | None) -> bool:
+    def gives_up(self, exc: BaseException, state: State | None) -> bool:
         now = time.time()
         if self.since is None:
             self.since = now
         self.last_error = redis_problem(exc)
-        job_timeout_at = (state or {}).get("job_timeout_at") or self.since + self.job_timeout_s
+        job_timeout_at = (state and state["job_timeout_at"]) or self.since + self.job_timeout_s
         return now >= max(job_timeout_at, self.since) + REDIS_OUTAGE_GRACE_S
 
     def clear(self) -> None:
@@ -223,7 +223,7 @@ class Follower:
     turn_id: str
     poll_interval_ms: int
     as_json: bool
-    state: dict | None = None
+    state: State | None = None
     printed: dict = field(default_factory=lambda: dict.fromkeys(LIST_FIELDS, 0))  # items printed, per list
     hinted: bool = False
 
@@ -235,7 +235,7 @@ class Follower:
         if version == seen:
             # Nothing new: is anyone still going to write? If not, this writes the ending.
             lost_worker_check(self.store, self.queue_connection, self.conversation_id, self.state)
-            if (not self.hinted and self.state is not None and self.state["status"] == "queued"
+            if (not self.hinted and self.state is not None and self.state["status"] == Status.QUEUED
                     and not running_workers(self.queue)):
                 print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
                       "`python worker.py`", file=sys.stderr, flush=True)
@@ -247,7 +247,7 @@ class Follower:
             return EXIT_ENDED_BADLY
         # Our turn's ending: the current state, or its summary if another turn has started since.
         ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(
-            (t["status"] for t in state["turns"] if t.get("turn_id") == self.turn_id), None)
+            (t["status"] for t in state["turns"] if t["turn_id"] == self.turn_id), None)
         if self.as_json:
             self.print_json(state, final=ended is not None)
         else:
@@ -257,9 +257,9 @@ class Follower:
             return None
         if not self.as_json:
             print(f"[{ended}]", file=sys.stderr, flush=True)
-        return EXIT_DONE if ended == "done" else EXIT_ENDED_BADLY
+        return EXIT_DONE if ended == Status.DONE else EXIT_ENDED_BADLY
 
-    def print_json(self, state: dict, *, final: bool) -> None:
+    def print_json(self, state: State, *, final: bool) -> None:
         if final:
             line = {**state, "delta": False}
         else:
@@ -272,17 +272,17 @@ class Follower:
         print(json.dumps(line, ensure_ascii=False).translate(_JSON_SAFE), flush=True)
         self.printed = {name: len(state[name]) for name in LIST_FIELDS}
 
-    def print_text(self, state: dict) -> None:
+    def print_text(self, state: State) -> None:
         history = state["history"]
         if self.state is None:
             # An earlier conversation is not printed again: this turn starts at its user message.
-            users = [i for i, m in enumerate(history) if m.get("role") == "user"]
+            users = [i for i, m in enumerate(history) if m.get("role") == Role.USER]
             self.printed["history"] = users[-1] if users else 0
         for message in history[self.printed["history"]:]:
             role = message.get("role")
-            if role == "user":
+            if role == Role.USER:
                 continue
-            if role == "tool":
+            if role == Role.TOOL:
                 print(terminal_safe(f"  [tool] {message.get('content', '')}"), flush=True)
             elif message.get("tool_calls"):
                 for call in message["tool_calls"]:

@@ -5,6 +5,7 @@ Pure arithmetic with an injectable clock; no I/O. Every time is epoch seconds.
     deadline     = job start + job timeout - margin
     remaining    = max(0, deadline - now)
     call timeout = min(cap, remaining), connect = min(connect cap, remaining)
+    tool timeout = min(tool cap, remaining)
     no call starts when remaining < minimum
 """
 
@@ -38,6 +39,7 @@ class Budget:
     connect_cap_s: float
     min_call_s: float
     clock: Clock = field(default=time.time, repr=False)
+    tool_cap_s: float = float("inf")  # seconds, the most one tool run gets
 
     @classmethod
     def for_turn(cls, config, started_at: float, clock: Clock = time.time) -> Budget:
@@ -50,6 +52,7 @@ class Budget:
             connect_cap_s=config.connect_timeout_s,
             min_call_s=config.min_call_s,
             clock=clock,
+            tool_cap_s=config.tool_timeout_cap_s,
         )
 
     @property
@@ -75,6 +78,10 @@ class Budget:
         if remaining < self.min_call_s:
             return None
         return CallTimeout(total_s=min(self.cap_s, remaining), connect_s=min(self.connect_cap_s, remaining))
+
+    def tool_timeout_s(self) -> float:
+        """The timeout for a tool run starting now: what remains, at most the tool cap."""
+        return min(self.tool_cap_s, self.remaining_s())
 
     def only_one_call_left(self) -> bool:
         """True when a call fits now but a second one after it could not start."""

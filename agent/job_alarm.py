@@ -11,15 +11,29 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rq.timeouts import JobTimeoutException
 
 _fired = threading.Event()
 
 
-def watch() -> None:
-    """Record the job timeout when it fires. Call at the start of a job, in its main thread."""
+@contextmanager
+def watching() -> Iterator[None]:
+    """Record the job timeout when it fires, for the length of one job.
+
+    Enter at the start of the job, in its main thread. On exit the record is cleared: a later call
+    in the same process (a warm thread's next job, a test) is not part of this job."""
     _fired.clear()
+    _wrap_alarm_handler()
+    try:
+        yield
+    finally:
+        _fired.clear()
+
+
+def _wrap_alarm_handler() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGALRM)
@@ -36,11 +50,6 @@ def watch() -> None:
 
 def fired() -> bool:
     return _fired.is_set()
-
-
-def forget() -> None:
-    """The job is over: a later call in this process is not part of it."""
-    _fired.clear()
 
 
 def raise_if_fired() -> None:

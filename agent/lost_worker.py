@@ -14,6 +14,7 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
+from agent.contract import ErrorKind, State, Status
 from agent.endings import write_ending
 from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.store import Store
@@ -30,9 +31,9 @@ def lost_reason(
     return _lost_reason(store, queue_connection, store.read_meta(conversation_id), now)
 
 
-def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None, now: float | None) -> str | None:
+def _lost_reason(store: Store, queue_connection: redis.Redis, meta: State | None, now: float | None) -> str | None:
     now = time.time() if now is None else now
-    if meta is None or meta["done"] or not meta.get("job_id"):
+    if meta is None or meta["done"] or not meta["job_id"]:
         return None
     try:
         job = SafeJob.fetch(meta["job_id"], connection=queue_connection, serializer=JSONSerializer)
@@ -40,7 +41,7 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None,
         if _waited_too_long(store, meta, now):
             return f"it waited {_duration(now - meta['enqueued_at'])} for a free worker, the longest a message may wait"
         # A just-submitted turn writes its state before its job: give it a moment.
-        if now - (meta.get("enqueued_at") or now) > CALLBACK_GRACE_S:
+        if now - (meta["enqueued_at"] or now) > CALLBACK_GRACE_S:
             return "its job is gone from the queue"
         return None
     status = job.get_status(refresh=False)
@@ -56,7 +57,7 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None,
         # The job returned, yet the state is still in flight: its final write never reached Redis
         # (Redis away, or refusing writes, until the job gave up). Nobody else will write it.
         return "its job ended, but its last write did not reach Redis"
-    job_timeout_at = meta.get("job_timeout_at")
+    job_timeout_at = meta["job_timeout_at"]
     if not job_timeout_at and status == "started" and job.started_at and job.timeout:
         # Killed before its first write: RQ's own start time and timeout say when it had to end.
         job_timeout_at = job.started_at.timestamp() + float(job.timeout)
@@ -65,10 +66,10 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: dict | None,
     return None
 
 
-def _waited_too_long(store: Store, meta: dict, now: float) -> bool:
+def _waited_too_long(store: Store, meta: State, now: float) -> bool:
     """True when a turn that never started was dropped by RQ for waiting longer than queue_wait_s."""
-    enqueued_at = meta.get("enqueued_at")
-    return meta["status"] == "queued" and not meta.get("started_at") and bool(enqueued_at) and (
+    enqueued_at = meta["enqueued_at"]
+    return meta["status"] == Status.QUEUED and not meta["started_at"] and bool(enqueued_at) and (
         now - enqueued_at >= queue_wait_s(store.ttl_s))
 
 
@@ -88,7 +89,7 @@ def _in_limbo(store: Store, queue_connection: redis.Redis, job_id: str, now: flo
 
 
 def lost_worker_check(
-    store: Store, queue_connection: redis.Redis, conversation_id: str, known: dict | None = None
+    store: Store, queue_connection: redis.Redis, conversation_id: str, known: State | None = None
 ) -> bool:
     """Write the ending for a lost turn. True when this call wrote it.
 
@@ -101,9 +102,9 @@ def lost_worker_check(
     if _waited_too_long(store, meta, now):
         message = (f"No worker was free to start this reply: {reason}, so it was dropped without running. "
                    "Send your message again when the queue is shorter.")
-        return write_ending(store, conversation_id, meta["turn_id"], "failed", "queue_expired", message)
+        return write_ending(store, conversation_id, meta["turn_id"], Status.FAILED, ErrorKind.QUEUE_EXPIRED, message)
     message = (
         f"The worker was lost ({reason}), so this reply could not be finished. "
         "Nothing is running for it any more: you can send your message again."
     )
-    return write_ending(store, conversation_id, meta["turn_id"], "failed", "worker_lost", message)
+    return write_ending(store, conversation_id, meta["turn_id"], Status.FAILED, ErrorKind.WORKER_LOST, message)

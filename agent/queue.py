@@ -18,6 +18,7 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from agent.contract import Role, queued_doc
 from agent.settings import TurnConfig
 from agent.store import Store
 
@@ -124,7 +125,7 @@ def queued_state_ttl_s(state_ttl_s: int, config: TurnConfig) -> int:
 
     A state TTL of AGENT_STATE_TTL alone dropped a turn that waited longer than that behind slow
     turns: its job started, found no conversation, and ended without a word. The job may start as
-    late as queue_wait_s from now (RQ drops it then, and the front ends say so, see watch.py); with
+    late as queue_wait_s from now (RQ drops it then, and the front ends say so, see lost_worker.py); with
     safeguards off it writes nothing until it ends, up to its job timeout plus RQ's kill margin later.
     Once the job writes, every write sets the TTL back to AGENT_STATE_TTL."""
     return max(state_ttl_s, queue_wait_s(state_ttl_s) + config.job_timeout_s + KILL_MARGIN_S)
@@ -155,18 +156,8 @@ def submit_turn(
     text = clean_message(text)
     turn_id = turn_id or new_id()
     job_id = job_id_for(turn_id)
-    doc = {
-        "status": "queued",
-        "error": None,
-        "config": config.to_dict(),
-        "job_id": job_id,
-        "enqueued_at": time.time(),
-        "deadline_at": None,
-        "job_timeout_at": None,
-        "started_at": None,
-        "current_step": None,
-    }
-    new, _ = store.begin_turn(conversation_id, turn_id, {"role": "user", "content": text}, doc,
+    doc = queued_doc(config.to_dict(), job_id, time.time())
+    new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
                               ttl_s=queued_state_ttl_s(store.ttl_s, config))
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
     # enqueued twice is harmless: only the first to claim the turn runs it.

@@ -1,4 +1,5 @@
-"""The conversation state in Redis: the JSON state contract, versions, TTL, one turn at a time.
+"""The conversation state in Redis: versions, TTL, one turn at a time. The object it reads back
+is the state contract (agent/contract.py).
 
 Layout per conversation (all keys share one TTL, refreshed on every write):
 
@@ -23,11 +24,10 @@ from dataclasses import dataclass
 
 import redis
 
+from agent.contract import LIST_FIELDS, Message, State, Step, TurnDoc, TurnSummary, make_state
 from agent.surrogates import scrub
 
 KEY_PREFIX = "agent:"
-STATUSES = ("queued", "running", "done", "failed", "timed_out", "cancelled")
-ENDED_STATUSES = ("done", "failed", "timed_out", "cancelled")
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -141,7 +141,7 @@ class Store:
         self.redis.xread({keys.events: after}, count=1, block=timeout_ms)
         return self.version(conversation_id)
 
-    def read(self, conversation_id: str) -> dict | None:
+    def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""
         keys = Keys.of(conversation_id)
         with self.redis.pipeline(transaction=True) as pipe:
@@ -154,7 +154,7 @@ class Store:
             return None
         return _state(conversation_id, meta, history, steps, turns)
 
-    def read_since(self, conversation_id: str, known: dict | None) -> dict | None:
+    def read_since(self, conversation_id: str, known: State | None) -> State | None:
         """The whole state object, fetching only what was appended since `known` (an earlier read).
 
         History, steps and turn summaries are append-only, so a client that follows a turn reads
@@ -163,7 +163,7 @@ class Store:
             return self.read(conversation_id)
         keys = Keys.of(conversation_id)
         lists = (keys.history, keys.steps, keys.turns)
-        have = [len(known["history"]), len(known["steps"]), len(known["turns"])]
+        have = [len(known[name]) for name in LIST_FIELDS]
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.meta)
             for key, start in zip(lists, have, strict=True):
@@ -175,11 +175,11 @@ class Store:
         if [n_history, n_steps, n_turns] != [a + len(b) for a, b in zip(have, (history, steps, turns), strict=True)]:
             return self.read(conversation_id)  # not the lists `known` was read from (expired, re-created)
         fresh = _state(conversation_id, meta, history, steps, turns)
-        for field in ("history", "steps", "turns"):
-            fresh[field] = known[field] + fresh[field]
+        for name in LIST_FIELDS:
+            fresh[name] = known[name] + fresh[name]
         return fresh
 
-    def read_meta(self, conversation_id: str) -> dict | None:
+    def read_meta(self, conversation_id: str) -> State | None:
         """The small fields only (no history or steps)."""
         meta = self.redis.hgetall(Keys.of(conversation_id).meta)
         if not meta:
@@ -189,7 +189,7 @@ class Store:
     # -- writers ---------------------------------------------------------------------------
 
     def begin_turn(
-        self, conversation_id: str, turn_id: str, user_message: dict, doc: dict, *, ttl_s: int | None = None
+        self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *, ttl_s: int | None = None
     ) -> tuple[bool, int]:
         """Append the user's message and mark the turn queued. Returns (new, version).
 
@@ -214,13 +214,13 @@ class Store:
         self,
         conversation_id: str,
         turn_id: str,
-        doc: dict,
+        doc: TurnDoc,
         *,
         done: bool = False,
-        new_messages: list[dict] = (),
-        new_steps: list[dict] = (),
+        new_messages: list[Message] = (),
+        new_steps: list[Step] = (),
         expected_history_len: int = -1,
-        summary: dict | None = None,
+        summary: TurnSummary | None = None,
     ) -> int:
         """One atomic write: append what is new, replace the small fields, bump the version."""
         keys = Keys.of(conversation_id)
@@ -245,7 +245,7 @@ class Store:
                 raise StoreError(reason, message) from exc
             raise
 
-    def history_since(self, conversation_id: str, start: int) -> list[dict]:
+    def history_since(self, conversation_id: str, start: int) -> list[Message]:
         """The messages from index `start` on."""
         return [json.loads(m) for m in self.redis.lrange(Keys.of(conversation_id).history, start, -1)]
 
@@ -269,26 +269,15 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: list) -> dict:
+def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: list) -> State:
     meta = {_text(k): _text(v) for k, v in meta.items()}
-    doc = json.loads(meta.get("doc") or "{}")
-    return {
-        "conversation_id": conversation_id,
-        "turn_id": meta.get("turn_id"),
-        "version": int(meta.get("version", 0)),
-        "done": meta.get("done") == "1",
-        "status": doc.get("status", "queued"),
-        "error": doc.get("error"),
-        "history": [json.loads(m) for m in history],
-        "steps": [json.loads(s) for s in steps],
-        "deadline_at": doc.get("deadline_at"),
-        "job_timeout_at": doc.get("job_timeout_at"),
-        "updated_at": doc.get("updated_at"),
-        # Beyond the contract's fields: what the page needs to draw the clocks.
-        "started_at": doc.get("started_at"),
-        "enqueued_at": doc.get("enqueued_at"),
-        "current_step": doc.get("current_step"),
-        "config": doc.get("config"),
-        "job_id": doc.get("job_id"),
-        "turns": [json.loads(t) for t in turns],
-    }
+    return make_state(
+        conversation_id,
+        meta.get("turn_id"),
+        int(meta.get("version", 0)),
+        meta.get("done") == "1",
+        json.loads(meta.get("doc") or "{}"),
+        [json.loads(m) for m in history],
+        [json.loads(s) for s in steps],
+        [json.loads(t) for t in turns],
+    )

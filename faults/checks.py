@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agent.store import ENDED_STATUSES
+from agent.contract import ENDED_STATUSES
 
 # Endings written from outside the job (or by a job interrupted mid-tool): a tool call the
 # model asked for may have had no chance to run, so it may stay unanswered.

@@ -12,7 +12,8 @@ import streamlit as st
 from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
-from agent.endings import turn_summary, write_ending
+from agent.contract import turn_summary
+from agent.endings import write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.runtime import services
 from agent.store import Store
@@ -331,7 +332,7 @@ def test_the_timeline_has_a_bar_and_a_timeout_per_step_and_both_clocks():
     t0 = 1000.0
     steps = [step("t", 1, "model", "demo", t0, attempt=1), step("t", 2, "tool", "calculator", t0),
              {**step("t", 3, "skip", "demo", t0), "timeout_s": None, "outcome": "skipped"}]
-    summary = {"started_at": t0, "deadline_at": t0 + 4, "job_timeout_at": t0 + 6, "ended_at": t0 + 1}
+    summary = turn_summary("t", {"started_at": t0, "deadline_at": t0 + 4, "job_timeout_at": t0 + 6}, t0 + 1)
     rows = timeline.timeline_rows(steps, summary)
     assert [r["what"] for r in rows if r["layer"] == "step"] == ["model call", "tool run", "skipped call"]
     assert sum(r["layer"] == "timeout" for r in rows) == 2
@@ -537,8 +538,8 @@ def test_the_first_screen_says_in_one_sentence_what_is_being_watched():
 
 def clocks_summary(**extra) -> dict:
     t0 = 1_000_000.0
-    return {"turn_id": "t", "status": "done", "started_at": t0, "deadline_at": t0 + 100, "job_timeout_at": t0 + 120,
-            "ended_at": t0 + 0.625, "config": {}, **extra}
+    doc = {"status": "done", "started_at": t0, "deadline_at": t0 + 100, "job_timeout_at": t0 + 120, "config": {}}
+    return {**turn_summary("t", doc, t0 + 0.625), **extra}
 
 
 def test_the_clocks_sentence_gives_points_in_time_not_two_durations_in_a_row():

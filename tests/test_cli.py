@@ -338,7 +338,7 @@ GROWTH_SLACK = 1.6  # printed bytes per step may grow this much from the short t
 
 def run_flood_turn(env: dict, rounds: int) -> tuple[int, dict]:
     """A turn of `rounds` responses of many tool calls, then an answer: (bytes printed, final state)."""
-    from agent.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
+    from agent.turn.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
     from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 
     calls = [tool_call("calculator", {"expression": f"{i}+1"}, f"call_{i}") for i in range(MAX_TOOL_CALLS_PER_RESPONSE)]

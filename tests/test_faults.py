@@ -14,7 +14,7 @@ from agent.demo.http_server import Hang, Request
 from agent.endings import write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
-from agent.turn import UNANSWERED_CALL_RESULT
+from agent.turn.tool_runs import UNANSWERED_CALL_RESULT
 from faults.checks import check_observations
 from faults.provider import CALL_FAULTS, FaultProvider
 from faults.runner import Options, run_faults
@@ -243,13 +243,10 @@ def test_a_turn_after_a_lost_worker_sends_the_model_an_answer_for_every_tool_cal
 # -- a write that timed out but landed --------------------------------------------------------
 
 
-def _turn(store, cid, tid):
-    from agent.deadline import Budget
-    from agent.turn import Turn
+def _writer(store, cid, tid):
+    from agent.turn.writer import StateWriter
 
-    return Turn(store=store, conversation_id=cid, turn_id=tid, job_id=job_id_for(tid), config=FAST,
-                budget=Budget.for_turn(FAST, time.time()), history=[{"role": "user", "content": "hi"}],
-                doc={"status": "running"}, persisted_len=1)
+    return StateWriter(store, cid, tid, {"status": "running"}, persisted_len=1, clock=time.time)
 
 
 def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store, monkeypatch):
@@ -260,7 +257,7 @@ def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store, monkeypat
 
     cid, tid = "landed-" + new_id(), new_id()
     _begin(store, cid, tid)
-    turn = _turn(store, cid, tid)
+    writer = _writer(store, cid, tid)
     real_publish = store.publish
 
     def lands_then_times_out(*args, **kwargs):
@@ -269,15 +266,15 @@ def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store, monkeypat
         raise redis.TimeoutError("...after the client had given up on it")
 
     monkeypatch.setattr(store, "publish", lands_then_times_out)
-    turn.add_message({"role": "assistant", "content": "answer"})
-    turn.add_step("model", "m", time.time(), "ok")
-    turn.flush()  # times out, yet landed
-    turn.add_message({"role": "tool", "tool_call_id": "c1", "content": "more"})
-    turn.add_step("tool", "t", time.time(), "ok")
-    turn.flush()  # finds its own messages there: carries on, sending only what is new
-    assert turn.persisted_len == 3 and turn.pending_messages == [] and turn.pending_steps == []
-    turn.add_message({"role": "assistant", "content": "done"})
-    turn.flush(done=True)
+    writer.add_message({"role": "assistant", "content": "answer"})
+    writer.add_step("model", "m", time.time(), "ok")
+    writer.flush()  # times out, yet landed
+    writer.add_message({"role": "tool", "tool_call_id": "c1", "content": "more"})
+    writer.add_step("tool", "t", time.time(), "ok")
+    writer.flush()  # finds its own messages there: carries on, sending only what is new
+    assert writer.persisted_len == 3 and writer.pending_messages == [] and writer.pending_steps == []
+    writer.add_message({"role": "assistant", "content": "done"})
+    writer.flush(done=True)
     state = store.read(cid)
     assert [m["content"] for m in state["history"]] == ["hi", "answer", "more", "done"]
     assert [s["name"] for s in state["steps"]] == ["m", "t"]  # no step written twice
@@ -285,15 +282,15 @@ def test_a_write_that_timed_out_but_landed_does_not_end_the_job(store, monkeypat
 
 
 def test_a_history_moved_by_someone_else_still_closes_the_turn(store):
-    from agent.turn import TurnClosed
+    from agent.turn.exits import TurnClosed
 
     cid, tid = "moved-" + new_id(), new_id()
     _begin(store, cid, tid)
-    turn = _turn(store, cid, tid)
-    store.publish(cid, tid, turn.doc, new_messages=[{"role": "assistant", "content": "not mine"}])
-    turn.add_message({"role": "assistant", "content": "mine"})
+    writer = _writer(store, cid, tid)
+    store.publish(cid, tid, writer.doc, new_messages=[{"role": "assistant", "content": "not mine"}])
+    writer.add_message({"role": "assistant", "content": "mine"})
     with pytest.raises(TurnClosed):
-        turn.flush()
+        writer.flush()
 
 
 def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_declared_lost(store, redis_client, monkeypatch):

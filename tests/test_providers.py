@@ -208,17 +208,13 @@ def test_the_job_timeout_ends_a_call_wherever_in_the_event_loop_it_fires(server,
     loop = provider_http._session().loop
     main_thread = threading.get_ident()
     started = time.monotonic()
-    try:
-        with UnixSignalDeathPenalty(60, JobTimeoutException):  # RQ's own alarm and handler
-            job_alarm.watch()
-            if where == "anywhere":
-                signal.setitimer(signal.ITIMER_REAL, after_s + 0.01)
-            else:
-                loop.call_later(after_s, signal.pthread_kill, main_thread, signal.SIGALRM)
-            with pytest.raises(JobTimeoutException):
-                openai.complete(MESSAGES, [], CallTimeout(total_s=10.0, connect_s=5.0))
-    finally:
-        job_alarm.forget()
+    with UnixSignalDeathPenalty(60, JobTimeoutException), job_alarm.watching():  # RQ's own alarm and handler
+        if where == "anywhere":
+            signal.setitimer(signal.ITIMER_REAL, after_s + 0.01)
+        else:
+            loop.call_later(after_s, signal.pthread_kill, main_thread, signal.SIGALRM)
+        with pytest.raises(JobTimeoutException):
+            openai.complete(MESSAGES, [], CallTimeout(total_s=10.0, connect_s=5.0))
     assert time.monotonic() - started < 6  # at the alarm, not at the call's own end (2 s to 10 s)
 
 

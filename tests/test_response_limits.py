@@ -1,11 +1,11 @@
-"""What one model response may bring into a turn (agent/response_limits.py): pure, no I/O."""
+"""What one model response may bring into a turn (agent/turn/response_limits.py): pure, no I/O."""
 
 from __future__ import annotations
 
 import json
 
 from agent.providers.base import Completion, ToolCall
-from agent.response_limits import (
+from agent.turn.response_limits import (
     MAX_ARGUMENTS_CHARS,
     MAX_CONTENT_CHARS,
     MAX_ID_CHARS,

@@ -12,10 +12,10 @@ from agent.deadline import CallTimeout
 from agent.demo.http_server import hang
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import post_json
-from agent.stop_watch import StopWatch
 from agent.store import Store
 from agent.tools import REGISTRY, make_tool, run_tool
-from agent.turn import UNANSWERED_CALL_RESULT
+from agent.turn.stop_watch import StopWatch
+from agent.turn.tool_runs import UNANSWERED_CALL_RESULT
 from tests.conftest import FAST, ask, wait_done
 from tests.test_turn import scripted_config, steps_of
 from tests.test_turn_unit import make_turn
@@ -147,17 +147,17 @@ def test_a_tool_that_ignores_stop_is_abandoned_with_an_error_that_says_so(monkey
 
 def test_every_call_left_when_a_stop_comes_between_tools_still_gets_a_result(store, monkeypatch):
     calls = [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') for i in range(3)]
-    monkeypatch.setattr("agent.turn.make_provider", lambda config: _Once(Completion(None, calls)))
+    monkeypatch.setattr("agent.turn.loop.make_provider", lambda config: _Once(Completion(None, calls)))
     turn = make_turn(store)
-    original = turn.run_tool
+    original = turn.tools.run_tool
 
     def run_tool_then_stop(call):
         original(call)
-        store.request_cancel(turn.turn_id, ttl_s=60)
+        store.request_cancel(turn.writer.turn_id, ttl_s=60)
 
-    turn.run_tool = run_tool_then_stop
+    turn.tools.run_tool = run_tool_then_stop
     assert turn.run() == "cancelled"
-    history = store.read(turn.conversation_id)["history"]
+    history = store.read(turn.writer.conversation_id)["history"]
     results = {m["tool_call_id"]: m["content"] for m in history if m["role"] == "tool"}
     assert results == {"c0": "4", "c1": UNANSWERED_CALL_RESULT, "c2": UNANSWERED_CALL_RESULT}
     assert history[-1]["content"] == "Stopped at your request."

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
+from agent.turn.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
 from tests.conftest import FAST, ask, wait_done
 from tests.scripted_server import chat_reply, tool_call
 from tests.test_turn import ended_within, scripted_config, steps_of

@@ -9,12 +9,13 @@ import pytest
 import redis
 from rq.timeouts import JobTimeoutException
 
-from agent.deadline import Budget
+from agent.deadline import Clock
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.queue import new_id
-from agent.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
 from agent.store import Store
-from agent.turn import EAGER_PUBLISHED_TOOLS, Turn
+from agent.turn.loop import Turn
+from agent.turn.policies import EAGER_PUBLISHED_TOOLS
+from agent.turn.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
 from tests.conftest import FAST
 
 
@@ -33,17 +34,13 @@ class ScriptedModel:
         return output
 
 
-def make_turn(store: Store, config=FAST, started_at: float | None = None) -> Turn:
+def make_turn(store: Store, config=FAST, started_at: float | None = None, clock: Clock = time.time) -> Turn:
     cid, tid = new_id(), new_id()
     doc = {"status": "queued", "error": None, "config": config.to_dict(), "job_id": "job-" + tid,
            "enqueued_at": time.time()}
     store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, doc)
-    turn = Turn(
-        store=store, conversation_id=cid, turn_id=tid, job_id="job-" + tid, config=config,
-        budget=Budget.for_turn(config, started_at or time.time()),
-        history=[{"role": "user", "content": "hi"}], doc=dict(doc), persisted_len=1,
-    )
-    return turn
+    return Turn.create(store, cid, tid, config, started_at=started_at or time.time(),
+                       history=[{"role": "user", "content": "hi"}], doc=dict(doc), persisted_len=1, clock=clock)
 
 
 @pytest.fixture
@@ -52,7 +49,7 @@ def scripted_model(monkeypatch):
 
     def install(*outputs) -> ScriptedModel:
         model = ScriptedModel(*outputs)
-        monkeypatch.setattr("agent.turn.make_provider", lambda config: model)
+        monkeypatch.setattr("agent.turn.loop.make_provider", lambda config: model)
         return model
 
     return install
@@ -67,7 +64,7 @@ def test_the_history_sent_to_the_model_grows_by_each_tool_result(store, scripted
     assert turn.run() == "done"
     second = model.calls[1]["messages"]
     assert second[-1] == {"role": "tool", "tool_call_id": "c1", "content": "391"}
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert state["done"] and state["history"][-1]["content"] == "391"
 
 
@@ -76,7 +73,7 @@ def test_job_timeout_exception_propagates_after_the_ending_is_written(store, scr
     turn = make_turn(store)
     with pytest.raises(JobTimeoutException):
         turn.run()
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert state["done"] and state["status"] == "timed_out"
     assert state["error"]["kind"] == "job_timeout"
 
@@ -86,14 +83,14 @@ def test_a_shutdown_inside_a_call_still_writes_the_ending_and_propagates(store, 
     turn = make_turn(store)
     with pytest.raises(SystemExit):
         turn.run()
-    assert store.read(turn.conversation_id)["status"] == "cancelled"
+    assert store.read(turn.writer.conversation_id)["status"] == "cancelled"
 
 
 def test_an_unexpected_error_ends_the_turn_failed_with_a_readable_message(store, scripted_model):
     scripted_model(KeyError("boom"))
     turn = make_turn(store)
     assert turn.run() == "failed"
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert "Something went wrong" in state["history"][-1]["content"]
 
 
@@ -115,7 +112,7 @@ def test_the_final_write_is_retried_when_redis_hiccups(redis_client, scripted_mo
     turn = make_turn(store)
     store.failures = 4  # the in-loop writes and the first tries of the final write fail
     assert turn.run() == "done"
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert state["done"]
     # Nothing was lost: the answer written late is still there, once.
     assert [m["content"] for m in state["history"]] == ["hi", "hello"]
@@ -127,7 +124,7 @@ def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_cl
     turn = make_turn(store)
     store.failures = 2
     turn.run()
-    history = store.read(turn.conversation_id)["history"]
+    history = store.read(turn.writer.conversation_id)["history"]
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
 
 
@@ -137,9 +134,9 @@ def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
     scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
                           Completion("4"))
     turn = make_turn(store)
-    assert write_ending(store, turn.conversation_id, turn.turn_id, "failed", "worker_lost", "lost")
+    assert write_ending(store, turn.writer.conversation_id, turn.writer.turn_id, "failed", "worker_lost", "lost")
     assert turn.run() == "closed"
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert state["status"] == "failed" and state["history"][-1]["content"] == "lost"
 
 
@@ -148,7 +145,7 @@ def test_a_non_retryable_error_is_not_retried(store, scripted_model):
     turn = make_turn(store)
     assert turn.run() == "failed"
     assert len(model.calls) == 1
-    assert "API key was rejected" in store.read(turn.conversation_id)["history"][-1]["content"]
+    assert "API key was rejected" in store.read(turn.writer.conversation_id)["history"][-1]["content"]
 
 
 def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scripted_model):
@@ -157,15 +154,15 @@ def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scr
         Completion("never sent"),
     )
     turn = make_turn(store)
-    original = turn.run_tool
+    original = turn.tools.run_tool
 
     def run_tool_then_stop(call):
         original(call)
-        store.request_cancel(turn.turn_id, ttl_s=60)
+        store.request_cancel(turn.writer.turn_id, ttl_s=60)
 
-    turn.run_tool = run_tool_then_stop
+    turn.tools.run_tool = run_tool_then_stop
     assert turn.run() == "cancelled"
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert [m["role"] for m in state["history"]] == ["user", "assistant", "tool", "assistant"]
     assert state["history"][-1]["content"] == "Stopped at your request."
     assert len(model.calls) == 1
@@ -192,17 +189,16 @@ def tool_writes(store: RecordingStore) -> list[list[str]]:
             if any(s["kind"] == "tool" for s in w["steps"])]
 
 
-def frozen_clock(turn: Turn) -> None:
+def frozen_clock() -> Clock:
     """Time stands still for the turn's own clock: only the number of tools decides when it writes."""
     now = time.time()
-    turn.budget = Budget.for_turn(turn.config, now, clock=lambda: now + 0.1)
+    return lambda: now + 0.1
 
 
 def test_each_of_a_few_quick_tools_is_published_as_it_lands(redis_client, scripted_model):
     store = RecordingStore(redis_client, ttl_s=600)
     scripted_model(calculator_calls(2), Completion("4 and 4"))
-    turn = make_turn(store)
-    frozen_clock(turn)
+    turn = make_turn(store, clock=frozen_clock())
     assert turn.run() == "done"
     assert tool_writes(store) == [["calculator"], ["calculator"]]
 
@@ -210,8 +206,7 @@ def test_each_of_a_few_quick_tools_is_published_as_it_lands(redis_client, script
 def test_many_quick_tools_in_one_response_are_published_in_batches(redis_client, scripted_model):
     store = RecordingStore(redis_client, ttl_s=600)
     scripted_model(calculator_calls(MAX_TOOL_CALLS_PER_RESPONSE), Completion("all 4"))
-    turn = make_turn(store)
-    frozen_clock(turn)
+    turn = make_turn(store, clock=frozen_clock())
     assert turn.run() == "done"
     writes = tool_writes(store)
     assert sum(len(w) for w in writes) == MAX_TOOL_CALLS_PER_RESPONSE  # every step lands, once
@@ -231,11 +226,11 @@ def test_while_a_slow_tool_runs_it_is_shown_running_with_the_results_before_it(r
 
 
 def test_a_turn_records_a_bounded_number_of_steps_whatever_its_step_limit(store, scripted_model, monkeypatch):
-    monkeypatch.setattr("agent.turn.MAX_RECORDED_STEPS", 10)
+    monkeypatch.setattr("agent.turn.loop.MAX_RECORDED_STEPS", 10)
     scripted_model(*[calculator_calls(1)] * 100)
     turn = make_turn(store, FAST.with_changes(max_steps=100, job_timeout_s=60))
     assert turn.run() == "failed"
-    state = store.read(turn.conversation_id)
+    state = store.read(turn.writer.conversation_id)
     assert state["error"]["kind"] == "step_limit"
     assert 10 <= len(state["steps"]) <= 10 + 2
     assert "the most one turn may record" in state["history"][-1]["content"]

@@ -16,6 +16,7 @@ import redis
 import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
+from agent.contract import Status
 from agent.hosts import host_allowed
 from agent.runtime import services
 from agent.settings import ALLOWED_HOSTS_VARIABLE, DEFAULT_ALLOWED_HOSTS, MIN_POLL_INTERVAL_MS, Settings, SettingsError
@@ -231,7 +232,7 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> N
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
     with st.container(border=True):
-        if state["status"] == "queued":
+        if state["status"] == Status.QUEUED:
             info = ui.queue_info(be, state)
             if info.job_status == "started" and safeguards_off:
                 # Safeguards off: the job runs but writes nothing until it ends.

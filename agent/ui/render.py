@@ -6,16 +6,29 @@ import json
 
 import streamlit as st
 
+from agent.contract import (
+    CurrentStep,
+    ErrorKind,
+    Kind,
+    Outcome,
+    Role,
+    State,
+    Status,
+    Step,
+    TurnSummary,
+    live_summary,
+    safeguards_on,
+)
 from agent.ui.markdown import inert, safe_markdown
 from agent.ui.timeline import timeline_chart
 
 STATUS_LABELS = {
-    "queued": "⏳ Waiting for a worker",
-    "running": "⚙️ Working on it",
-    "done": "✅ Answered",
-    "failed": "❌ Failed",
-    "timed_out": "⏱️ Ran out of time",
-    "cancelled": "⏹️ Stopped",
+    Status.QUEUED: "⏳ Waiting for a worker",
+    Status.RUNNING: "⚙️ Working on it",
+    Status.DONE: "✅ Answered",
+    Status.FAILED: "❌ Failed",
+    Status.TIMED_OUT: "⏱️ Ran out of time",
+    Status.CANCELLED: "⏹️ Stopped",
 }
 
 
@@ -27,54 +40,40 @@ def _words(status: str) -> str:
 RECENT_TURNS = 10  # finished turns a full run draws; earlier ones wait behind a button
 
 
-def _live_summary(state: dict) -> dict:
-    """The turn in flight has no summary until it ends: its fields come from the state itself."""
-    return {
-        "turn_id": state.get("turn_id"),
-        "status": state.get("status"),
-        "error": state.get("error"),
-        "started_at": state.get("started_at"),
-        "deadline_at": state.get("deadline_at"),
-        "job_timeout_at": state.get("job_timeout_at"),
-        "config": state.get("config"),
-    }
-
-
-def current_turn(state: dict) -> dict:
+def current_turn(state: State) -> dict:
     """The latest turn alone, found from the end: a poll's cost must not grow with the conversation."""
     history = state.get("history") or []
     start = len(history) - 1
-    while start > 0 and history[start].get("role") != "user":
+    while start > 0 and history[start].get("role") != Role.USER:
         start -= 1
     steps = state.get("steps") or []
     first = len(steps)
-    while first > 0 and steps[first - 1].get("turn_id") == state.get("turn_id"):
+    while first > 0 and steps[first - 1]["turn_id"] == state["turn_id"]:
         first -= 1
-    return {"messages": history[max(start, 0):], "summary": _live_summary(state), "steps": steps[first:],
-            "current": True, "in_flight": not state.get("done")}
+    return {"messages": history[max(start, 0):], "summary": live_summary(state), "steps": steps[first:],
+            "current": True, "in_flight": not state["done"]}
 
 
-def split_turns(state: dict) -> list[dict]:
+def split_turns(state: State) -> list[dict]:
     """The history cut at each user message: one entry per turn, with its steps and summary."""
     segments: list[list[dict]] = []
     for message in state.get("history") or []:
-        if message.get("role") == "user" or not segments:
+        if message.get("role") == Role.USER or not segments:
             segments.append([])
         segments[-1].append(message)
     summaries = state.get("turns") or []
     steps_of: dict = {}  # each step read once, not once per turn
     for step in state.get("steps") or []:
-        steps_of.setdefault(step.get("turn_id"), []).append(step)
+        steps_of.setdefault(step["turn_id"], []).append(step)
     turns = []
     for index, messages in enumerate(segments):
         if index < len(summaries):
             summary, current = summaries[index], False
         else:  # the turn in flight (no summary until it ends)
-            summary, current = _live_summary(state), True
-        turn_id = summary.get("turn_id")
-        steps = steps_of.get(turn_id, [])
+            summary, current = live_summary(state), True
+        steps = steps_of.get(summary.get("turn_id"), [])
         turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
-                      "in_flight": current and not state.get("done")})
+                      "in_flight": current and not state["done"]})
     return turns
 
 
@@ -109,16 +108,19 @@ def _short_arguments(arguments) -> str:
     return text if len(text) <= 48 else text[:45] + "…"
 
 
-def tool_status_label(step: dict, *, safeguards: bool = True) -> str:
-    icon = {"ok": "🔧", "stopped": "⏹️"}.get(step.get("outcome"), "⚠️")
-    took = _seconds(step.get("duration_s"))
-    timeout = step.get("timeout_s")
+TOOL_ICONS = {Outcome.OK: "🔧", Outcome.STOPPED: "⏹️"}  # any other outcome: ⚠️
+
+
+def tool_status_label(step: Step, *, safeguards: bool = True) -> str:
+    icon = TOOL_ICONS.get(step["outcome"], "⚠️")
+    took = _seconds(step["duration_s"])
+    timeout = step["timeout_s"]
     limit = f" of its {_seconds(timeout)} timeout" if timeout is not None and safeguards else ""
-    name, arguments = inert(step.get("name")), inert(_short_arguments(step.get("arguments")))
+    name, arguments = inert(step["name"]), inert(_short_arguments(step.get("arguments")))
     return f"{icon} **{name}**({arguments}) · {took}{limit}"
 
 
-def render_tool_step(step: dict, *, expanded: bool, safeguards: bool = True) -> None:
+def render_tool_step(step: Step, *, expanded: bool, safeguards: bool = True) -> None:
     # An expander, not st.status: Streamlit sleeps 50 ms in every st.status it draws, which made a
     # poll's cost grow with the number of tool steps on screen.
     with st.expander(tool_status_label(step, safeguards=safeguards), expanded=expanded):
@@ -132,32 +134,32 @@ def render_tool_step(step: dict, *, expanded: bool, safeguards: bool = True) -> 
         st.caption(tool_step_caption(step, safeguards=safeguards))
 
 
-def tool_step_caption(step: dict, *, safeguards: bool = True) -> str:
-    took = _seconds(step.get("duration_s"))
-    if step.get("outcome") == "stopped":
+def tool_step_caption(step: Step, *, safeguards: bool = True) -> str:
+    took = _seconds(step["duration_s"])
+    if step["outcome"] == Outcome.STOPPED:
         return f"Stopped at your request after {took}."
     if not safeguards:
         return f"Took {took}; safeguards were off, so it had no time limit of its own."
     return f"Took {took}; it was given {_seconds(step.get('timeout_s'))} (the time left before the deadline)."
 
 
-def model_step_caption(step: dict, *, safeguards: bool = True) -> str:
-    kind, outcome = step.get("kind"), step.get("outcome")
-    took, timeout = _seconds(step.get("duration_s")), _seconds(step.get("timeout_s"))
+def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
+    kind, outcome = step["kind"], step["outcome"]
+    took, timeout = _seconds(step["duration_s"]), _seconds(step["timeout_s"])
     left = step.get("remaining_s")
     left_text = f", {_seconds(left)} left before the deadline" if left is not None and safeguards else ""
     detail = inert(step.get("detail") or "")  # a provider's error text: untrusted
-    if kind == "skip":
+    if kind == Kind.SKIP:
         return f"⏭️ Model call not started: {detail or 'too little time left'}."
-    if kind == "retry":
+    if kind == Kind.RETRY:
         return f"↻ Waited {took} before {inert(step.get('name'))} ({detail or 'retry'})."
     attempt = step.get("attempt") or 1
     name = f"Model call ({inert(step.get('name'))})" + (f", try {attempt}" if attempt > 1 else "")
-    if outcome == "timeout":
+    if outcome == Outcome.TIMEOUT:
         return f"⏱️ {name} hit its {timeout} timeout{left_text}: {detail}"
-    if outcome == "error":
+    if outcome == Outcome.ERROR:
         return f"⚠️ {name} failed after {took}: {detail}"
-    if outcome == "stopped":
+    if outcome == Outcome.STOPPED:
         return f"⏹️ {name} stopped at your request after {took}."
     if not safeguards:
         return f"🧠 {name}: {took} (safeguards off: no timeout of its own)."
@@ -171,40 +173,36 @@ def render_turn(turn: dict, *, latest: bool) -> None:
     tool calls on one line, the reply and the ending, with the steps and charts behind a toggle, so
     a full run sends a few elements per earlier turn instead of dozens."""
     messages = turn["messages"]
-    if messages and messages[0].get("role") == "user":
-        with st.chat_message("user"):
+    if messages and messages[0].get("role") == Role.USER:
+        with st.chat_message(Role.USER):
             st.markdown(safe_markdown(messages[0].get("content")))
         messages = messages[1:]
     if not messages and not turn["steps"] and not turn["in_flight"]:
         return
-    with st.chat_message("assistant"):
+    with st.chat_message(Role.ASSISTANT):
         if latest or turn["in_flight"]:
             _full_body(turn, messages, expanded=latest)
         else:
             _compact_body(turn, messages)
 
 
-def _safeguards(summary: dict) -> bool:
-    return (summary.get("config") or {}).get("safeguards") is not False
-
-
-def _is_ending_text(reply: dict, summary: dict) -> bool:
+def _is_ending_text(reply: dict, summary: TurnSummary) -> bool:
     """An ending written as a reply is shown as the ending's banner, not twice."""
     return bool(reply.get("content")) and reply.get("content") == (summary.get("error") or {}).get("message")
 
 
 def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
     summary = turn["summary"]
-    safeguards = _safeguards(summary)
-    assistant = [m for m in messages if m.get("role") == "assistant"]
+    safeguards = safeguards_on(summary.get("config"))
+    assistant = [m for m in messages if m.get("role") == Role.ASSISTANT]
     replies = iter(assistant)
     shown = 0
     for step in turn["steps"]:
-        if step.get("kind") == "tool":
+        if step["kind"] == Kind.TOOL:
             render_tool_step(step, expanded=expanded, safeguards=safeguards)
             continue
         st.caption(model_step_caption(step, safeguards=safeguards))
-        if step.get("kind") == "model" and step.get("outcome") == "ok":
+        if step["kind"] == Kind.MODEL and step["outcome"] == Outcome.OK:
             reply = next(replies, None)
             shown += reply is not None
             if reply and reply.get("content"):
@@ -217,12 +215,11 @@ def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
         render_turn_clocks(turn, expanded=expanded)
 
 
-def tools_line(steps: list[dict]) -> str:
+def tools_line(steps: list[Step]) -> str:
     """Every tool run of a turn on one line, for a compact turn."""
-    icons = {"ok": "🔧", "stopped": "⏹️"}
     return " · ".join(
-        f"{icons.get(s.get('outcome'), '⚠️')} {inert(s.get('name'))}({inert(_short_arguments(s.get('arguments')))})"
-        for s in steps if s.get("kind") == "tool"
+        f"{TOOL_ICONS.get(s['outcome'], '⚠️')} {inert(s['name'])}({inert(_short_arguments(s.get('arguments')))})"
+        for s in steps if s["kind"] == Kind.TOOL
     )
 
 
@@ -232,7 +229,7 @@ def _compact_body(turn: dict, messages: list[dict]) -> None:
     if line:
         st.caption(line)
     for reply in messages:
-        if reply.get("role") == "assistant" and reply.get("content") and not _is_ending_text(reply, summary):
+        if reply.get("role") == Role.ASSISTANT and reply.get("content") and not _is_ending_text(reply, summary):
             st.markdown(safe_markdown(reply.get("content")))
     render_ending(summary)
     _turn_details(turn)
@@ -244,31 +241,30 @@ def _turn_details(turn: dict) -> None:
     summary = turn["summary"]
     if not st.toggle("Steps and clocks", key=f"details-{summary.get('turn_id')}"):
         return
-    safeguards = _safeguards(summary)
+    safeguards = safeguards_on(summary.get("config"))
     for step in turn["steps"]:
-        if step.get("kind") == "tool":
+        if step["kind"] == Kind.TOOL:
             render_tool_step(step, expanded=False, safeguards=safeguards)
         else:
             st.caption(model_step_caption(step, safeguards=safeguards))
     render_turn_clocks(turn, expanded=True)
 
 
-def render_ending(summary: dict) -> None:
+def render_ending(summary: TurnSummary) -> None:
     status = summary.get("status")
     error = summary.get("error") or {}
     message = inert(error.get("message") or "")  # may quote a provider's error text
-    config = summary.get("config") or {}
-    if status == "done":
+    if status == Status.DONE:
         return
-    if error.get("kind") == "worker_lost":
+    if error.get("kind") == ErrorKind.WORKER_LOST:
         st.error(f"**The worker was lost.** {message}", icon="🛑")
-    elif status == "timed_out":
+    elif status == Status.TIMED_OUT:
         st.warning(f"**{_words(status)}.** {message}", icon="⏱️")
-    elif status == "cancelled":
+    elif status == Status.CANCELLED:
         st.info(f"**{_words(status)}.** {message}", icon="⏹️")
     else:
         st.error(f"**{_words(status)}.** {message}", icon="❌")
-    if config.get("safeguards") is False:
+    if not safeguards_on(summary.get("config")):
         st.caption(
             "Safeguards were off for this turn: it had no deadline of its own and wrote nothing until it "
             "ended, so the page could not show any step while it ran. With safeguards on, the same turn "
@@ -276,7 +272,7 @@ def render_ending(summary: dict) -> None:
         )
 
 
-def clocks_caption(summary: dict, steps: list[dict]) -> str:
+def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
     """One sentence per clock, each a point in time after the job started, never two durations in a row."""
     started, ended = summary.get("started_at"), summary.get("ended_at")
     deadline, kill = summary.get("deadline_at"), summary.get("job_timeout_at")
@@ -288,15 +284,16 @@ def clocks_caption(summary: dict, steps: list[dict]) -> str:
         when = f"**{_seconds(spare)}** early" if spare >= 0 else f"**{_seconds(-spare)}** late"
         sentences.append(f"Its own deadline was at {_seconds(deadline - started)}: it ended {when}.")
     if kill:
-        killed = (summary.get("error") or {}).get("kind") == "job_timeout"
+        killed = (summary.get("error") or {}).get("kind") == ErrorKind.JOB_TIMEOUT
         verb = "killed it" if killed else "would have killed it"
         sentences.append(f"The queue {verb} at {_seconds(kill - started)}.")
-    calls = sum(1 for s in steps if s.get("kind") == "model")
+    calls = sum(1 for s in steps if s["kind"] == Kind.MODEL)
     # Refused or never-run calls are recorded as one step each batch, not as tool runs.
-    tools = sum(1 for s in steps if s.get("kind") == "tool" and s.get("outcome") not in ("refused", "skipped"))
+    not_runs = (Outcome.REFUSED, Outcome.SKIPPED)
+    tools = sum(1 for s in steps if s["kind"] == Kind.TOOL and s["outcome"] not in not_runs)
     if steps:
         sentences.append(f"{calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}.")
-    elif (summary.get("config") or {}).get("safeguards") is False:
+    elif not safeguards_on(summary.get("config")):
         sentences.append("No step was recorded: with safeguards off the job writes only when it ends.")
     return " ".join(sentences)
 
@@ -319,7 +316,7 @@ def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
 
 
 @st.fragment
-def _clock_charts(summary: dict, steps: list[dict]) -> None:
+def _clock_charts(summary: TurnSummary, steps: list[Step]) -> None:
     """One chart (Vega takes the browser a while to draw), zoomed on request: the toggle reruns
     this fragment alone."""
     if steps:  # a turn that recorded no step (safeguards off, killed) has nothing to chart
@@ -330,7 +327,7 @@ def _clock_charts(summary: dict, steps: list[dict]) -> None:
     st.caption(clocks_caption(summary, steps))
 
 
-def budget_text(state: dict, now: float) -> tuple[float, str]:
+def budget_text(state: State, now: float) -> tuple[float, str]:
     """The budget bar's fill (0..1 of the time to the deadline) and its words."""
     started, deadline, kill = state.get("started_at"), state.get("deadline_at"), state.get("job_timeout_at")
     used = max(0.0, now - started)
@@ -346,13 +343,13 @@ def budget_text(state: dict, now: float) -> tuple[float, str]:
     return 0.0, f"{_seconds(used)} used"
 
 
-def current_step_text(current: dict | None, now: float) -> str | None:
+def current_step_text(current: CurrentStep | None, now: float) -> str | None:
     if not current or not current.get("kind"):
         return None
     elapsed = max(0.0, now - (current.get("started_at") or now))
     timeout = current.get("timeout_s")
     limit = f" of its {_seconds(timeout)} timeout" if timeout else ""
     name = inert(current.get("name"))
-    what = {"model": f"Calling the model ({name})", "tool": f"Running the tool {name}",
-            "retry": f"Waiting before a retry ({name})"}.get(current["kind"], inert(current["kind"]))
+    what = {Kind.MODEL: f"Calling the model ({name})", Kind.TOOL: f"Running the tool {name}",
+            Kind.RETRY: f"Waiting before a retry ({name})"}.get(current["kind"], inert(current["kind"]))
     return f"{what}: {_seconds(elapsed)}{limit}"

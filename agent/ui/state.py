@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis
 from rq import Queue
 
+from agent.contract import ErrorKind, State, Status
 from agent.endings import write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import (
@@ -98,7 +99,7 @@ def _minutes(seconds: int) -> str:
 
 @dataclass
 class Poll:
-    state: dict | None
+    state: State | None
     changed: bool  # the version moved since this tab's last read (or there was none)
     lost: bool = False  # this poll found the worker lost and wrote the ending
 
@@ -131,7 +132,7 @@ def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait
     return Poll(state, changed, lost)
 
 
-def _read(store: Store, session, cid: str) -> dict | None:
+def _read(store: Store, session, cid: str) -> State | None:
     """The state, fetching only what was appended since this tab's last read of it."""
     cached = session.get(VIEW_KEY)
     state = store.read_since(cid, cached["state"] if cached and cached["cid"] == cid else None)
@@ -173,17 +174,17 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     return turn_id
 
 
-def stop(store: Store, session, state: dict, ttl_s: int, queue_connection: redis.Redis | None = None) -> None:
+def stop(store: Store, session, state: State, ttl_s: int, queue_connection: redis.Redis | None = None) -> None:
     """Ask the worker to stop at its next check; a turn still waiting in the queue ends at once."""
     turn_id = state["turn_id"]
     store.request_cancel(turn_id, ttl_s)
     session[STOPPING_KEY] = turn_id
     # With safeguards off a running turn writes nothing until it ends, so ask RQ whether it started.
-    waiting = state["status"] == "queued" and not state.get("started_at") and (
-        queue_connection is None or job_status(queue_connection, state.get("job_id") or "") in (None, "queued"))
+    waiting = state["status"] == Status.QUEUED and not state["started_at"] and (
+        queue_connection is None or job_status(queue_connection, state["job_id"] or "") in (None, "queued"))
     if waiting:
         # Safe against a worker that picks it up right now: a turn that has ended refuses its writes.
-        write_ending(store, state["conversation_id"], turn_id, "cancelled", "cancelled",
+        write_ending(store, state["conversation_id"], turn_id, Status.CANCELLED, ErrorKind.CANCELLED,
                      "Stopped at your request, before a worker started it.")
 
 
@@ -195,8 +196,8 @@ class QueueInfo:
     job_status: str | None
 
 
-def queue_info(backend: Backend, state: dict) -> QueueInfo:
-    job_id = state.get("job_id")
+def queue_info(backend: Backend, state: State) -> QueueInfo:
+    job_id = state["job_id"]
     position = queue_position(backend.queue, job_id) if job_id else None
     status = job_status(backend.queue_connection, job_id) if job_id else None
     workers = running_workers(backend.queue)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import altair as alt
 
-KIND_LABELS = {"model": "model call", "tool": "tool run", "retry": "retry wait", "skip": "skipped call"}
+from agent.contract import Kind, Outcome, Step, TurnSummary
+
+KIND_LABELS = {Kind.MODEL: "model call", Kind.TOOL: "tool run", Kind.RETRY: "retry wait", Kind.SKIP: "skipped call"}
 TIMEOUT_LABEL = "timeout it was given"
 RUNNING_LABEL = "running now"
 COLOURS = {  # colour-blind friendly, and failures stand out
@@ -29,32 +31,29 @@ CHART_SUBTITLE = [
 ]
 
 
-def _what(step: dict) -> str:
-    if step.get("kind") == "skip":
-        return "skipped call"
-    if step.get("outcome") == "timeout":
+def _what(step: Step) -> str:
+    if step["kind"] == Kind.SKIP:
+        return KIND_LABELS[Kind.SKIP]
+    if step["outcome"] == Outcome.TIMEOUT:
         return "timed out"
-    if step.get("outcome") == "error":
+    if step["outcome"] == Outcome.ERROR:
         return "failed"
-    return KIND_LABELS.get(step.get("kind"), step.get("kind") or "step")
+    return KIND_LABELS.get(step["kind"], step["kind"] or "step")
 
 
-def _label(number: int, step: dict) -> str:
-    kind = step.get("kind")
-    name = step.get("name") or ""
-    if kind == "model":
-        attempt = step.get("attempt") or 1
-        return f"{number}. model call" + (f" (try {attempt})" if attempt > 1 else "")
-    if kind == "tool":
-        return f"{number}. {name}"
-    if kind == "retry":
-        return f"{number}. wait before {name}"
-    if kind == "skip":
-        return f"{number}. call skipped"
-    return f"{number}. {name or kind}"
+def _label(number: int, step: Step) -> str:
+    kind, name = step["kind"], step["name"] or ""
+    attempt = step.get("attempt") or 1
+    labels = {
+        Kind.MODEL: "model call" + (f" (try {attempt})" if attempt > 1 else ""),
+        Kind.TOOL: name,
+        Kind.RETRY: f"wait before {name}",
+        Kind.SKIP: "call skipped",
+    }
+    return f"{number}. {labels.get(kind, name or kind)}"
 
 
-def horizon_s(summary: dict, steps: list[dict], now: float | None = None) -> float:
+def horizon_s(summary: TurnSummary, steps: list[Step], now: float | None = None) -> float:
     """The x range: up to the job timeout, or further if something ran past it."""
     t0 = summary.get("started_at") or 0.0
     ends = [s.get("ended_at") or t0 for s in steps]
@@ -63,7 +62,7 @@ def horizon_s(summary: dict, steps: list[dict], now: float | None = None) -> flo
     return max(span, 1.0)
 
 
-def timeline_rows(steps: list[dict], summary: dict, *, now: float | None = None,
+def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None = None,
                   current: dict | None = None) -> list[dict]:
     """Two rows per step (the timeout it got, and what it took), in seconds since the turn started."""
     t0 = summary.get("started_at")
@@ -75,9 +74,9 @@ def timeline_rows(steps: list[dict], summary: dict, *, now: float | None = None,
     if current and current.get("kind") and now:
         items.append({**current, "ended_at": now, "outcome": "running", "_running": True})
     for number, step in enumerate(items, start=1):
-        start = max(0.0, (step.get("started_at") or t0) - t0)
-        end = max(start, (step.get("ended_at") or t0) - t0)
-        timeout_s = step.get("timeout_s")
+        start = max(0.0, (step["started_at"] or t0) - t0)
+        end = max(start, (step["ended_at"] or t0) - t0)
+        timeout_s = step["timeout_s"]
         what = RUNNING_LABEL if step.get("_running") else _what(step)
         label = _label(number, step)
         common = {
@@ -96,7 +95,7 @@ def timeline_rows(steps: list[dict], summary: dict, *, now: float | None = None,
     return rows
 
 
-def clock_rules(summary: dict) -> list[dict]:
+def clock_rules(summary: TurnSummary) -> list[dict]:
     t0 = summary.get("started_at")
     if not t0:
         return []
@@ -110,7 +109,7 @@ def clock_rules(summary: dict) -> list[dict]:
     return rules
 
 
-def timeline_chart(steps: list[dict], summary: dict, *, now: float | None = None, current: dict | None = None,
+def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None = None, current: dict | None = None,
                    zoom: bool = False) -> alt.LayerChart | None:
     rows = timeline_rows(steps, summary, now=now, current=current)
     if not rows:

@@ -1,0 +1,232 @@
+"""The state contract: the one JSON object every client reads, and the parts it is made of.
+
+The turn job writes it (agent/turn/), the store keeps it (agent/store.py), and the page, the CLI
+and the lost-worker check read it. Every field name, status, step kind and outcome is spelled
+here once; the types are TypedDicts, so what Redis holds and what `--json` prints are plain JSON
+objects, field for field. The named values are plain strings (not Enum members), so they are
+written to JSON as they are and cost nothing to compare on a page that draws thousands of steps.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class Status:
+    """Where a turn is. Once ended, a turn never goes back to in flight."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+ENDED_STATUSES = (Status.DONE, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED)
+
+
+class Kind:
+    """What a step was."""
+
+    MODEL = "model"  # one model call
+    TOOL = "tool"  # one tool run (or the record of refused or never-run calls)
+    RETRY = "retry"  # the wait before a retry of a model call
+    SKIP = "skip"  # a model call not started: too little time was left
+
+
+class Outcome:
+    """How a step went."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    STOPPED = "stopped"  # at the user's request
+    SKIPPED = "skipped"  # never started: the deadline came first
+    REFUSED = "refused"  # tool calls past a response's limit
+
+
+class ErrorKind:
+    """The endings' `error.kind` that readers tell apart (a provider's own kinds pass through as they are)."""
+
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    JOB_TIMEOUT = "job_timeout"
+    STEP_LIMIT = "step_limit"
+    RETRIES = "retries"
+    INTERNAL = "internal"
+    SHUTDOWN = "shutdown"
+    WORKER = "worker"
+    WORKER_LOST = "worker_lost"
+    QUEUE_EXPIRED = "queue_expired"
+
+
+class Role:
+    """A message's role, in the OpenAI chat format the history keeps."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Message(TypedDict, total=False):
+    role: str
+    content: str | None
+    tool_calls: list[dict]
+    tool_call_id: str
+
+
+class Error(TypedDict):
+    kind: str
+    message: str  # a person can read it
+
+
+class CurrentStep(TypedDict):
+    """The step running now (the page draws it live); None between steps."""
+
+    kind: str
+    name: str
+    started_at: float
+    timeout_s: float | None
+
+
+class Step(TypedDict):
+    """One model call, tool run, retry wait or skipped call. Times are epoch seconds."""
+
+    turn_id: str
+    index: int  # 1-based, per turn
+    kind: str  # a Kind
+    name: str
+    started_at: float
+    ended_at: float
+    timeout_s: float | None  # the timeout it was given
+    remaining_s: float | None  # the budget left when it started
+    outcome: str  # an Outcome
+    duration_s: float
+    attempt: NotRequired[int]  # model calls: 1 for the first try
+    last_call: NotRequired[bool]  # model calls: the last one, sent without tools
+    tool_calls: NotRequired[int]  # model calls: how many tools the reply asked for
+    detail: NotRequired[str]  # why it failed, was skipped or waited
+    arguments: NotRequired[str]  # tool runs: the call's arguments (cut)
+    result: NotRequired[str]  # tool runs: the result the model got (cut)
+    refused_calls: NotRequired[int]  # the record of a refusal: how many calls it answers for
+    not_run_calls: NotRequired[int]  # the record of calls the deadline left unrun
+
+
+class TurnSummary(TypedDict):
+    """One ended turn (the state keeps one per turn, in `turns`); `ended_at` is None while in flight."""
+
+    turn_id: str
+    status: str
+    error: Error | None
+    enqueued_at: float | None
+    started_at: float | None
+    deadline_at: float | None
+    job_timeout_at: float | None
+    ended_at: float | None
+    config: dict | None
+
+
+class TurnDoc(TypedDict, total=False):
+    """The small fields a write replaces as a whole (the store adds `updated_at`)."""
+
+    status: str
+    error: Error | None
+    config: dict | None
+    job_id: str
+    enqueued_at: float | None
+    started_at: float | None
+    deadline_at: float | None
+    job_timeout_at: float | None
+    current_step: CurrentStep | None
+    ended_at: float
+    updated_at: float
+
+
+class State(TypedDict):
+    """The object every client reads: the contract's fields, then what the page needs for the clocks."""
+
+    conversation_id: str
+    turn_id: str
+    version: int  # +1 on every write
+    done: bool  # false while a turn is in flight; true once it has ended, however it ended
+    status: str
+    error: Error | None
+    history: list[Message]
+    steps: list[Step]
+    deadline_at: float | None
+    job_timeout_at: float | None
+    updated_at: float | None
+    started_at: float | None
+    enqueued_at: float | None
+    current_step: CurrentStep | None
+    config: dict | None
+    job_id: str | None
+    turns: list[TurnSummary]
+
+
+# The small fields a turn carries from one write to the next (its job and the endings copy them).
+CARRIED_FIELDS = ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at", "current_step",
+                  "config", "job_id")
+LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
+
+
+def queued_doc(config: dict, job_id: str, enqueued_at: float) -> TurnDoc:
+    """A turn's small fields when it is enqueued: nothing has run yet."""
+    return TurnDoc(status=Status.QUEUED, error=None, config=config, job_id=job_id, enqueued_at=enqueued_at,
+                   deadline_at=None, job_timeout_at=None, started_at=None, current_step=None)
+
+
+def carried(state: State | TurnDoc) -> TurnDoc:
+    return TurnDoc(**{name: state.get(name) for name in CARRIED_FIELDS})
+
+
+def make_step(turn_id: str, index: int, kind: str, name: str, started_at: float, ended_at: float, outcome: str,
+              *, timeout_s: float | None = None, remaining_s: float | None = None, **extra: Any) -> Step:
+    step = {"turn_id": turn_id, "index": index, "kind": kind, "name": name, "started_at": started_at,
+            "ended_at": ended_at, "timeout_s": timeout_s, "remaining_s": remaining_s, "outcome": outcome, **extra}
+    step["duration_s"] = round(ended_at - started_at, 3)
+    return step
+
+
+def turn_summary(turn_id: str, doc: TurnDoc | State, ended_at: float | None) -> TurnSummary:
+    return TurnSummary(turn_id=turn_id, status=doc.get("status"), error=doc.get("error"),
+                       enqueued_at=doc.get("enqueued_at"), started_at=doc.get("started_at"),
+                       deadline_at=doc.get("deadline_at"), job_timeout_at=doc.get("job_timeout_at"),
+                       ended_at=ended_at, config=doc.get("config"))
+
+
+def live_summary(state: State) -> TurnSummary:
+    """The turn in flight has no summary until it ends: its fields come from the state itself."""
+    return turn_summary(state.get("turn_id"), state, None)
+
+
+def make_state(conversation_id: str, turn_id: str | None, version: int, done: bool, doc: TurnDoc,
+               history: list[Message], steps: list[Step], turns: list[TurnSummary]) -> State:
+    return State(
+        conversation_id=conversation_id,
+        turn_id=turn_id,
+        version=version,
+        done=done,
+        status=doc.get("status", Status.QUEUED),
+        error=doc.get("error"),
+        history=history,
+        steps=steps,
+        deadline_at=doc.get("deadline_at"),
+        job_timeout_at=doc.get("job_timeout_at"),
+        updated_at=doc.get("updated_at"),
+        # Beyond the contract's fields: what the page needs to draw the clocks.
+        started_at=doc.get("started_at"),
+        enqueued_at=doc.get("enqueued_at"),
+        current_step=doc.get("current_step"),
+        config=doc.get("config"),
+        job_id=doc.get("job_id"),
+        turns=turns,
+    )
+
+
+def safeguards_on(config: dict | None) -> bool:
+    """A turn's config says whether its safeguards were on (they are unless it says False)."""
+    return (config or {}).get("safeguards") is not False

@@ -1,0 +1,124 @@
+"""One model round-trip: the call under the time that remains, and its retries inside the same budget.
+
+Each attempt, each wait before a retry, and a call not started for lack of time is a step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from agent import tools as tool_registry
+from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
+from agent.deadline import CallTimeout, retry_wait_s
+from agent.providers.base import Completion, Provider, ProviderError
+from agent.settings import TurnConfig
+from agent.turn.exits import TurnEnded
+from agent.turn.policies import Clocks, Publishing
+from agent.turn.stop_watch import StopRequests
+from agent.turn.writer import StateWriter
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS_PER_CALL = 5  # one model round-trip: the first try and up to four retries
+LAST_CALL_NUDGE = (
+    "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
+    "Do not call any tools."
+)
+
+
+@dataclass
+class ModelCalls:
+    """The turn's model calls, each with the timeout its clocks give it."""
+
+    config: TurnConfig
+    budget: Clocks
+    publishing: Publishing
+    writer: StateWriter
+    stops: StopRequests
+    provider: Provider
+
+    @property
+    def name(self) -> str:
+        config = self.config
+        return f"{config.provider}:{config.model}" if config.provider != "demo" else config.model
+
+    def complete(self, history: list[Message], *, last_call: bool) -> Completion:
+        """The model's reply; the last call goes out without tools, asking for an answer now."""
+        tools = [] if last_call else tool_registry.schemas(self.config.tools)
+        messages = history + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else [])
+        for attempt in range(1, MAX_ATTEMPTS_PER_CALL + 1):
+            remaining = self.budget.remaining_s()
+            timeout = self.budget.call_timeout()
+            if timeout is None:
+                self.skip(remaining)
+            started = self.budget.now()
+            self.writer.set_current(Kind.MODEL, self.name, timeout.total_s)
+            self.publishing.publish(self.writer)
+            try:
+                completion = self.provider.complete(messages, tools, timeout, stop=self.stops.event)
+            except ProviderError as exc:
+                self.writer.set_current(None)
+                outcome = {"stopped": Outcome.STOPPED, "timeout": Outcome.TIMEOUT}.get(exc.kind, Outcome.ERROR)
+                self.record(started, outcome, timeout, remaining, attempt=attempt, detail=exc.message,
+                            last_call=last_call)
+                if outcome == Outcome.STOPPED:
+                    waited_s = self.budget.now() - started
+                    raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
+                                    f"for the model's reply ({waited_s:.1f} s into the call).") from None
+                self.retry_or_end(exc, attempt)
+                continue
+            self.writer.set_current(None)
+            self.record(started, Outcome.OK, timeout, remaining, attempt=attempt, last_call=last_call,
+                        tool_calls=len(completion.tool_calls))
+            return completion
+        raise TurnEnded(Status.FAILED, ErrorKind.RETRIES,
+                        f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")
+
+    def record(self, started: float, outcome: str, timeout: CallTimeout, remaining: float, **extra) -> None:
+        self.writer.add_step(Kind.MODEL, self.name, started, outcome, timeout_s=round(timeout.total_s, 3),
+                             remaining_s=round(remaining, 3), **extra)
+
+    def skip(self, remaining: float) -> None:
+        """Too little time is left to start a call: recorded, and the turn ends saying so."""
+        min_call_s = self.config.min_call_s
+        self.writer.add_step(Kind.SKIP, self.name, self.budget.now(), Outcome.SKIPPED, remaining_s=round(remaining, 3),
+                             detail=f"{remaining:.1f} s left, below the {min_call_s:g} s minimum")
+        log.info("turn %s: model call skipped: %.1f s left < %g s minimum", self.writer.turn_id, remaining, min_call_s)
+        raise TurnEnded(
+            Status.TIMED_OUT,
+            ErrorKind.DEADLINE,
+            f"I ran out of time: {remaining:.1f} s were left before the deadline, and a model call "
+            f"needs at least {min_call_s:g} s, so I stopped here.",
+        )
+
+    def retry_or_end(self, exc: ProviderError, attempt: int) -> None:
+        """Sleep before the next attempt when it fits in the budget; otherwise end the turn."""
+        status = Status.TIMED_OUT if exc.kind == "timeout" else Status.FAILED
+        if not exc.retryable or attempt >= MAX_ATTEMPTS_PER_CALL:
+            raise TurnEnded(status, exc.kind, f"The model call failed: {exc.message}.")
+        wait_s = retry_wait_s(attempt, exc.retry_after_s)
+        if not self.budget.wait_fits(wait_s):
+            if exc.kind == "rate_limited":
+                raise TurnEnded(
+                    Status.FAILED,
+                    exc.kind,
+                    f"The provider is rate-limiting: it asked to wait {wait_s:g} s, which does not fit in the "
+                    f"{self.budget.remaining_s():.1f} s left before the deadline. Try again in a moment.",
+                )
+            raise TurnEnded(status, exc.kind, f"The model call failed ({exc.message}) and no time is left to retry.")
+        started = self.budget.now()
+        self.writer.set_current(Kind.RETRY, f"wait {wait_s:.1f} s", wait_s)
+        self.publishing.publish(self.writer)
+        retry = f"attempt {attempt + 1}"
+        try:
+            self.stops.sleep(wait_s)
+        except TurnEnded:
+            self.writer.set_current(None)
+            self.writer.add_step(Kind.RETRY, retry, started, Outcome.STOPPED, timeout_s=round(wait_s, 3),
+                                 remaining_s=round(self.budget.remaining_s(), 3), detail="stopped at your request")
+            raise
+        self.writer.set_current(None)
+        after = f" (Retry-After {exc.retry_after_s:g} s)" if exc.retry_after_s is not None else ""
+        self.writer.add_step(Kind.RETRY, retry, started, Outcome.OK, timeout_s=round(wait_s, 3),
+                             remaining_s=round(self.budget.remaining_s(), 3), detail=f"after {exc.kind}{after}")

@@ -1,0 +1,136 @@
+"""One turn's writes: what is pending goes out with the next write, and a write that failed is
+reconciled with what Redis really holds, so nothing is lost or written twice.
+
+A Redis hiccup mid-turn keeps the messages and steps pending for the next write. A write that
+timed out may still have landed (Redis paused past the socket timeout runs it when it resumes):
+the next write then finds the history longer than expected, and if the new tail is this turn's
+own pending messages, the write counts as done. The final write is retried within the margin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from agent.contract import CurrentStep, Error, Message, Step, TurnDoc, make_step, turn_summary
+from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem
+from agent.store import Store, StoreError
+from agent.turn.exits import TurnClosed
+
+log = logging.getLogger(__name__)
+
+FINAL_WRITE_RESERVE_S = 1.0  # seconds before the job timeout when final-write retries give up
+WORST_STATE_WRITE_S = STATE_SOCKET_TIMEOUT_S * (STATE_RETRIES + 1)  # one write against a stalled Redis
+FINAL_RETRY_FIRST_S, FINAL_RETRY_MAX_S = 0.1, 1.0  # seconds between final-write attempts, doubling
+
+
+class StateWriter:
+    """Writes one turn's state: `doc` (the small fields), and the messages and steps not yet written."""
+
+    def __init__(self, store: Store, conversation_id: str, turn_id: str, doc: TurnDoc, persisted_len: int,
+                 clock: Callable[[], float]):
+        self.store = store
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+        self.doc = doc
+        self.persisted_len = persisted_len  # messages of the stored history
+        self.clock = clock
+        self.pending_messages: list[Message] = []
+        self.pending_steps: list[Step] = []
+        self.step_index = 0  # steps recorded by this turn
+        self.unconfirmed: list[tuple[int, int]] = []  # (messages, steps) held by writes that failed
+        self.last_write_at = 0.0  # clock time of the last write that landed
+
+    def add_message(self, message: Message) -> None:
+        self.pending_messages.append(message)
+
+    def add_step(self, kind: str, name: str, started_at: float, outcome: str, **extra) -> Step:
+        self.step_index += 1
+        step = make_step(self.turn_id, self.step_index, kind, name, started_at, self.clock(), outcome, **extra)
+        self.pending_steps.append(step)
+        return step
+
+    def set_current(self, kind: str | None, name: str = "", timeout_s: float | None = None) -> None:
+        current = CurrentStep(kind=kind, name=name, started_at=self.clock(), timeout_s=timeout_s)
+        self.doc["current_step"] = None if kind is None else current
+
+    def since_last_write_s(self) -> float:
+        return self.clock() - self.last_write_at
+
+    def has_news(self) -> bool:
+        """Steps not yet written, or a step that started after the last write."""
+        current = self.doc.get("current_step") or {}
+        return bool(self.pending_steps) or current.get("started_at", 0) > self.last_write_at
+
+    def flush(self, *, done: bool = False, summary=None, reconciled: bool = False) -> None:
+        """Write what is pending. A Redis hiccup mid-turn keeps it pending for the next write."""
+        try:
+            self.store.publish(self.conversation_id, self.turn_id, self.doc, done=done,
+                               new_messages=self.pending_messages, new_steps=self.pending_steps,
+                               expected_history_len=self.persisted_len, summary=summary)
+        except StoreError as exc:
+            if exc.reason == "CONFLICT" and not reconciled and self._landed_already():
+                self.flush(done=done, summary=summary, reconciled=True)
+                return
+            raise TurnClosed(str(exc)) from exc
+        except redis.RedisError as exc:
+            # It may still land (a timed-out write that Redis runs later): remember what it held.
+            self.unconfirmed.append((len(self.pending_messages), len(self.pending_steps)))
+            if done:
+                raise
+            log.warning("turn %s: state write failed, kept for the next write: %s", self.turn_id, redis_problem(exc))
+            return
+        self.persisted_len += len(self.pending_messages)
+        self.pending_messages = []
+        self.pending_steps = []
+        self.unconfirmed = []
+        self.last_write_at = self.clock()
+
+    def _landed_already(self) -> bool:
+        """True when the history "moved" only by our own pending messages.
+
+        Only this job appends to its turn's history, so if the new tail is our own pending
+        messages, a write that timed out landed: count it as written instead of giving up the turn."""
+        try:
+            landed = self.store.history_since(self.conversation_id, self.persisted_len)
+        except redis.RedisError:
+            return False
+        if not landed or landed != json.loads(json.dumps(self.pending_messages[: len(landed)])):
+            return False
+        log.warning("turn %s: a write that timed out had landed; carrying on", self.turn_id)
+        # The batch that landed is one of the failed attempts: its steps landed with its messages.
+        steps_landed = next((n_steps for n_messages, n_steps in self.unconfirmed if n_messages == len(landed)), 0)
+        self.pending_steps = self.pending_steps[steps_landed:]
+        self.unconfirmed = []
+        self.persisted_len += len(landed)
+        self.pending_messages = self.pending_messages[len(landed):]
+        return True
+
+    def write_ending(self, status: str, error: Error | None, job_timeout_at: float) -> None:
+        """The final write (done), retried briefly if Redis hiccups, giving up just before the queue's kill."""
+        self.set_current(None)
+        now = self.clock()
+        self.doc.update(status=status, error=error, ended_at=now)
+        summary = turn_summary(self.turn_id, self.doc, now)
+        give_up_at = job_timeout_at - FINAL_WRITE_RESERVE_S
+        delay = FINAL_RETRY_FIRST_S
+        while True:
+            try:
+                self.flush(done=True, summary=summary)
+                return
+            except TurnClosed:
+                return
+            except redis.RedisError as exc:
+                # A retry that could still be blocked when the queue's alarm fires is not started.
+                if time.time() + delay + WORST_STATE_WRITE_S >= give_up_at:
+                    # The job then ends without its ending: a front end's lost-worker check writes one
+                    # as soon as Redis takes writes again (a job that finished with a running state).
+                    log.error("turn %s: final write failed, leaving the ending to the front ends: %s",
+                              self.turn_id, redis_problem(exc))
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, FINAL_RETRY_MAX_S)
