@@ -41,6 +41,9 @@ TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyL
 # waiting for Redis: room for a restart, yet a bound on a CLI that follows a turn nobody can finish.
 REDIS_OUTAGE_GRACE_S = 10.0
 REDIS_RETRY_PAUSE_S = 0.5  # seconds between attempts while Redis is away
+# Seconds a turn may wait for a worker before the CLI says none is running: a pool this command
+# just started takes a moment to register its workers.
+WORKER_HINT_AFTER_S = 5.0
 SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
 
 
@@ -226,6 +229,7 @@ class Follower:
     state: State | None = None
     printed: dict = field(default_factory=lambda: dict.fromkeys(LIST_FIELDS, 0))  # items printed, per list
     hinted: bool = False
+    started: float = field(default_factory=time.monotonic)
 
     def step(self) -> int | None:
         """One wait for a new version; the exit status once our turn has ended, else None."""
@@ -235,7 +239,8 @@ class Follower:
         if version == seen:
             # Nothing new: is anyone still going to write? If not, this writes the ending.
             lost_worker_check(self.store, self.queue_connection, self.conversation_id, self.state)
-            if (not self.hinted and self.state is not None and self.state["status"] == Status.QUEUED
+            if (not self.hinted and time.monotonic() - self.started > WORKER_HINT_AFTER_S
+                    and self.state is not None and self.state["status"] == Status.QUEUED
                     and not running_workers(self.queue)):
                 print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
                       "`python worker.py`", file=sys.stderr, flush=True)

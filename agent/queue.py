@@ -7,6 +7,7 @@ so anyone who can write to Redis could run code. SafeJob refuses every name but 
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 
@@ -38,6 +39,24 @@ class UnsafeJobError(Exception):
     """A job named a function this project does not run."""
 
 
+NEUTRAL_JOB_FIELDS = {  # what a loaded job holds, whatever its payload asked for
+    "webhooks": [],
+    "retries_left": None,
+    "retry_intervals": None,
+    "enqueue_at_front_on_retry": False,
+    "repeats_left": None,
+    "repeat_intervals": None,
+    "rate_limit_key": None,
+    "rate_limit_concurrency": None,
+    "_dependency_ids": [],
+    "allow_dependency_failures": None,
+    "_success_callback_name": None,
+    "_stopped_callback_name": None,
+    "_success_callback_timeout": None,
+    "_stopped_callback_timeout": None,
+}
+
+
 class SafeJob(Job):
     """A job as this project writes it, whatever else its payload in Redis says.
 
@@ -49,20 +68,8 @@ class SafeJob(Job):
 
     def restore(self, raw_data) -> None:
         super().restore(raw_data)
-        self.webhooks = []
-        self.retries_left = None
-        self.retry_intervals = None
-        self.enqueue_at_front_on_retry = False
-        self.repeats_left = None
-        self.repeat_intervals = None
-        self.rate_limit_key = None
-        self.rate_limit_concurrency = None
-        self._dependency_ids = []
-        self.allow_dependency_failures = None
-        self._success_callback_name = None
-        self._stopped_callback_name = None
-        self._success_callback_timeout = None
-        self._stopped_callback_timeout = None
+        for name, value in NEUTRAL_JOB_FIELDS.items():
+            setattr(self, name, copy.copy(value))
         if self._failure_callback_name != FAILURE_CALLBACK:
             self._failure_callback_name = None
         self._failure_callback_timeout = FAILURE_CALLBACK_TIMEOUT_S

@@ -105,6 +105,22 @@ def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(pri
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
 
 
+def test_a_cli_whose_turn_no_worker_takes_says_how_to_start_one(private_env, tmp_path):
+    stderr_path = tmp_path / "cli.err"
+    with open(stderr_path, "wb") as stderr:
+        cli = subprocess.Popen([sys.executable, "-m", "agent", "ask", "hi"], cwd=ROOT,
+                               env={**os.environ, "AGENT_WORKERS": "0"}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    try:
+        said = wait_for(lambda: "waiting for a worker" in stderr_path.read_text(), 30, "the hint")
+        assert said and "python worker.py" in stderr_path.read_text()
+        assert cli.poll() is None  # it still waits: a worker started now would take the turn
+    finally:
+        os.killpg(cli.pid, signal.SIGINT)
+        cli.wait(20)
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []
+
+
 def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env, tmp_path):
     from agent.queue import get_queue, new_id, submit_turn
     from agent.runtime.connection import queue_client, state_client

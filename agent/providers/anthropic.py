@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from agent.deadline import CallTimeout
-from agent.providers.base import Completion, ToolCall
+from agent.providers.base import Completion, RemoteModel, ToolCall
 from agent.providers.http import check_status, post_json
 from agent.providers.openai import decode_json, malformed
 from agent.providers.spec import ProviderSpec
@@ -20,17 +20,10 @@ _UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
 _IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # reasoning the history does not keep
 
 
-class AnthropicProvider:
+class AnthropicProvider(RemoteModel):
     def __init__(self, base_url: str, model: str, api_key: str | None, max_tokens: int = DEFAULT_MAX_TOKENS):
-        self.base_url = base_url.rstrip("/")
-        self.model = model
+        super().__init__(base_url, model, api_key)
         self.max_tokens = max_tokens
-        self._api_key = api_key or None
-
-    def __repr__(self) -> str:
-        # Never the key: providers end up in logs and tracebacks.
-        key = "set" if self._api_key else "none"
-        return f"AnthropicProvider(base_url={self.base_url!r}, model={self.model!r}, key={key})"
 
     def complete(
         self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None

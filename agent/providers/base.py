@@ -71,3 +71,17 @@ class Provider(Protocol):
         """One model call, bounded as a whole by `timeout.total_s`, and ended at once when `stop`
         is set (from another thread). Raises ProviderError."""
         ...
+
+
+class RemoteModel:
+    """What every client over HTTP keeps: its server, its model, and a key that never prints."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._api_key = api_key or None
+
+    def __repr__(self) -> str:
+        # Never the key: providers end up in logs and tracebacks.
+        key = "set" if self._api_key else "none"
+        return f"{type(self).__name__}(base_url={self.base_url!r}, model={self.model!r}, key={key})"

@@ -7,22 +7,13 @@ import threading
 from typing import Any
 
 from agent.deadline import CallTimeout
-from agent.providers.base import Completion, ProviderError, ToolCall
+from agent.providers.base import Completion, ProviderError, RemoteModel, ToolCall
 from agent.providers.http import check_status, post_json, redact_json
 from agent.providers.spec import ProviderSpec
 from agent.surrogates import scrub_json
 
 
-class OpenAIProvider:
-    def __init__(self, base_url: str, model: str, api_key: str | None):
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self._api_key = api_key or None
-
-    def __repr__(self) -> str:
-        # Never the key: providers end up in logs and tracebacks.
-        key = "set" if self._api_key else "none"
-        return f"OpenAIProvider(base_url={self.base_url!r}, model={self.model!r}, key={key})"
+class OpenAIProvider(RemoteModel):
 
     def complete(
         self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
