@@ -33,7 +33,7 @@ for _ in $(seq 1 "$HOGS"); do
     hogs+=($!)
 done
 echo "under-load: ${#hogs[@]} CPU hogs running (pids ${hogs[*]:-none})" >&2
-export CPU_HOGS_RUNNING=${#hogs[@]}  # a test that brings its own hogs counts these (tests/page_harness.py)
+export CPU_HOGS_RUNNING=${#hogs[@]}  # a test that brings its own hogs counts these (harness/page.py)
 
 started=$(date +%s)
 # Not exec: the shell must stay to stop the hogs when pytest ends.
