@@ -567,6 +567,13 @@ def test_with_safeguards_off_no_step_mentions_a_deadline_or_its_huge_timeout():
     assert "before the deadline" in render.model_step_caption(model)
 
 
+def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left():
+    capped = {**step("t", 2, "tool", "time__get_current_time", 0.0), "timeout_s": 60.0, "remaining_s": 98.6}
+    last = {**step("t", 2, "tool", "wait", 0.0), "timeout_s": 4.2, "remaining_s": 4.2}
+    assert "60.0 s (the tool cap" in render.tool_step_caption(capped)
+    assert "4.20 s (the time left before the deadline)" in render.tool_step_caption(last)
+
+
 def test_a_turn_with_no_steps_draws_no_empty_chart(store):
     cid, turn_id = begin(store, config=FAST.with_changes(safeguards=False).to_dict())
     now = time.time()

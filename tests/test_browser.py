@@ -147,6 +147,26 @@ def test_screenshots_for_the_readme(server, browser):
         context.close()
 
 
+def test_an_mcp_tool_from_mcp_json_is_listed_and_its_step_lands_in_the_page(tmp_path, browser):
+    env = {**PAGE_ENV, "AGENT_MCP_CONFIG": str(ROOT / "mcp.json")}  # the shipped config: mcp-server-time
+    with page_server(tmp_path / "data", tmp_path / "streamlit.log", env) as mcp_page:
+        context = browser.new_context(viewport={"width": 1300, "height": 1800}, device_scale_factor=1)
+        page = context.new_page()
+        try:
+            ask(page, mcp_page.url, "What time is it in Tokyo via get_current_time?")
+            page.get_by_text("time__get_current_time").first.wait_for(timeout=60000)
+            page.get_by_text("Asia/Tokyo").first.wait_for(timeout=30000)  # the server's own answer
+            page.wait_for_selector(AUTOREFRESH, state="detached", timeout=30000)
+            sidebar = page.get_by_test_id("stSidebar")
+            sidebar.get_by_text("time", exact=True).first.wait_for(timeout=10000)  # the source, by its name
+            assert sidebar.get_by_text("The workers have not listed their tools yet.").count() == 0
+            if os.environ.get("AGENT_SCREENSHOTS"):
+                page.wait_for_timeout(800)
+                page.screenshot(path=str(SCREENSHOTS / "mcp_tool.png"), full_page=True)
+        finally:
+            context.close()
+
+
 class Canary:
     """A loopback HTTP server that counts every request: a hostile reply must never reach it."""
 

@@ -140,7 +140,10 @@ def tool_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"Stopped at your request after {took}."
     if not safeguards:
         return f"Took {took}; safeguards were off, so it had no time limit of its own."
-    return f"Took {took}; it was given {_seconds(step.get('timeout_s'))} (the time left before the deadline)."
+    timeout_s, remaining_s = step.get("timeout_s"), step.get("remaining_s")
+    capped = timeout_s is not None and remaining_s is not None and timeout_s < remaining_s
+    why = "the tool cap; more was left before the deadline" if capped else "the time left before the deadline"
+    return f"Took {took}; it was given {_seconds(timeout_s)} ({why})."
 
 
 def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
