@@ -567,6 +567,13 @@ def test_with_safeguards_off_no_step_mentions_a_deadline_or_its_huge_timeout():
     assert "before the deadline" in render.model_step_caption(model)
 
 
+def test_the_sidebar_states_every_clock_the_next_turn_gets_including_the_tool_cap(monkeypatch):
+    monkeypatch.setenv("AGENT_TOOL_TIMEOUT_CAP", "2.5")
+    text = texts(app().run())
+    assert f"kill it at {FAST.job_timeout_s} s" in text.replace("**", "")
+    assert "each tool run gets at most 2.5 s" in text.replace("**", "")
+
+
 def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left():
     capped = {**step("t", 2, "tool", "time__get_current_time", 0.0), "timeout_s": 60.0, "remaining_s": 98.6}
     last = {**step("t", 2, "tool", "wait", 0.0), "timeout_s": 4.2, "remaining_s": 4.2}

@@ -260,6 +260,7 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
         sb.caption(
             f"The turn stops itself **{deadline_s:g} s** after its job starts (the deadline); the queue would "
             f"kill it at **{config.job_timeout_s} s**. Each model call gets at most "
-            f"**{config.call_timeout_cap_s:g} s**, and none starts with less than **{config.min_call_s:g} s** left."
+            f"**{config.call_timeout_cap_s:g} s**, and none starts with less than **{config.min_call_s:g} s** left; "
+            f"each tool run gets at most **{config.tool_timeout_cap_s:g} s** (`AGENT_TOOL_TIMEOUT_CAP`)."
         )
     return config, error
