@@ -18,7 +18,7 @@ from agent.turn.stop_watch import StopWatch
 from agent.turn.tool_runs import UNANSWERED_CALL_RESULT
 from tests.conftest import FAST, ask, wait_done
 from tests.test_turn import scripted_config, steps_of
-from tests.test_turn_unit import make_turn
+from tests.test_turn_unit import make_turn, stopped_after_its_first_tool
 
 # From the request to the final write. The aim is about one second; the bound leaves room for a
 # busy machine and stays far below the 20 s call cap that would end the step without a stop.
@@ -148,14 +148,7 @@ def test_a_tool_that_ignores_stop_is_abandoned_with_an_error_that_says_so(monkey
 def test_every_call_left_when_a_stop_comes_between_tools_still_gets_a_result(store, monkeypatch):
     calls = [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') for i in range(3)]
     monkeypatch.setattr("agent.turn.loop.make_provider", lambda config: _Once(Completion(None, calls)))
-    turn = make_turn(store)
-    original = turn.tools.run_tool
-
-    def run_tool_then_stop(call):
-        original(call)
-        store.request_cancel(turn.writer.turn_id, ttl_s=60)
-
-    turn.tools.run_tool = run_tool_then_stop
+    turn = stopped_after_its_first_tool(make_turn(store), store)
     assert turn.run() == "cancelled"
     history = store.read(turn.writer.conversation_id)["history"]
     results = {m["tool_call_id"]: m["content"] for m in history if m["role"] == "tool"}

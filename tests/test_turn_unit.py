@@ -43,6 +43,18 @@ def make_turn(store: Store, config=FAST, started_at: float | None = None, clock:
                        history=[{"role": "user", "content": "hi"}], doc=dict(doc), persisted_len=1, clock=clock)
 
 
+def stopped_after_its_first_tool(turn: Turn, store: Store) -> Turn:
+    """The turn, with a stop requested as soon as its first tool has run (what a user's Stop does)."""
+    original = turn.tools.run_tool
+
+    def run_tool_then_stop(call):
+        original(call)
+        store.request_cancel(turn.writer.turn_id, ttl_s=60)
+
+    turn.tools.run_tool = run_tool_then_stop
+    return turn
+
+
 @pytest.fixture
 def scripted_model(monkeypatch):
     """Install a ScriptedModel as the provider every Turn builds."""
@@ -153,14 +165,7 @@ def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scr
         Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
         Completion("never sent"),
     )
-    turn = make_turn(store)
-    original = turn.tools.run_tool
-
-    def run_tool_then_stop(call):
-        original(call)
-        store.request_cancel(turn.writer.turn_id, ttl_s=60)
-
-    turn.tools.run_tool = run_tool_then_stop
+    turn = stopped_after_its_first_tool(make_turn(store), store)
     assert turn.run() == "cancelled"
     state = store.read(turn.writer.conversation_id)
     assert [m["role"] for m in state["history"]] == ["user", "assistant", "tool", "assistant"]
