@@ -115,7 +115,7 @@ class Settings:
                 env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
-            allowed_hosts=_allowed_hosts(env, bound_address),
+            allowed_hosts=allowed_hosts(env, bound_address),
         )
 
 
@@ -209,7 +209,7 @@ def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -
     return value
 
 
-def _allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[str, ...]:
+def allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[str, ...]:
     """The host names the page answers at: the defaults, the address the server is bound to (unless
     it is a wildcard), and AGENT_ALLOWED_HOSTS (comma-separated names or IP addresses)."""
     hosts = list(DEFAULT_ALLOWED_HOSTS)

@@ -620,6 +620,25 @@ def test_a_page_asked_for_under_a_foreign_host_name_refuses_before_showing_any_c
     assert "17*23 = 391" in texts(allowed)
 
 
+@pytest.mark.parametrize("broken", [{"AGENT_JOB_TIMEOUT": "soon"}, {"AGENT_ALLOWED_HOSTS": "bad name!"}],
+                         ids=["another-setting", "the-host-list"])
+def test_a_configuration_error_is_told_only_under_a_name_the_page_answers_at(monkeypatch, broken):
+    from agent.ui import page
+
+    for name, value in broken.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(page, "request_host", lambda: "evil.test:8501")
+    refused = app()
+    refused.run()
+    assert_no_exception(refused)
+    assert "This page answers only at" in texts(refused) and "not valid" not in texts(refused)
+    assert next(iter(broken)) not in texts(refused).replace("AGENT_ALLOWED_HOSTS to", "")
+    monkeypatch.setattr(page, "request_host", lambda: "127.0.0.1:8501")
+    told = app()
+    told.run()
+    assert "The configuration is not valid" in texts(told) and next(iter(broken)) in texts(told)
+
+
 def test_a_provider_without_its_key_is_refused_in_the_sidebar_unless_its_server_is_on_this_machine(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("OPENAI_BASE_URL", "https://models.example.test/v1")

@@ -10,6 +10,7 @@ ends, which redraws the finished turn and re-enables the input.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import redis
@@ -19,7 +20,14 @@ from streamlit_autorefresh import st_autorefresh
 from agent.contract import Status
 from agent.hosts import host_allowed
 from agent.runtime import services
-from agent.settings import ALLOWED_HOSTS_VARIABLE, DEFAULT_ALLOWED_HOSTS, MIN_POLL_INTERVAL_MS, Settings, SettingsError
+from agent.settings import (
+    ALLOWED_HOSTS_VARIABLE,
+    DEFAULT_ALLOWED_HOSTS,
+    MIN_POLL_INTERVAL_MS,
+    Settings,
+    SettingsError,
+    allowed_hosts,
+)
 from agent.ui import render, sidebar, tool_sources
 from agent.ui import state as ui
 from agent.ui.timeline import timeline_chart
@@ -57,10 +65,13 @@ def backend(redis_url: str | None, workers: int, state_ttl_s: int) -> ui.Backend
 
 
 def main() -> None:
+    bound_address = st.get_option("server.address")
     try:
-        settings = Settings.from_env(bound_address=st.get_option("server.address"))
+        settings = Settings.from_env(bound_address=bound_address)
     except SettingsError as exc:
-        _fatal("The configuration is not valid", str(exc), "Fix the variable named above and restart the app.")
+        # What is wrong is said only to a page asked for under a name it answers at.
+        if _host_allowed(_hosts_despite(bound_address)):
+            _fatal("The configuration is not valid", str(exc), "Fix the variable named above and restart the app.")
         return
     if not _host_allowed(settings.allowed_hosts):
         return
@@ -83,6 +94,14 @@ def main() -> None:
 def request_host() -> str | None:
     """The Host header of the browser's connection to this page; None without one (AppTest sends none)."""
     return st.context.headers.get("Host")
+
+
+def _hosts_despite(bound_address: str | None) -> tuple[str, ...]:
+    """The names the page answers at while another setting is wrong; the defaults when the list itself is."""
+    try:
+        return allowed_hosts(os.environ, bound_address)
+    except SettingsError:
+        return DEFAULT_ALLOWED_HOSTS
 
 
 def _host_allowed(allowed: tuple[str, ...]) -> bool:
