@@ -12,6 +12,7 @@ from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
 from agent.deadline import CallTimeout, retry_wait_s
 from agent.providers.base import Completion, Provider, ProviderError
+from agent.providers.demo import DEMO
 from agent.settings import TurnConfig
 from agent.turn.exits import TurnEnded
 from agent.turn.policies import Clocks, Publishing
@@ -40,8 +41,8 @@ class ModelCalls:
 
     @property
     def name(self) -> str:
-        config = self.config
-        return f"{config.provider}:{config.model}" if config.provider != "demo" else config.model
+        config = self.config  # the demo's model names say what they are ("demo@0.8")
+        return config.model if config.provider == DEMO.name else f"{config.provider}:{config.model}"
 
     def complete(self, history: list[Message], *, last_call: bool) -> Completion:
         """The model's reply; the last call goes out without tools, asking for an answer now."""
