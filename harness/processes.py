@@ -10,13 +10,7 @@ import signal
 
 import psutil
 
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+from agent.runtime.embedded_redis import alive  # noqa: F401 - the one liveness rule, shared
 
 
 def children(pid: int, *, recursive: bool = False) -> list[int]:

@@ -89,9 +89,9 @@ class EmbeddedRedis:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         end = time.monotonic() + STOP_TIMEOUT_S
-        while _alive(pid) and time.monotonic() < end:
+        while alive(pid) and time.monotonic() < end:
             time.sleep(0.05)
-        if _alive(pid):
+        if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(FileNotFoundError):
@@ -119,7 +119,7 @@ class EmbeddedRedis:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if _alive(pid) and _is_redis_server(pid) else None
+        return pid if alive(pid) and _is_redis_server(pid) else None
 
     # -- internals -------------------------------------------------------------------------
 
@@ -177,7 +177,7 @@ class EmbeddedRedis:
         """Pids of the registered users still alive; the entries of the dead are removed."""
         live = []
         for entry in self.users_dir.glob("*") if self.users_dir.exists() else ():
-            if entry.name.isdigit() and _alive(int(entry.name)):
+            if entry.name.isdigit() and alive(int(entry.name)):
                 live.append(int(entry.name))
             else:
                 entry.unlink(missing_ok=True)
@@ -213,7 +213,7 @@ def _is_redis_server(pid: int) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """The process exists and is not a zombie (a zombie child still answers kill(0))."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
