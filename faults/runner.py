@@ -130,7 +130,7 @@ def make_plans(options: Options) -> list[Plan]:
     return plans
 
 
-class Lab:
+class FaultLab:
     """Redis (private to the runner), the fault provider and a worker pool; all stopped by close()."""
 
     def __init__(self, options: Options, workdir: Path):
@@ -234,7 +234,7 @@ class Lab:
         raise ValueError(fault)
 
 
-def run_one(lab: Lab, plan: Plan) -> RunResult:
+def run_one(lab: FaultLab, plan: Plan) -> RunResult:
     options = lab.options
     store = lab.store
     model = f"fault-{plan.index}" + ("-slow" if plan.process_fault else "")
@@ -272,7 +272,8 @@ def run_one(lab: Lab, plan: Plan) -> RunResult:
     return result
 
 
-def finish_result(lab: Lab, plan: Plan, result: RunResult, turn_id: str, text: str, model: str, job_id: str) -> None:
+def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, text: str, model: str,
+                  job_id: str) -> None:
     run_log = lab.faults.runs.get(model)
     result.call_faults = list(run_log.faults) if run_log else []
     served = list(run_log.served) if run_log else []
@@ -319,7 +320,7 @@ def finish_result(lab: Lab, plan: Plan, result: RunResult, turn_id: str, text: s
         )
 
 
-def _diagnose(lab: Lab, cid: str, job_id: str) -> str:
+def _diagnose(lab: FaultLab, cid: str, job_id: str) -> str:
     """What a stuck turn looks like from outside, for the report."""
     try:
         meta = lab.store.read_meta(cid)
@@ -333,7 +334,7 @@ def _diagnose(lab: Lab, cid: str, job_id: str) -> str:
     return f"state {meta_view}; job {job_view or 'absent'}; in queue list: {queued}"
 
 
-def _inject_later(lab: Lab, plan: Plan, job_id: str, result: RunResult) -> None:
+def _inject_later(lab: FaultLab, plan: Plan, job_id: str, result: RunResult) -> None:
     end = time.monotonic() + START_WAIT_S
     started = None
     while time.monotonic() < end:
@@ -369,7 +370,7 @@ def run_faults(options: Options, *, out=None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="agent-faults-"))
     started = time.monotonic()
     results: list[RunResult] = []
-    lab = Lab(options, workdir)
+    lab = FaultLab(options, workdir)
     try:
         for worker_class in ("simple", "fork"):
             batch = [p for p in plans if p.worker_class == worker_class]
@@ -398,7 +399,7 @@ def run_faults(options: Options, *, out=None) -> dict:
     return report
 
 
-def _recheck(lab: Lab, result: RunResult) -> None:
+def _recheck(lab: FaultLab, result: RunResult) -> None:
     if not result.observed or not result.observed[-1]["done"]:
         return
     try:
@@ -412,7 +413,7 @@ def _recheck(lab: Lab, result: RunResult) -> None:
         result.violations.append(f"state moved after done: version {last['version']} -> {state['version']}")
 
 
-def _canary_leaks(lab: Lab) -> list[str]:
+def _canary_leaks(lab: FaultLab) -> list[str]:
     leaks = []
     for key, values in stored_values(lab.store.redis):
         if any(CANARY_KEY.encode() in v for v in [key, *values]):
@@ -538,7 +539,7 @@ def _retry(fn, attempts: int = 40, pause_s: float = 0.25):
             time.sleep(pause_s)
 
 
-def _fetch(lab: Lab, job_id: str):
+def _fetch(lab: FaultLab, job_id: str):
     try:
         return SafeJob.fetch(job_id, connection=lab.queue_connection, serializer=JSONSerializer)
     except (NoSuchJobError, redis.RedisError):
