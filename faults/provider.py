@@ -1,5 +1,5 @@
 """A misbehaving OpenAI-compatible provider, for the fault runner: a function from request to action,
-served on loopback by `agent.demo.http_server`.
+served on loopback by `agent.runtime.loopback_server`.
 
 Every request names its run in the `model` field ("fault-<run>", "fault-<run>-slow"); the provider keeps one RNG
 per run, seeded from the runner's seed and the run number, and draws a fault for each call:
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from agent.demo.http_server import Action, Request, hang, reply, reset, trickle
+from agent.runtime.loopback_server import Action, Request, hang, reply, reset, trickle
 
 HANG_CAP_S = 120.0  # seconds; a hanging handler gives up even if the client never leaves
 # Seconds a trickled body takes in all: either quick enough to finish inside a call's timeout, or far too slow.

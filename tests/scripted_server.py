@@ -5,7 +5,7 @@
         post(...)                                          # hangs until the client gives up or stop()
         server.requests[0].json                            # what the client sent
 
-Actions are those of `agent.demo.http_server` (reply, delayed, hang, trickle, reset, raw), plus
+Actions are those of `agent.runtime.loopback_server` (reply, delayed, hang, trickle, reset, raw), plus
 respond(fn) (fn(request) -> action, decided when the request arrives). When the script runs out,
 `default` answers (HTTP 500 unless given).
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.demo.http_server import Action, LoopbackServer, Reply, Request, reply
+from agent.runtime.loopback_server import Action, LoopbackServer, Reply, Request, reply
 
 REQUESTS_POLL_S = 0.01  # seconds between looks at the request log while a test waits for requests
 

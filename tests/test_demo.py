@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from agent.demo.http_server import Delayed, Hang, LoopbackServer, Reply, Request, Trickle, reply
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, parse_model_name
 from agent.demo.server import HANG_CAP_S, DemoProvider, DemoServer
+from agent.runtime.loopback_server import Delayed, Hang, LoopbackServer, Reply, Request, Trickle, reply
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}

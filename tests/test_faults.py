@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rq.serializers import JSONSerializer
 
-from agent.demo.http_server import Hang, Request
 from agent.endings import write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
+from agent.runtime.loopback_server import Hang, Request
 from agent.turn.tool_runs import UNANSWERED_CALL_RESULT
 from faults.checks import check_observations
 from faults.provider import CALL_FAULTS, FaultProvider

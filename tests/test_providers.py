@@ -15,7 +15,6 @@ from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
 
 from agent import job_alarm
 from agent.deadline import CallTimeout
-from agent.demo.http_server import delayed, hang, raw, reply, reset, trickle
 from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError, make_provider, registry
 from agent.providers import http as provider_http
 from agent.providers.anthropic import parse_message, to_anthropic_messages, to_anthropic_tools
@@ -23,6 +22,7 @@ from agent.providers.base import Completion, ToolCall
 from agent.providers.http import HTTPReply, check_status, parse_retry_after
 from agent.providers.openai import parse_completion
 from agent.providers.spec import ProviderSpec
+from agent.runtime.loopback_server import delayed, hang, raw, reply, reset, trickle
 from agent.secrets import read_secret
 from agent.settings import Settings, SettingsError, TurnConfig
 from tests.scripted_server import ScriptedServer, chat_reply, tool_call

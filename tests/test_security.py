@@ -18,8 +18,8 @@ import redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from agent.demo.http_server import hang, raw, reply
 from agent.queue import FAILURE_CALLBACK_TIMEOUT_S, JOB_FUNCTION, QUEUE_NAME, SafeJob, new_id
+from agent.runtime.loopback_server import hang, raw, reply
 from harness.processes import alive, listening_tcp_sockets
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, redis_dump, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply, tool_call

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from agent.demo.http_server import reply
 from agent.queue import new_id
+from agent.runtime.loopback_server import reply
 from agent.store import Store
 from agent.surrogates import REPLACEMENT, scrub, scrub_json
 from agent.tools import run_tool

@@ -9,8 +9,8 @@ import zlib
 import pytest
 from rq.serializers import JSONSerializer
 
-from agent.demo.http_server import delayed, hang, reply, trickle
 from agent.queue import SafeJob, job_id_for, submit_turn
+from agent.runtime.loopback_server import delayed, hang, reply, trickle
 from agent.store import TurnInFlight
 from harness.waiting import wait_for
 from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done

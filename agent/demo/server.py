@@ -1,8 +1,8 @@
 """The demo model as an OpenAI-compatible provider: a function from request to action, served on loopback.
 
 Every misbehaviour a real provider can show (slowness, hanging, 429/500, a trickled body) is an
-action that `http_server` serves over real sockets, so the client's timeout and retry paths are the
-ones production uses, while `DemoProvider` itself is tested by calling it.
+action that `agent.runtime.loopback_server` serves over real sockets, so the client's timeout and
+retry paths are the ones production uses, while `DemoProvider` itself is tested by calling it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import threading
 import time
 import uuid
 
-from agent.demo.http_server import Action, LoopbackServer, Request, delayed, hang, reply, trickle
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, model_names, parse_model_name
+from agent.runtime.loopback_server import Action, LoopbackServer, Request, delayed, hang, reply, trickle
 
 HANG_CAP_S = 600.0  # seconds; a hanging request is dropped after this even if the client never goes away
 TRICKLE_BYTES_PER_S = 1.0  # the `trickle` scenario's body rate
