@@ -89,7 +89,7 @@ def run_tool(
             took_s = time.monotonic() - started
             return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
         if time.monotonic() >= give_up_at:
-            return failed(f"{name} did not finish within {timeout_s:.1f} s (the turn's time budget) and was abandoned")
+            return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) and was abandoned")
         if heartbeat is not None:
             heartbeat()
     # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.
