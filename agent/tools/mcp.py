@@ -25,7 +25,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from agent.tools.registry import Tool, ToolError
-from agent.tools.running import MAX_OUTPUT_CHARS
+from agent.tools.running import ERROR_PREFIX, MAX_OUTPUT_CHARS
 
 WITH_PARENT = Path(__file__).resolve().parents[1] / "runtime" / "with_parent.py"  # stdlib only: run as a script
 TOOL_NAME_SEPARATOR = "__"  # server and tool: "time__get_current_time"
@@ -35,12 +35,12 @@ MAX_SERVER_NAME_CHARS = 24  # leaves 38 characters of a 64-character name for th
 MAX_LISTED_PAGES = 20  # pages of tools/list read from one server; a paginator that never ends cannot hang start-up
 CALL_SLICE_S = 0.05  # seconds between stop checks while a call runs
 CLOSE_TIMEOUT_S = 5.0  # seconds the servers get to shut down when the worker exits
+CLOSE_WAIT_S = CLOSE_TIMEOUT_S + 1.0  # seconds close() waits for that, with room for the loop to answer
 THREAD_JOIN_S = 2.0  # seconds the session thread gets to end once its loop is told to stop
 # What a server may put in front of the model: its text is untrusted and costs tokens on every call.
 MAX_DESCRIPTION_CHARS = 1000  # a tool's description past this is cut: enough for any honest tool
 MAX_SCHEMA_BYTES = 16_384  # a tool whose input schema's JSON is bigger is refused: no sane tool needs more
 MAX_TOOLS_PER_SERVER = 64  # tools offered from one server; the rest are left out (and reported)
-ERROR_PREFIX = "Error: "  # what run_tool puts before a ToolError's text
 
 
 class McpConfigError(ValueError):
@@ -261,7 +261,7 @@ class McpHub:
             return
         ended = asyncio.run_coroutine_threadsafe(self._end_sessions(), self.loop)
         try:
-            ended.result(CLOSE_TIMEOUT_S + 1.0)
+            ended.result(CLOSE_WAIT_S)
         except TimeoutError:
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
