@@ -1,4 +1,4 @@
-"""Where a worker's tools come from, and the catalogue it publishes for the page.
+"""Where a worker's tools come from: the built-ins, an AGENT_TOOLS module and MCP servers.
 
 A worker registers, once at start: the built-ins (always), the typed functions an AGENT_TOOLS
 module lists in its `TOOLS`, and the tools of the MCP servers in AGENT_MCP_CONFIG (default
