@@ -26,6 +26,8 @@ DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
 # A page run must finish well inside the interval, or every refresh cuts the one before short.
 MIN_POLL_INTERVAL_MS = 250  # milliseconds
 DEFAULT_WORKERS = 2
+MCP_START_TIMEOUT_VARIABLE = "AGENT_MCP_START_TIMEOUT"
+DEFAULT_MCP_START_TIMEOUT_S = 20.0  # seconds an MCP server gets to start and list its tools (mcp-server-time: ~2 s)
 # The names the page answers at, besides the address it is bound to and AGENT_ALLOWED_HOSTS: any
 # other Host header is a browser sent here by a name someone else controls (DNS rebinding).
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -104,6 +106,7 @@ class Settings:
             tool_timeout_cap_s=_seconds(env, "AGENT_TOOL_TIMEOUT_CAP", DEFAULT_TOOL_TIMEOUT_CAP_S),
         )
         validate_clocks(turn)
+        mcp_start_timeout_s(env)  # used by the workers, refused here at start like the other durations
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("REDIS_URL", "must start with redis://, rediss:// or unix://")
@@ -170,6 +173,14 @@ def validate_clocks(turn: TurnConfig) -> None:
         raise SettingsError("AGENT_MAX_STEPS", "must be at least 1")
     if turn.tool_timeout_cap_s <= 0:
         raise SettingsError("AGENT_TOOL_TIMEOUT_CAP", "must be more than 0")
+
+
+def mcp_start_timeout_s(env: Mapping[str, str]) -> float:
+    """Seconds each MCP server gets, when a worker starts, to start and list its tools."""
+    value = _seconds(env, MCP_START_TIMEOUT_VARIABLE, DEFAULT_MCP_START_TIMEOUT_S)
+    if value <= 0:
+        raise SettingsError(MCP_START_TIMEOUT_VARIABLE, "must be more than 0")
+    return value
 
 
 def _raw(env: Mapping[str, str], name: str) -> str | None:

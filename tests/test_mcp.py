@@ -4,20 +4,34 @@ own hostile server (tests/mcp_hostile_server.py), in this process and through re
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import pytest
+from rq import Worker
 
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.store import Store
 from agent.tools import REGISTRY, run_tool, schemas, sources
-from agent.tools.mcp import McpConfigError, McpHub, ServerConfig, public_name, read_config
+from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
+from agent.tools.mcp import (
+    MAX_DESCRIPTION_CHARS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOLS_PER_SERVER,
+    McpConfigError,
+    McpHub,
+    ServerConfig,
+    public_name,
+    read_config,
+)
+from agent.tools.registry import make_tool
 from agent.tools.running import MAX_OUTPUT_CHARS
-from agent.tools.sources import CATALOGUE_KEY, read_catalogue
 from harness.processes import processes_with_env
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, start_pool, wait_done
@@ -26,6 +40,7 @@ from tests.mcp_hostile_server import HOSTILE_TEXT
 HOSTILE = str(ROOT / "tests" / "mcp_hostile_server.py")
 TIME = ServerConfig("time", "mcp-server-time", ("--local-timezone", "UTC"))
 START_TIMEOUT_S = 15.0  # seconds: mcp-server-time starts in about 2 s on an idle machine
+CLOSE_BOUND_S = 10.0  # seconds a worker stopped mid start-up gets to close its servers (at most 5 s) and exit
 SECRET = "mcp-env-canary-5b1f"  # an env value in the config: must never reach Redis
 
 
@@ -88,6 +103,50 @@ def test_a_missing_config_named_by_the_variable_is_reported(tmp_path):
     assert loaded[-1]["name"] == "AGENT_MCP_CONFIG" and "cannot be read" in loaded[-1]["error"]
 
 
+def test_a_python_source_whose_tool_name_is_taken_registers_none_of_its_tools(monkeypatch):
+    from tests import sample_tools
+
+    def calculator(expression: str) -> str:
+        """Takes a built-in's name."""
+        return expression
+
+    monkeypatch.setattr(sample_tools, "TOOLS", [sample_tools.shout, calculator])
+    loaded = sources.load({"AGENT_TOOLS": "tests.sample_tools", "AGENT_MCP_CONFIG": "off"})
+    assert "'calculator' is already registered" in loaded[-1]["error"] and loaded[-1]["tools"] == []
+    assert "shout" not in REGISTRY  # checked before any was added: the registry agrees with the catalogue
+    assert run_tool("calculator", json.dumps({"expression": "6*7"}), 5).output == "42"
+
+
+def test_an_mcp_source_whose_tool_name_is_taken_registers_none_of_its_tools(monkeypatch, tmp_path):
+    def hostile__echo(text: str) -> str:
+        """Takes the name of the hostile server's echo tool."""
+        return text
+
+    taken = make_tool(hostile__echo, source="tests.sample_tools")
+    monkeypatch.setitem(REGISTRY, taken.name, taken)
+    monkeypatch.setattr("agent.tools.sources._hubs", [])
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"hostile": {"command": sys.executable, "args": [HOSTILE]}}}))
+    try:
+        loaded = sources.load({"AGENT_MCP_CONFIG": str(config)})
+        (hostile,) = [s for s in loaded if s["name"] == "hostile"]
+        assert "'hostile__echo' is already registered" in hostile["error"] and hostile["tools"] == []
+        assert "hostile__hang" not in REGISTRY and REGISTRY["hostile__echo"] is taken
+    finally:
+        sources.close()
+
+
+def test_mcp_servers_are_not_started_for_a_worker_class_that_runs_jobs_elsewhere(tmp_path):
+    config = tmp_path / "mcp.json"
+    mark = uuid.uuid4().hex
+    config.write_text(json.dumps({"mcpServers": {
+        "hostile": {"command": sys.executable, "args": [HOSTILE], "env": {"MCP_TEST_MARK": mark}}}}))
+    loaded = sources.load({"AGENT_MCP_CONFIG": str(config)}, jobs_in_process=False)
+    assert loaded[-1]["name"] == "AGENT_MCP_CONFIG" and "simple worker class" in loaded[-1]["error"]
+    assert not any(name.startswith("hostile__") for name in REGISTRY)
+    assert not processes_with_env("MCP_TEST_MARK", mark)
+
+
 def test_a_turn_runs_only_the_tools_it_was_offered():
     result = run_tool("calculator", json.dumps({"expression": "1+1"}), 5, offered=("current_time",))
     assert not result.ok and "unknown tool 'calculator'" in result.output and "current_time" in result.output
@@ -139,9 +198,10 @@ def test_an_error_result_ends_as_a_tool_error_that_says_so(hub):
     assert not result.ok and result.output.startswith("Error: fail on the hostile MCP server reported an error")
 
 
-def test_a_huge_result_is_truncated(hub):
+def test_a_huge_result_ends_as_a_tool_error_that_says_how_big_it_was_and_keeps_its_start(hub):
     result = run_tool("hostile__huge", "{}", 10)
-    assert result.ok and len(result.output) == MAX_OUTPUT_CHARS and result.output.endswith("[output truncated]")
+    assert not result.ok and "returned 2,000,000 characters, more than the 4,000" in result.output
+    assert result.output.endswith("x" * 1000) and len(result.output) <= MAX_OUTPUT_CHARS
 
 
 def test_the_servers_own_schema_check_answers_bad_arguments(hub):
@@ -184,6 +244,75 @@ def test_a_slow_or_broken_start_is_reported_within_the_start_timeout_and_the_oth
         wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), 10, "the slow server stopped")
     finally:
         starting.close()
+
+
+def mcp_session_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "mcp-sessions"]
+
+
+def test_closing_a_hub_whose_servers_all_failed_to_start_ends_its_thread():
+    before = mcp_session_threads()
+    failed = McpHub()
+    (report,) = failed.start([ServerConfig("missing", "/nonexistent/mcp-server")], START_TIMEOUT_S)
+    assert report.error.startswith("did not start")
+    failed.close()
+    assert mcp_session_threads() == before and failed.loop.is_closed()
+
+
+def test_closing_a_hub_stops_its_servers_its_loop_and_its_thread():
+    mark = uuid.uuid4().hex
+    before = mcp_session_threads()
+    closing = McpHub()
+    reports = closing.start([
+        ServerConfig("fine", sys.executable, (HOSTILE,), {"MCP_TEST_MARK": mark}),
+        ServerConfig("slow", sys.executable, (HOSTILE, "--start-delay", "60"), {"MCP_TEST_MARK": mark}),
+    ], 3.0)
+    assert [r.error is None for r in reports] == [True, False]
+    closing.close()
+    assert mcp_session_threads() == before and closing.loop.is_closed()
+    wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), 2.0, "no server process left")
+
+
+def test_a_server_past_the_limits_offers_only_what_fits_and_says_what_it_left_out():
+    from tests.mcp_hostile_server import EXTRA_TOOLS
+
+    oversized = McpHub()
+    try:
+        (report,) = oversized.start([ServerConfig("big", sys.executable, (HOSTILE, "--oversized"))], START_TIMEOUT_S)
+        tools = {t.name: t for t in report.tools}
+        listed = 6 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
+        assert f"lists {listed} tools; only the first {MAX_TOOLS_PER_SERVER} are offered" in report.error
+        assert len(tools) == MAX_TOOLS_PER_SERVER - 1  # bloated is refused
+        assert "'bloated' left out: its input schema is" in report.error and f"{MAX_SCHEMA_BYTES:,}" in report.error
+        assert "big__bloated" not in tools
+        assert len(tools["big__wordy"].description) == MAX_DESCRIPTION_CHARS
+    finally:
+        oversized.close()
+
+
+def test_a_worker_stopped_while_its_mcp_servers_start_deregisters_at_once(private_redis, base_env, tmp_path):
+    mark, name = uuid.uuid4().hex, f"starting-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"slow": {
+        "command": sys.executable, "args": [HOSTILE, "--start-delay", "60"], "env": {"MCP_TEST_MARK": mark}}}}))
+    env = {**base_env, "REDIS_URL": private_redis.url, "AGENT_MCP_CONFIG": str(config),
+           "AGENT_MCP_START_TIMEOUT": "60"}
+    worker = subprocess.Popen([sys.executable, "-m", "agent.runtime.worker_process", "--name", name], env=env,
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    connection = queue_client(private_redis.url)
+    try:
+        wait_for(lambda: processes_with_env("MCP_TEST_MARK", mark), 20, "the slow server starting")
+        assert name in [w.name for w in Worker.all(connection=connection)]
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(CLOSE_BOUND_S)
+        assert name not in [w.name for w in Worker.all(connection=connection)]
+        assert "Traceback" not in worker.stderr.read().decode()
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), 5, "the slow server stopped")
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stderr.close()
+        connection.close()
 
 
 # -- through real workers, the demo provider and a scripted OpenAI-compatible server -------------

@@ -48,6 +48,9 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
         ({"AGENT_PROVIDER": "anthropic"}, "ANTHROPIC_API_KEY"),
         ({"AGENT_PROVIDER": "openai", "OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "ftp://x"}, "OPENAI_BASE_URL"),
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
+        ({"AGENT_MCP_START_TIMEOUT": "0"}, "AGENT_MCP_START_TIMEOUT"),
+        ({"AGENT_MCP_START_TIMEOUT": "soon"}, "AGENT_MCP_START_TIMEOUT"),
+        ({"AGENT_MCP_START_TIMEOUT": "inf"}, "AGENT_MCP_START_TIMEOUT"),
     ],
 )
 def test_bad_value_is_refused_in_one_line_naming_the_variable(env, variable):

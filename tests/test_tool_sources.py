@@ -4,13 +4,15 @@ workers published is listed (its untrusted text escaped), and a choice of tools 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from agent.runtime import services
-from agent.tools.sources import CATALOGUE_KEY
+from agent.tools.catalogue import CATALOGUE_KEY
 from agent.ui.tool_sources import CHOSEN_KEY, OFFERED_KEY, chosen
 from tests.conftest import ROOT
 
@@ -43,6 +45,13 @@ def catalogue(redis_client):
         redis_client.delete(CATALOGUE_KEY)
     else:
         redis_client.set(CATALOGUE_KEY, before)
+
+
+def test_the_page_lists_the_tool_sources_without_importing_the_mcp_sdk():
+    probe = "import sys, agent.ui.tool_sources; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mcp'))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_every_tool_is_chosen_unless_some_are_left_out():

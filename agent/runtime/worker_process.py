@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 import redis
@@ -15,6 +16,7 @@ import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it ins
 from agent.queue import QUEUE_NAME, SafeJob
 from agent.runtime.connection import queue_client, redis_problem, state_client
 from agent.runtime.with_parent import die_with_parent
+from agent.tools import catalogue
 from agent.tools import sources as tool_sources
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 # job takes its worker with it; the pool starts a new one. See the README for the figures.
 WORKER_CLASSES = {"simple": SimpleWorker, "fork": Worker, "spawn": SpawnWorker}
 DEFAULT_WORKER_CLASS = "simple"
+IN_PROCESS_CLASSES = {"simple"}  # the classes that run a job in the worker's own process, beside its MCP sessions
 
 
 def make_worker(url: str, kind: str = DEFAULT_WORKER_CLASS, name: str | None = None):
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker = make_worker(url, args.kind, args.name)
-    worker.bootstrap = tools_after(worker.bootstrap, url)
+    worker.bootstrap = tools_after(worker, url, jobs_in_process=args.kind in IN_PROCESS_CLASSES)
     try:
         worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
     finally:
@@ -60,23 +63,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def tools_after(bootstrap, url: str):
+def tools_after(worker, url: str, *, jobs_in_process: bool):
     """RQ's bootstrap (which registers the worker), then the tool sources: a client sees a worker
-    at once, busy starting its MCP servers, instead of none for the seconds they take."""
+    at once, busy starting its MCP servers, instead of none for the seconds they take.
+
+    RQ installs its own signal handlers only after bootstrap, and tears down (deregisters) only
+    after them: a SIGTERM or Ctrl-C while the servers start ends the process here instead, so it
+    deregisters the worker itself rather than leave a registration behind for minutes."""
+    bootstrap = worker.bootstrap
 
     def bootstrap_then_start_tools(*args, **kwargs) -> None:
         bootstrap(*args, **kwargs)
-        start_tools(url)
+        previous = signal.signal(signal.SIGTERM, stop_starting)
+        try:
+            start_tools(url, jobs_in_process)
+        except BaseException:
+            worker.register_death()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     return bootstrap_then_start_tools
 
 
-def start_tools(url: str) -> None:
+def stop_starting(signum, frame) -> None:
+    """SIGTERM before RQ's own handler is in place: end the start-up (the caller deregisters)."""
+    log.warning("stopping: signal %d while the tool sources started", signum)
+    raise SystemExit(128 + signum)
+
+
+def start_tools(url: str, jobs_in_process: bool) -> None:
     """Start this worker's tool sources (MCP servers once per process, not per turn) and publish the
     catalogue the page lists; a Redis hiccup here only delays the page's list, never the worker."""
-    sources = tool_sources.load()
+    sources = tool_sources.load(jobs_in_process=jobs_in_process)
     try:
-        tool_sources.publish(state_client(url), sources)
+        catalogue.publish(state_client(url), sources)
     except redis.RedisError as exc:
         log.warning("the tool catalogue was not published: %s", redis_problem(exc))
 

@@ -4,8 +4,8 @@ A worker process starts the servers named in its own config file once, at start-
 a bounded time, on one event loop in a background thread that holds the sessions for the life of
 the process. Each server's tools are registered as `<server>__<tool>` with the server's own input
 schema. A call runs on that loop under min(tool cap, time left) (run_tool's timeout_s) and is
-cancelled when that runs out or the user stops the turn; an error result, a crash or a hang ends
-as a ToolError that says which server and why.
+cancelled when that runs out or the user stops the turn; an error result, a crash, a hang or a
+result too big for the model ends as a ToolError that says which server and why.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from agent.tools.registry import Tool, ToolError
+from agent.tools.running import ERROR_PREFIX, MAX_OUTPUT_CHARS
 
 WITH_PARENT = Path(__file__).resolve().parents[1] / "runtime" / "with_parent.py"  # stdlib only: run as a script
 TOOL_NAME_SEPARATOR = "__"  # server and tool: "time__get_current_time"
@@ -34,6 +35,12 @@ MAX_SERVER_NAME_CHARS = 24  # leaves 38 characters of a 64-character name for th
 MAX_LISTED_PAGES = 20  # pages of tools/list read from one server; a paginator that never ends cannot hang start-up
 CALL_SLICE_S = 0.05  # seconds between stop checks while a call runs
 CLOSE_TIMEOUT_S = 5.0  # seconds the servers get to shut down when the worker exits
+CLOSE_WAIT_S = CLOSE_TIMEOUT_S + 1.0  # seconds close() waits for that, with room for the loop to answer
+THREAD_JOIN_S = 2.0  # seconds the session thread gets to end once its loop is told to stop
+# What a server may put in front of the model: its text is untrusted and costs tokens on every call.
+MAX_DESCRIPTION_CHARS = 1000  # a tool's description past this is cut: enough for any honest tool
+MAX_SCHEMA_BYTES = 16_384  # a tool whose input schema's JSON is bigger is refused: no sane tool needs more
+MAX_TOOLS_PER_SERVER = 64  # tools offered from one server; the rest are left out (and reported)
 
 
 class McpConfigError(ValueError):
@@ -130,9 +137,10 @@ class McpHub:
         self.loop = asyncio.new_event_loop()
         self.clients: dict[str, Client] = {}
         self.ended: dict[str, str] = {}  # server -> why its session ended (a crash, a closed connection)
-        self.closing: asyncio.Event | None = None
-        self.tasks: list[asyncio.Task] = []
-        threading.Thread(target=self.loop.run_forever, name="mcp-sessions", daemon=True).start()
+        self.closing = asyncio.Event()  # set by close(): every running session ends
+        self.sessions: list[tuple[asyncio.Task, asyncio.Future]] = []  # each server's task, and its tools once listed
+        self.thread = threading.Thread(target=self.loop.run_forever, name="mcp-sessions", daemon=True)
+        self.thread.start()
 
     def start(self, servers: list[ServerConfig], timeout_s: float) -> list[ServerReport]:
         """Start every server at once; each gets timeout_s to start and list its tools."""
@@ -140,13 +148,13 @@ class McpHub:
         return future.result()
 
     async def _start_all(self, servers: list[ServerConfig], timeout_s: float) -> list[ServerReport]:
-        self.closing = asyncio.Event()
         return list(await asyncio.gather(*(self._start(server, timeout_s) for server in servers)))
 
     async def _start(self, server: ServerConfig, timeout_s: float) -> ServerReport:
         report = ServerReport(server.name, server.transport)
         listed: asyncio.Future = self.loop.create_future()
         task = self.loop.create_task(self._session(server, listed), name=f"mcp-{server.name}")
+        self.sessions.append((task, listed))  # close() ends it, started or not
         try:
             async with asyncio.timeout(timeout_s):
                 listing = await asyncio.shield(listed)
@@ -158,9 +166,24 @@ class McpHub:
         except Exception as exc:  # noqa: BLE001 - any start-up failure is this server's report, not the worker's
             report.error = f"did not start: {_reason(exc)}"
             return report
-        self.tasks.append(task)
-        report.tools = [self._tool(server.name, listed_tool) for listed_tool in _unique(listing)]
+        report.tools, problems = self._offered_tools(server.name, _unique(listing))
+        report.error = "; ".join(problems) or None
         return report
+
+    def _offered_tools(self, server: str, listing: list) -> tuple[list[Tool], list[str]]:
+        """The tools a server may offer the model, within the caps, and what was left out and why."""
+        problems = []
+        if len(listing) > MAX_TOOLS_PER_SERVER:
+            problems.append(f"lists {len(listing)} tools; only the first {MAX_TOOLS_PER_SERVER} are offered")
+        tools = []
+        for listed_tool in listing[:MAX_TOOLS_PER_SERVER]:
+            size = len(json.dumps(listed_tool.input_schema, default=str).encode())
+            if size > MAX_SCHEMA_BYTES:
+                problems.append(f"tool {listed_tool.name[:80]!r} left out: its input schema is {size:,} bytes, "
+                                f"more than {MAX_SCHEMA_BYTES:,}")
+            else:
+                tools.append(self._tool(server, listed_tool))
+        return tools, problems
 
     async def _session(self, server: ServerConfig, listed: asyncio.Future) -> None:
         """One server's whole session, in one task (the SDK's contexts must open and close in the same task)."""
@@ -189,7 +212,8 @@ class McpHub:
 
         name = public_name(server, listed.name)
         call.__qualname__ = name  # registry.add tells tools apart by their origin
-        description = (listed.description or "").strip() or f"The {listed.name} tool of the {server} MCP server."
+        description = (listed.description or "").strip()[:MAX_DESCRIPTION_CHARS]
+        description = description or f"The {listed.name} tool of the {server} MCP server."
         return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=call,
                     arguments=None, takes_timeout=True, takes_stop=True, source=server)
 
@@ -226,17 +250,41 @@ class McpHub:
         text = result_text(result)
         if result.is_error:
             raise ToolError(f"{tool} on the {server} MCP server reported an error: {text}")
+        if len(text) > MAX_OUTPUT_CHARS:
+            raise ToolError(too_big(f"{tool} on the {server} MCP server", text))
         return text
 
     def close(self) -> None:
-        """Stop every session (and the stdio servers' processes), waiting at most CLOSE_TIMEOUT_S."""
-        if self.closing is not None and os.getpid() == self.pid:
-            self.loop.call_soon_threadsafe(self.closing.set)
-            done = asyncio.run_coroutine_threadsafe(asyncio.wait(self.tasks or [asyncio.sleep(0)]), self.loop)
-            try:
-                done.result(CLOSE_TIMEOUT_S)
-            except TimeoutError:
-                pass
+        """Stop every session (and the stdio servers' processes), waiting at most CLOSE_TIMEOUT_S, then
+        the loop and its thread; a forked child, which has neither, leaves them to its parent."""
+        if os.getpid() != self.pid or self.loop.is_closed():
+            return
+        ended = asyncio.run_coroutine_threadsafe(self._end_sessions(), self.loop)
+        try:
+            ended.result(CLOSE_WAIT_S)
+        except TimeoutError:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(THREAD_JOIN_S)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+    async def _end_sessions(self) -> None:
+        """Ask the running sessions to close, cancel those still starting, and wait for them all."""
+        self.closing.set()
+        for task, listed in self.sessions:
+            if not listed.done():
+                task.cancel()
+        tasks = [task for task, _ in self.sessions]
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+
+
+def too_big(what: str, text: str) -> str:
+    """A ToolError's text for a result past MAX_OUTPUT_CHARS: how big it was, and as much of its start as fits."""
+    reason = (f"{what} returned {len(text):,} characters, more than the {MAX_OUTPUT_CHARS:,} a tool result may "
+              "send to the model; it begins: ")
+    return reason + text[: MAX_OUTPUT_CHARS - len(ERROR_PREFIX) - len(reason)]
 
 
 def result_text(result) -> str:

@@ -94,11 +94,20 @@ def tool(func: Callable, source: str = BUILT_IN) -> Callable:
 
 def add(new: Tool) -> None:
     """Register a built Tool; a second, different tool under a name already taken is refused."""
-    old = REGISTRY.get(new.name)
-    # A module reload re-registers the same function; two different functions under one name is a bug.
-    if old is not None and (old.source, _origin(old.func)) != (new.source, _origin(new.func)):
-        raise ValueError(f"a tool named {new.name!r} is already registered (from {old.source})")
-    REGISTRY[new.name] = new
+    add_all([new])
+
+
+def add_all(tools: list[Tool]) -> None:
+    """Register a source's tools, all or none: every name is checked before any is added, so the
+    registry never holds part of a source that is reported as failed."""
+    batch: dict[str, Tool] = {}
+    for new in tools:
+        old = batch.get(new.name) or REGISTRY.get(new.name)
+        # A module reload re-registers the same function; two different functions under one name is a bug.
+        if old is not None and (old.source, _origin(old.func)) != (new.source, _origin(new.func)):
+            raise ValueError(f"a tool named {new.name!r} is already registered (from {old.source})")
+        batch[new.name] = new
+    REGISTRY.update(batch)
 
 
 def _origin(func: Callable) -> tuple[str, str]:

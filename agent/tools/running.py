@@ -13,6 +13,7 @@ from agent.surrogates import scrub
 from agent.tools.registry import REGISTRY, ToolError, check_arguments
 
 MAX_OUTPUT_CHARS = 4000  # characters of a tool's output sent back to the model
+ERROR_PREFIX = "Error: "  # starts a failed run's output, for the model and the page
 TRUNCATED_MARKER = "\n... [output truncated]"
 RETURN_GRACE_S = 0.2  # seconds a deadline-aware tool gets to return after its own budget ends
 WAIT_SLICE_S = 0.05  # seconds between heartbeats while a tool runs
@@ -45,7 +46,7 @@ def run_tool(
     started = time.monotonic()
 
     def failed(reason: str, stopped: bool = False) -> ToolResult:
-        output = truncate(f"Error: {reason}")
+        output = truncate(f"{ERROR_PREFIX}{reason}")
         return ToolResult(ok=False, output=output, duration_s=time.monotonic() - started, stopped=stopped)
 
     found = REGISTRY.get(name) if offered is None or name in offered else None
@@ -89,7 +90,7 @@ def run_tool(
             took_s = time.monotonic() - started
             return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
         if time.monotonic() >= give_up_at:
-            return failed(f"{name} did not finish within {timeout_s:.1f} s (the turn's time budget) and was abandoned")
+            return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) and was abandoned")
         if heartbeat is not None:
             heartbeat()
     # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.

@@ -11,7 +11,7 @@ MAX_WAIT_S = 600.0  # seconds
 
 
 def wait(seconds: float, *, timeout_s: float, stop: threading.Event | None = None) -> str:
-    """A slow tool for demonstrations: waits the given number of seconds, or until the turn's deadline.
+    """A slow tool for demonstrations: waits the given number of seconds, or until its time limit.
 
     Args:
         seconds: how long to wait, 0 to 600
@@ -25,5 +25,5 @@ def wait(seconds: float, *, timeout_s: float, stop: threading.Event | None = Non
     if stopped:
         return f"Waited {waited_s:.1f} of {seconds:g} s: stopped at your request"
     if planned_s < seconds:
-        return f"Waited {waited_s:.1f} of {seconds:g} s: stopped at the turn's deadline"
+        return f"Waited {waited_s:.1f} of {seconds:g} s: stopped at the tool's time limit"
     return f"Waited {waited_s:.1f} s"

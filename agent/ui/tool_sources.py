@@ -8,7 +8,7 @@ from __future__ import annotations
 import redis
 import streamlit as st
 
-from agent.tools.sources import read_catalogue
+from agent.tools.catalogue import read_catalogue
 from agent.ui.markdown import inert
 
 CHOSEN_KEY = "sb_tools"  # the multiselect's session key: the tool names chosen

@@ -1,0 +1,29 @@
+"""The tool catalogue in Redis: what the workers' tool sources are, for the page to list.
+
+Kept apart from sources.py, which starts MCP servers: the page reads one key, and must not pay
+for importing the `mcp` SDK (and its web stack) to do so.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+CATALOGUE_KEY = "agent:tools:catalogue"  # one JSON document: the sources the workers have, for the page
+
+
+def publish(client: redis.Redis, sources: list[dict]) -> None:
+    """Write this worker's catalogue for the page (every worker of one deployment reads the same config)."""
+    client.set(CATALOGUE_KEY, json.dumps({"sources": sources, "updated_at": time.time()}))
+
+
+def read_catalogue(client: redis.Redis) -> list[dict]:
+    """The tool sources the workers published; empty until a worker has started."""
+    raw = client.get(CATALOGUE_KEY)
+    try:
+        sources = json.loads(raw)["sources"] if raw else []
+    except (ValueError, KeyError, TypeError):
+        return []
+    return sources if isinstance(sources, list) else []
