@@ -117,7 +117,12 @@ def test_a_cli_whose_turn_no_worker_takes_says_how_to_start_one(private_env, tmp
         assert cli.poll() is None  # it still waits: a worker started now would take the turn
     finally:
         os.killpg(cli.pid, signal.SIGINT)
-        cli.wait(20)
+        try:
+            cli.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(cli.pid, signal.SIGKILL)  # nothing is left behind, even by a CLI that hung on its way out
+            cli.wait(10)
+            raise
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
 
 
