@@ -268,7 +268,8 @@ def test_a_slow_tool_is_bounded_by_the_remaining_budget(store, queue):
     state = wait_done(store, cid, timeout_s=15)
     wait_step = next(s for s in steps_of(state, "tool") if s["name"] == "wait")
     assert wait_step["duration_s"] < FAST.job_timeout_s - FAST.deadline_margin_s
-    assert "deadline" in wait_step["result"]
+    assert "stopped at the tool's time limit" in wait_step["result"]
+    assert wait_step["timeout_s"] == wait_step["remaining_s"]  # that limit was the time left, under the tool cap
     assert state["updated_at"] < state["job_timeout_at"]
 
 

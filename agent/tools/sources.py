@@ -86,7 +86,7 @@ def _start_mcp(env: Mapping[str, str], jobs_in_process: bool) -> list[ServerRepo
     if not servers:
         return []
     hub = McpHub()
-    _hubs.append(hub)  # before it starts: a start-up cut short by a signal still has its servers stopped
+    _hubs.append(hub)  # before it starts: a start-up cut short (SIGTERM, Ctrl-C) still has its servers stopped
     return hub.start(servers, timeout_s)
 
 
