@@ -116,7 +116,7 @@ def test_a_cli_whose_turn_no_worker_takes_says_how_to_start_one(private_env, tmp
         assert said and "python worker.py" in stderr_path.read_text()
         assert cli.poll() is None  # it still waits: a worker started now would take the turn
     finally:
-        os.killpg(cli.pid, signal.SIGINT)
+        os.killpg(cli.pid, signal.SIGTERM)  # as Ctrl-C; a suite run in the background ignores SIGINT
         try:
             cli.wait(60)
         except subprocess.TimeoutExpired:
