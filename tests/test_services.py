@@ -38,6 +38,8 @@ def private_env(tmp_path, monkeypatch):
     yield marker
     for pid in processes_with_env("AGENT_TEST_MARKER", marker):
         os.kill(pid, signal.SIGKILL)
+    # Redis rewrites its process title over its environment, so the marker cannot find it: its pid file can.
+    EmbeddedRedis(tmp_path / "data").stop()
 
 
 def test_the_pool_starts_once_per_process_and_stops_with_its_workers(private_env):
