@@ -11,9 +11,10 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from agent import PROJECT_ROOT
+
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SECRETS_FILE = Path(".streamlit") / "secrets.toml"
 
 

@@ -24,9 +24,10 @@ from urllib.parse import quote
 import psutil
 import redis
 
+from agent import PROJECT_ROOT
+
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 10.0  # seconds to wait for a fresh server to answer PING
 STOP_TIMEOUT_S = 5.0  # seconds to wait for SIGTERM before SIGKILL
 MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108

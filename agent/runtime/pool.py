@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import PROJECT_ROOT
+
 log = logging.getLogger("agent.runtime.pool")
 
 WATCH_INTERVAL_S = 0.2  # seconds between checks of the parent and the workers
@@ -30,7 +32,6 @@ COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before 
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
 HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
 HANDLE_STOP_TIMEOUT_S = 15.0  # seconds for a launched pool to stop its workers
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Pool:

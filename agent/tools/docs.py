@@ -8,9 +8,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import PROJECT_ROOT
 from agent.tools.registry import ToolError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MAX_QUERY_CHARS = 1000  # the demo model sends the whole user message as the query
 MAX_PASSAGES = 3
 MAX_PASSAGE_CHARS = 1200  # three passages and their headings fit in MAX_OUTPUT_CHARS

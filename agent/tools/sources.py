@@ -15,13 +15,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from agent import PROJECT_ROOT
 from agent.settings import SettingsError, mcp_start_timeout_s
 from agent.tools.mcp import McpConfigError, McpHub, ServerReport, read_config
 from agent.tools.registry import BUILT_IN, REGISTRY, Tool, add_all, make_tool
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MCP_CONFIG_VARIABLE = "AGENT_MCP_CONFIG"
 MCP_OFF = "off"  # AGENT_MCP_CONFIG=off: no MCP servers (the test suite's default)
 TOOLS_VARIABLE = "AGENT_TOOLS"
