@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +34,7 @@ from agent import job_alarm
 from agent.deadline import CallTimeout
 from agent.providers import decoding
 from agent.providers.base import ProviderError
+from agent.redaction import redact
 from agent.surrogates import scrub
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # bytes; a larger reply is refused as malf
 ERROR_TEXT_LIMIT = 300  # characters of a provider's error message kept in ours
 CLEANUP_TIMEOUT_S = 1.0  # seconds allowed for closing a discarded client
 STOP_POLL_S = 0.05  # seconds between checks of a call's stop event
-REDACTED = "[redacted]"
 
 
 @dataclass(frozen=True)
@@ -324,13 +323,6 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
         elif data.get("detail") is not None:
             text = json.dumps(data["detail"])  # cut by _short, after the redaction
     return _short(scrub(redact(text, secret)))
-
-
-def redact(text: str, secret: str | None) -> str:
-    """`text` with the key replaced wherever it appears, in any case (a server may echo it altered)."""
-    if not secret or not text:
-        return text
-    return re.sub(re.escape(secret), REDACTED, text, flags=re.IGNORECASE)
 
 
 def redact_json(value: Any, secret: str | None) -> Any:
