@@ -5,13 +5,14 @@ or a soft hyphen inside a word is not seen, `ｓｋ` (fullwidth) reads as `sk`, 
 So the key is looked for in the text's *reading*: HTML character references decoded as a browser
 decodes them (numeric with or without `;`, named ones with `;`, the legacy names also without),
 every character in its compatibility decomposition (NFKD) and case-folded, and invisible
-characters (format characters, category Cf, and the other default-ignorable code points) dropped.
+characters (format characters, category Cf, and the other default-ignorable code points) dropped,
+and so is the Markdown a word can hold (`*`, `~`, backticks, escaping backslashes).
 A match is mapped back to the original characters it came from, and that whole span (references
 and invisible characters included) is replaced. Only matched spans change: text that does not
 read as the key comes back as it was.
 
 Linear, and in C but for one step per reference and per match: one regex without nested
-repetition finds the references; the rest of the text is read in bulk (`str.lower` when ASCII,
+repetition finds the references; the rest of the text is read in bulk (`str.lower` when plain ASCII,
 else `unicodedata.normalize` and one regex substitution); `str.find` finds the key.
 """
 
@@ -43,12 +44,16 @@ _IGNORABLE_RANGES = [(0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x18
                      (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
                      (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF)]
 _FORMAT_PLANES = [range(0x0000, 0x20000), range(0xE0000, 0xE1000)]  # where Unicode assigns category Cf
+# Markdown that the page draws as nothing inside a word: emphasis `*`, strikethrough `~`, code span
+# backticks, and the backslash of an escape (`sk\-…` shows `sk-…`). Read as invisible wherever they
+# are: at worst a text that differs from the key only by these is redacted too.
+_MARKUP = "*~`\\"
 
 
 @functools.cache
 def _invisible_re() -> re.Pattern:
-    """One character class of every invisible character (built once, in about 0.1 s)."""
-    codes = {code for low, high in _IGNORABLE_RANGES for code in range(low, high + 1)}
+    """One character class of every invisible character, markup included (built once, in about 0.1 s)."""
+    codes = {code for low, high in _IGNORABLE_RANGES for code in range(low, high + 1)} | set(map(ord, _MARKUP))
     codes.update(code for plane in _FORMAT_PLANES for code in plane if unicodedata.category(chr(code)) == "Cf")
     ranges, ordered = [], sorted(codes)
     for _, run in itertools.groupby(enumerate(ordered), lambda pair: pair[1] - pair[0]):
@@ -65,10 +70,15 @@ def _read(text: str) -> str:
     return _invisible_re().sub("", folded)
 
 
+def _one_to_one(text: str) -> bool:
+    """Whether each character of `text` reads as one character: ASCII, and no markup."""
+    return text.isascii() and not any(mark in text for mark in _MARKUP)
+
+
 def reading(text: str) -> str:
     """`text` as read character by character (compatibility forms decomposed, case folded, invisible
-    characters dropped); references are left as written (see `redact` for those)."""
-    return text.lower() if text.isascii() else _read(text)
+    characters and markup dropped); references are left as written (see `redact` for those)."""
+    return text.lower() if _one_to_one(text) else _read(text)
 
 
 def _reading_ends(text: str) -> list[int]:
@@ -114,6 +124,9 @@ def _reference(written: str) -> tuple[int, str]:
 _REFERENCES: dict[str, tuple[int, str]] = {}
 
 
+_REFERENCE, _ONE_TO_ONE, _PLAIN = "reference", "one to one", "plain"  # the kinds of segment
+
+
 class _Reading:
     """The reading of a whole text, with the way back from a reading offset to the text."""
 
@@ -122,7 +135,7 @@ class _Reading:
         pieces: list[str] = []
         # One segment per stretch of plain text or per reference: where its reading starts, its span.
         self.starts: list[int] = []
-        self.spans: list[tuple[int, int, bool]] = []  # (start, end, is_reference)
+        self.spans: list[tuple[int, int, str]] = []  # (start, end, kind)
         self._ends: dict[int, list[int]] = {}
         self.length = 0
         plain_from = 0
@@ -139,33 +152,38 @@ class _Reading:
                 continue
             start = match.start()
             if start > plain_from:
-                self._add(pieces, plain_from, start, False, reading(text[plain_from:start]))
-            self._add(pieces, start, start + size, True, piece)
+                self._add_plain(pieces, plain_from, start)
+            self._add(pieces, start, start + size, _REFERENCE, piece)
             plain_from = start + size
         if plain_from < len(text):
-            self._add(pieces, plain_from, len(text), False, reading(text[plain_from:]))
+            self._add_plain(pieces, plain_from, len(text))
         self.value = "".join(pieces)
 
-    def _add(self, pieces: list[str], start: int, end: int, is_reference: bool, piece: str) -> None:
+    def _add_plain(self, pieces: list[str], start: int, end: int) -> None:
+        chunk = self.text[start:end]
+        if _one_to_one(chunk):
+            self._add(pieces, start, end, _ONE_TO_ONE, chunk.lower())
+        else:
+            self._add(pieces, start, end, _PLAIN, _read(chunk))
+
+    def _add(self, pieces: list[str], start: int, end: int, kind: str, piece: str) -> None:
         pieces.append(piece)
         self.starts.append(self.length)
-        self.spans.append((start, end, is_reference))
+        self.spans.append((start, end, kind))
         self.length += len(piece)
 
     def span_of(self, offset: int) -> tuple[int, int]:
         """The span of the text that the reading's character at `offset` comes from."""
         index = bisect.bisect_right(self.starts, offset) - 1
-        start, end, is_reference = self.spans[index]
-        if is_reference:
+        start, end, kind = self.spans[index]
+        if kind == _REFERENCE:
             return start, end
-        chunk = self.text[start:end]
         within = offset - self.starts[index]
-        if chunk.isascii():  # one reading character per character
-            return start + within, start + within + 1
-        if index not in self._ends:  # once per stretch a match falls in
-            self._ends[index] = _reading_ends(chunk)
-        position = bisect.bisect_right(self._ends[index], within)
-        return start + position, start + position + 1
+        if kind == _PLAIN:
+            if index not in self._ends:  # once per stretch a match falls in
+                self._ends[index] = _reading_ends(self.text[start:end])
+            within = bisect.bisect_right(self._ends[index], within)
+        return start + within, start + within + 1
 
 
 def redact(text: str, secret: str | None) -> str:

@@ -32,10 +32,14 @@ FILLER = ["hello", "world", "the", "key", "is", "sk", "canary", "&", "&amp;", "&
           "ｗｏｒｌｄ", "\u200b", "&notit;", "&#0;", "7f3a", "SK-", "-", "\U0001d542", "ǆ", "ß"]
 
 
+MARKDOWN_WRAPS = ["**", "*", "~~", "`"]  # drawn as nothing around part of a word on the page
+
+
 def readable(text: str) -> str:
-    """What a person reads: references decoded by the standard library, NFKC, case folded, nothing invisible."""
+    """What a person reads: references decoded by the standard library, NFKC, case folded, nothing
+    invisible, no Markdown emphasis, strikethrough, code span or escape marks."""
     folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", html.unescape(text)).casefold())
-    return "".join(c for c in folded if c not in INVISIBLE and unicodedata.category(c) != "Cf")
+    return "".join(c for c in folded if c not in INVISIBLE and c not in "*~`\\" and unicodedata.category(c) != "Cf")
 
 
 def encode_char(char: str, next_raw: str, rng: random.Random) -> str:
@@ -66,6 +70,16 @@ def encode_char(char: str, next_raw: str, rng: random.Random) -> str:
 
 def encode_key(key: str, rng: random.Random) -> str:
     written = [encode_char(char, key[i + 1] if i + 1 < len(key) else " ", rng) for i, char in enumerate(key)]
+    if len(written) > 2 and rng.random() < 0.3:  # Markdown around a run of plain characters: `sk-ca**na**ry`, `\-`
+        start = rng.randrange(1, len(written) - 1)  # inside the key: a mark at its edge is not part of it
+        end = start
+        while end < len(written) - 1 and len(written[end]) == 1 and written[end].isascii() and end - start < 6:
+            end += 1
+        if end > start:
+            wrap = rng.choice(MARKDOWN_WRAPS)
+            written[start] = wrap + written[start]
+            written[end - 1] = written[end - 1] + wrap
+        written = ["\\-" if piece == "-" and rng.random() < 0.5 else piece for piece in written]
     pieces = [written[0]]
     for piece in written[1:]:
         if rng.random() < 0.3:
@@ -119,7 +133,8 @@ def test_redact_json_reads_every_string_and_key_of_a_reply():
 
 LINEAR_PATTERNS = ["a", "&#107;", "&#1", "&ab", "&a;", "&kopf;", "&notit;", "\u200b", "é", "aé", "ｓ", "ǆ", "&#x",
                    "&" + "a" * 40, "&#" + "9" * 30, CANARY_KEY, "s\u200bk-canary-7f3a9c1e5b2d4680 ",
-                   "ｓ\u200bｋ-canary-7f3a9c1e5b2d4680", "&#115;&#107;-canary-7f3a9c1e5b2d468"]
+                   "ｓ\u200bｋ-canary-7f3a9c1e5b2d4680", "&#115;&#107;-canary-7f3a9c1e5b2d468", "*", "*a", "`\\",
+                   "sk-ca**na**ry-7f3a9c1e5b2d4680 ", CANARY_KEY + "&amp;", CANARY_KEY + "é"]
 
 
 @pytest.mark.parametrize("pattern", LINEAR_PATTERNS)
