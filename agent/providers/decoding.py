@@ -67,26 +67,31 @@ class _Inflater:
 
     def step(self) -> bytes:
         """Up to SLICE_BYTES of output; b"" when all input so far is used up."""
-        if self._engine is None:
-            if len(self._pending) < 2:
-                return b""  # deflate: the first two bytes tell a zlib header from a raw stream
-            self._engine = zlib.decompressobj(_ZLIB_WBITS if _zlib_header(self._pending) else _RAW_DEFLATE_WBITS)
-        engine = self._engine
-        if engine.eof:
-            leftover, self._pending = engine.unused_data + self._pending, b""
-            if not leftover:
-                return b""
-            if self.coding != "gzip":
-                raise MalformedEncoding("data after the end of a deflate stream")
-            engine = self._engine = zlib.decompressobj(_GZIP_WBITS)  # the next member of a multi-member gzip
-            self._pending = leftover
-        try:
-            out = engine.decompress(self._pending, SLICE_BYTES)
-        except zlib.error as exc:
-            raise MalformedEncoding(f"undecodable {self.coding} data") from exc
-        self._pending = engine.unconsumed_tail
-        self.produced_bytes += len(out)
-        return out
+        while True:
+            if self._engine is None:
+                if len(self._pending) < 2:
+                    return b""  # deflate: the first two bytes tell a zlib header from a raw stream
+                wbits = _ZLIB_WBITS if _zlib_header(self._pending) else _RAW_DEFLATE_WBITS
+                self._engine = zlib.decompressobj(wbits)
+            engine = self._engine
+            if engine.eof:
+                leftover, self._pending = engine.unused_data + self._pending, b""
+                if not leftover:
+                    return b""
+                if self.coding != "gzip":
+                    raise MalformedEncoding("data after the end of a deflate stream")
+                engine = self._engine = zlib.decompressobj(_GZIP_WBITS)  # the next member of a multi-member gzip
+                self._pending = leftover
+            try:
+                out = engine.decompress(self._pending, SLICE_BYTES)
+            except zlib.error as exc:
+                raise MalformedEncoding(f"undecodable {self.coding} data") from exc
+            self._pending = engine.unconsumed_tail
+            if out or not (engine.eof and engine.unused_data):
+                self.produced_bytes += len(out)
+                return out
+            # An empty gzip member ended with more input behind it: on to the next member (each
+            # member takes at least 18 bytes of input, so this loop is bounded by what we were given).
 
     def check_complete(self) -> None:
         if not self.seen_input:
