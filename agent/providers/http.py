@@ -4,7 +4,9 @@ The only module that touches httpx. `timeout.total_s` bounds the whole call (con
 send, headers and the full body): httpx's read timeout is per socket read (httpx#1450),
 so a server trickling one byte a second would otherwise hold a call for ever. The call
 runs as an AsyncClient request under `asyncio.timeout`, whose cancellation closes the
-socket, driven from sync code by one private event loop per process (and thread).
+socket, driven from sync code by one private event loop per process (and thread). Every body is
+read raw and decoded here by `_decoded_chunks` (agent.providers.decoding), never by httpx: its own
+decoding inflates a whole network chunk at once, however large that makes it.
 
 No signals (RQ owns SIGALRM) and no threads (a thread would keep streaming after we gave up).
 """
@@ -18,9 +20,10 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +32,9 @@ from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
 from agent.deadline import CallTimeout
+from agent.providers import decoding
 from agent.providers.base import ProviderError
+from agent.redaction import redact
 from agent.surrogates import scrub
 
 log = logging.getLogger(__name__)
@@ -38,7 +43,6 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # bytes; a larger reply is refused as malf
 ERROR_TEXT_LIMIT = 300  # characters of a provider's error message kept in ours
 CLEANUP_TIMEOUT_S = 1.0  # seconds allowed for closing a discarded client
 STOP_POLL_S = 0.05  # seconds between checks of a call's stop event
-REDACTED = "[redacted]"
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,9 @@ class _Session:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        self.client = httpx.AsyncClient(follow_redirects=False)
+        # Only the encodings agent.providers.decoding undoes (httpx would also ask for br and zstd when
+        # their packages happen to be installed).
+        self.client = httpx.AsyncClient(follow_redirects=False, headers={"accept-encoding": decoding.ACCEPT_ENCODING})
 
     def close(self) -> None:
         """Best effort: cancel what the interrupted call left running, close the client and the loop."""
@@ -184,12 +190,9 @@ async def _post(
                 if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
                     raise _too_large()
                 chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():  # decoded, so a gzip bomb is bounded too
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise _too_large()
-                    chunks.append(chunk)
+                async with aclosing(_decoded_chunks(response, MAX_RESPONSE_BYTES)) as body:
+                    async for chunk in body:
+                        chunks.append(chunk)
                 return HTTPReply(
                     status=response.status_code,
                     headers={name.lower(): value for name, value in response.headers.items()},
@@ -201,8 +204,6 @@ async def _post(
         raise ProviderError("timeout", f"could not connect to the provider within {timeout.connect_s:.1f} s") from exc
     except httpx.TimeoutException as exc:
         raise _timed_out(timeout) from exc
-    except httpx.DecodingError as exc:
-        raise ProviderError("malformed", "the provider sent a malformed response: undecodable body") from exc
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         raise ProviderError("connection", f"the provider URL is not usable: {_quote(exc, secret)}") from exc
     except httpx.ConnectError as exc:
@@ -211,6 +212,30 @@ async def _post(
         # Reset, closed mid-body, protocol errors: the connection failed after it was made.
         reason = _quote(exc, secret) or type(exc).__name__
         raise ProviderError("connection", f"the connection to the provider failed: {reason}") from exc
+
+
+async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIterator[bytes]:
+    """The body of `response` as it arrives, its Content-Encoding undone by a BoundedDecoder: every
+    reader of a body goes through here. Yields to the event loop after every decoding step, so the
+    call's clocks (asyncio.timeout, the stop and job-alarm polls) run while a bomb is being read.
+    Raises ProviderError "malformed" for an unsupported, undecodable or too large body."""
+    try:
+        decoder = decoding.BoundedDecoder(", ".join(response.headers.get_list("content-encoding")), limit_bytes)
+        # Raw: httpx would inflate a whole chunk at once. Closed here, not left to the garbage collector.
+        async with aclosing(response.aiter_raw()) as raw_chunks:
+            async for raw in raw_chunks:
+                for piece in decoder.feed(raw):
+                    if piece:
+                        yield piece
+                    await asyncio.sleep(0)
+        for piece in decoder.flush():
+            if piece:
+                yield piece
+            await asyncio.sleep(0)
+    except decoding.BodyTooLarge as exc:
+        raise _too_large() from exc
+    except decoding.DecodingError as exc:
+        raise ProviderError("malformed", f"the provider sent a malformed response: {exc}") from exc
 
 
 def _timed_out(timeout: CallTimeout) -> ProviderError:
@@ -298,13 +323,6 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
         elif data.get("detail") is not None:
             text = json.dumps(data["detail"])  # cut by _short, after the redaction
     return _short(scrub(redact(text, secret)))
-
-
-def redact(text: str, secret: str | None) -> str:
-    """`text` with the key replaced wherever it appears, in any case (a server may echo it altered)."""
-    if not secret or not text:
-        return text
-    return re.sub(re.escape(secret), REDACTED, text, flags=re.IGNORECASE)
 
 
 def redact_json(value: Any, secret: str | None) -> Any:
