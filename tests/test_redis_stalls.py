@@ -272,3 +272,35 @@ def test_a_bad_redis_wait_is_refused_naming_its_variable(value):
     with pytest.raises(SettingsError) as caught:
         Settings.from_env({"AGENT_REDIS_WAIT": value})
     assert "AGENT_REDIS_WAIT" in str(caught.value)
+
+
+def test_the_page_shows_a_stopped_server_in_words_and_works_once_it_is_continued(server, monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from agent.runtime import services
+
+    pid = server.pid
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("AGENT_DATA_DIR", str(server.dir))
+    monkeypatch.setenv("AGENT_WORKERS", "0")
+    monkeypatch.setenv("AGENT_REDIS_WAIT", str(SHORT_WAIT_S))
+    services.shutdown()  # the services of an earlier test in this process, if any
+    st.cache_resource.clear()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        page = AppTest.from_file(str(ROOT / "app.py"), default_timeout=CLI_TIMEOUT_S)
+        page.run()
+        assert not page.exception
+        shown = " ".join(e.value for e in page.error)
+        assert "could not start its services" in shown
+        assert f"the embedded Redis (pid {pid}) did not answer" in shown and "left running" in shown
+        assert psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        os.kill(pid, signal.SIGCONT)
+        page.run()  # a reload: a failed start is not cached
+        assert not page.exception and not page.error
+        assert_intact(server, pid)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        services.shutdown()
+        st.cache_resource.clear()
