@@ -304,3 +304,14 @@ def test_the_page_shows_a_stopped_server_in_words_and_works_once_it_is_continued
         os.kill(pid, signal.SIGCONT)
         services.shutdown()
         st.cache_resource.clear()
+
+
+def test_the_last_user_leaving_a_stopped_server_does_not_kill_it_and_it_shuts_down_once_continued(server):
+    pid = server.pid
+    os.kill(pid, signal.SIGSTOP)
+    server.release()  # this process was its only user
+    assert alive(pid) and server.pid == pid  # not killed; its pid file still names it
+    os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: not alive(pid), 30, "the server shuts down by itself once continued")
+    server.acquire(wait_s=SHORT_WAIT_S)  # a fresh server, on the same files
+    assert_intact(server, server.pid)

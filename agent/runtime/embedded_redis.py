@@ -91,12 +91,16 @@ class EmbeddedRedis:
         give_up_at = started_at + wait_s
         quiet_until = started_at  # a server we start gets START_TIMEOUT_S before we call it slow
         said = False
+        launched: subprocess.Popen | None = None  # the server this call started, if it did
         while True:
             with self._locked():  # released between looks: others may join or look meanwhile
                 pid = self.pid
                 if pid is None:
-                    self._check_own_start()
+                    if launched is not None and launched.poll() is not None:
+                        raise RuntimeError(f"embedded Redis exited at start (status {launched.returncode}); "
+                                           f"see {self.log_file}")
                     self._start()
+                    launched = self._proc
                     quiet_until = time.monotonic() + START_TIMEOUT_S
                     give_up_at = max(give_up_at, quiet_until)
                     problem = "starting"
@@ -132,7 +136,11 @@ class EmbeddedRedis:
                 self.stop()
 
     def stop(self) -> None:
-        """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers."""
+        """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers while running.
+
+        On SIGTERM Redis flushes its AOF first, so a SIGKILL while it then saves its snapshot loses
+        nothing. A stopped (SIGSTOP) server has not flushed anything yet: it is left to shut down
+        when continued, its SIGTERM pending, and its pid file kept so that nobody starts a second one."""
         pid = self.pid
         if pid is None:
             return
@@ -141,6 +149,10 @@ class EmbeddedRedis:
         end = time.monotonic() + STOP_TIMEOUT_S
         while alive(pid) and time.monotonic() < end:
             time.sleep(0.05)
+        if alive(pid) and _stopped(pid):
+            log.warning("the embedded Redis (pid %s) is stopped: it will shut down when continued (kill -CONT %s)",
+                        pid, pid)
+            return
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -194,9 +206,8 @@ class EmbeddedRedis:
 
     def _problem(self, pid: int) -> str | None:
         """None when the server answers PING; otherwise why it does not, in words."""
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
-                return "the process is stopped (SIGSTOP)"
+        if _stopped(pid):
+            return "the process is stopped (SIGSTOP)"
         if not self.socket.exists():
             return f"its socket {self.socket} is not there"
         client = redis.Redis(unix_socket_path=str(self.socket), password=self.password,
@@ -218,12 +229,6 @@ class EmbeddedRedis:
         finally:
             client.close()
 
-    def _check_own_start(self) -> None:
-        """A server this process started and that has exited since: say why instead of starting another."""
-        if self._proc is not None and self._proc.poll() is not None:
-            status, self._proc = self._proc.returncode, None
-            raise RuntimeError(f"embedded Redis exited at start (status {status}); see {self.log_file}")
-
     def _start(self) -> None:
         """Launch a server; `acquire` waits for it to answer (a large data file takes a while to load)."""
         with contextlib.suppress(FileNotFoundError):
@@ -241,6 +246,8 @@ class EmbeddedRedis:
             close_fds=True,
         )
         self.pid_file.write_text(str(proc.pid))
+        if self._proc is not None:
+            self._proc.poll()  # reap the one this object started before, if it has exited since
         self._proc = proc
         log.info("embedded Redis starting (pid %s, socket %s)", proc.pid, self.socket)
 
@@ -275,6 +282,13 @@ def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path
             "",
         ]
     )
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
 
 
 def alive(pid: int) -> bool:
