@@ -13,6 +13,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from agent.tools.registry import REGISTRY, make_tool
 from agent.tools.running import abandoned_tools, run_tool
@@ -151,3 +152,19 @@ def test_an_abandoned_tool_thread_is_stopped_at_its_next_bytecode(monkeypatch):
     wait_for(lambda: not [t for t in threading.enumerate() if t.name == "tool-bare_loop"], 10,
              "the abandoned thread ends")
     assert "tool-bare_loop" not in abandoned_tools()
+
+
+class JobTimeout(Exception):
+    """What RQ's SIGALRM raises in the job's thread, here raised by the heartbeat."""
+
+
+def test_a_tool_left_behind_by_the_job_timeout_is_abandoned_too(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "bare_loop", make_tool(_bare_loop))
+
+    def job_timeout() -> None:
+        raise JobTimeout
+
+    with pytest.raises(JobTimeout):
+        run_tool("bare_loop", "{}", 30, heartbeat=job_timeout)
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "tool-bare_loop"], 10,
+             "the thread left behind ends")

@@ -91,22 +91,28 @@ def run_tool(
     # A daemon thread, not a `with ThreadPoolExecutor()`: a stuck tool must not block the turn or process exit.
     thread = threading.Thread(target=work, name=f"tool-{name}", daemon=True)
     thread.start()
-    # No broad except here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
+    # Nothing is swallowed here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
     give_up_at = started + min(timeout_s, threading.TIMEOUT_MAX)
     stopped = False
-    while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
-        if stop is not None and stop.is_set():
-            stopped = True
-            if finished.wait(STOP_GRACE_S):
-                break
-            took_s = time.monotonic() - started
-            _abandon(thread, finished)
-            return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
-        if time.monotonic() >= give_up_at:
-            _abandon(thread, finished)
-            return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) and was abandoned")
-        if heartbeat is not None:
-            heartbeat()
+    try:
+        while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
+            if stop is not None and stop.is_set():
+                stopped = True
+                if finished.wait(STOP_GRACE_S):
+                    break
+                took_s = time.monotonic() - started
+                _abandon(thread, finished)
+                return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
+            if time.monotonic() >= give_up_at:
+                _abandon(thread, finished)
+                return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) "
+                              "and was abandoned")
+            if heartbeat is not None:
+                heartbeat()
+    except BaseException:
+        # RQ's job timeout (or a signal) raised in this thread: the tool is left behind all the same.
+        _abandon(thread, finished)
+        raise
     # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.
     stopped = stopped or (stop is not None and stop.is_set())
     error = outcome.get("error")
