@@ -11,7 +11,7 @@ import os
 import sys
 
 from agent.runtime.connection import describe
-from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering
 from agent.runtime.pool import main as pool_main
 from agent.runtime.services import ServiceError, check_redis
 from agent.settings import Settings, SettingsError
@@ -36,7 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         # Same machine, no REDIS_URL: join the embedded server the app uses.
         embedded = EmbeddedRedis()
-        url = embedded.acquire()
+        try:
+            url = embedded.acquire(wait_s=settings.redis_wait_s)
+        except RedisNotAnswering as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, RuntimeError) as exc:
+            print(f"error: could not start the embedded Redis: {exc}", file=sys.stderr)
+            return 2
     try:
         check_redis(url)
     except ServiceError as exc:

@@ -3,7 +3,8 @@ workers and state as the page, followed until `done`.
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes) for longer than the turn's clocks; 2 for bad usage or
-configuration (one line on stderr).
+configuration, or services that could not start (one line on stderr): an embedded Redis that runs
+but does not answer is waited for first, for AGENT_REDIS_WAIT seconds (said on stderr), and left running.
 
 Output: each version prints only what it added. Text: the turn's new messages, Markdown emphasis
 dropped. `--json`: one JSON object a line; every line but the last is a delta (`"delta": true`:

@@ -28,6 +28,10 @@ MIN_POLL_INTERVAL_MS = 250  # milliseconds
 DEFAULT_WORKERS = 2
 MCP_START_TIMEOUT_VARIABLE = "AGENT_MCP_START_TIMEOUT"
 DEFAULT_MCP_START_TIMEOUT_S = 20.0  # seconds an MCP server gets to start and list its tools (mcp-server-time: ~2 s)
+REDIS_WAIT_VARIABLE = "AGENT_REDIS_WAIT"
+# Seconds a process waits for an embedded Redis that runs but does not answer (stopped, busy, loading
+# a large data file) before it gives up, leaving that server running: a slow server is never replaced.
+DEFAULT_REDIS_WAIT_S = 30.0
 # The names the page answers at, besides the address it is bound to and AGENT_ALLOWED_HOSTS: any
 # other Host header is a browser sent here by a name someone else controls (DNS rebinding).
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -84,6 +88,7 @@ class Settings:
     poll_interval_ms: int
     workers: int
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
+    redis_wait_s: float = DEFAULT_REDIS_WAIT_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, bound_address: str | None = None) -> Settings:
@@ -119,6 +124,7 @@ class Settings:
             ),
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
             allowed_hosts=allowed_hosts(env, bound_address),
+            redis_wait_s=redis_wait_s(env),
         )
 
 
@@ -180,6 +186,14 @@ def mcp_start_timeout_s(env: Mapping[str, str]) -> float:
     value = _seconds(env, MCP_START_TIMEOUT_VARIABLE, DEFAULT_MCP_START_TIMEOUT_S)
     if value <= 0:
         raise SettingsError(MCP_START_TIMEOUT_VARIABLE, "must be more than 0")
+    return value
+
+
+def redis_wait_s(env: Mapping[str, str]) -> float:
+    """Seconds to wait for an embedded Redis that runs but does not answer, before giving up."""
+    value = _seconds(env, REDIS_WAIT_VARIABLE, DEFAULT_REDIS_WAIT_S)
+    if value <= 0:
+        raise SettingsError(REDIS_WAIT_VARIABLE, "must be more than 0")
     return value
 
 

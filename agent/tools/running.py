@@ -1,9 +1,19 @@
 """Running a tool: every problem becomes an "Error: ..." result for the model, and each run is
-bounded by the time it is given, without signals (RQ owns SIGALRM)."""
+bounded by the time it is given, without signals (RQ owns SIGALRM).
+
+A Python tool runs in a thread, which Python cannot kill. One that outlives its time is abandoned:
+it is asked to stop (an exception raised in it at its next bytecode, which a tool can swallow) and
+its OS thread is given the lowest CPU priority, so it weighs less on the rest of the turn; a worker
+that still holds one after its job is recycled (agent/runtime/worker_process.py), which is the only
+sure end for arbitrary Python.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -18,6 +28,7 @@ TRUNCATED_MARKER = "\n... [output truncated]"
 RETURN_GRACE_S = 0.2  # seconds a deadline-aware tool gets to return after its own budget ends
 WAIT_SLICE_S = 0.05  # seconds between heartbeats while a tool runs
 STOP_GRACE_S = 0.2  # seconds a tool gets to return its own result once a stop is requested
+LOWEST_PRIORITY = 19  # the nice value an abandoned tool's thread runs at
 
 
 @dataclass(frozen=True)
@@ -78,21 +89,30 @@ def run_tool(
             finished.set()
 
     # A daemon thread, not a `with ThreadPoolExecutor()`: a stuck tool must not block the turn or process exit.
-    threading.Thread(target=work, name=f"tool-{name}", daemon=True).start()
-    # No broad except here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
+    thread = threading.Thread(target=work, name=f"tool-{name}", daemon=True)
+    thread.start()
+    # Nothing is swallowed here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
     give_up_at = started + min(timeout_s, threading.TIMEOUT_MAX)
     stopped = False
-    while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
-        if stop is not None and stop.is_set():
-            stopped = True
-            if finished.wait(STOP_GRACE_S):
-                break
-            took_s = time.monotonic() - started
-            return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
-        if time.monotonic() >= give_up_at:
-            return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) and was abandoned")
-        if heartbeat is not None:
-            heartbeat()
+    try:
+        while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
+            if stop is not None and stop.is_set():
+                stopped = True
+                if finished.wait(STOP_GRACE_S):
+                    break
+                took_s = time.monotonic() - started
+                _abandon(thread, finished)
+                return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
+            if time.monotonic() >= give_up_at:
+                _abandon(thread, finished)
+                return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) "
+                              "and was abandoned")
+            if heartbeat is not None:
+                heartbeat()
+    except BaseException:
+        # RQ's job timeout (or a signal) raised in this thread: the tool is left behind all the same.
+        _abandon(thread, finished)
+        raise
     # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.
     stopped = stopped or (stop is not None and stop.is_set())
     error = outcome.get("error")
@@ -104,6 +124,40 @@ def run_tool(
         return failed(f"{name} raised {type(error).__name__}: {error}", stopped)
     output = truncate(outcome["output"])
     return ToolResult(ok=True, output=output, duration_s=time.monotonic() - started, stopped=stopped)
+
+
+class ToolAbandoned(BaseException):
+    """Raised inside a tool's thread once its run was given up: a BaseException, so that a tool's
+    `except Exception` does not swallow it."""
+
+
+_abandoned: list[threading.Thread] = []
+_abandoned_lock = threading.Lock()
+
+
+def _abandon(thread: threading.Thread, finished: threading.Event) -> None:
+    """Remember a tool thread we gave up on, ask it to stop, and make it cheap while it does not."""
+    with _abandoned_lock:
+        _abandoned.append(thread)
+    if finished.is_set() or thread.ident is None:
+        return
+    # Best effort, both: a tool that swallows the exception, or spins inside one C call, goes on.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(ToolAbandoned))
+    if thread.native_id is not None:
+        with contextlib.suppress(OSError):  # on Linux, PRIO_PROCESS with a thread id sets that thread alone
+            os.setpriority(os.PRIO_PROCESS, thread.native_id, LOWEST_PRIORITY)
+
+
+def abandoned_tools(grace_s: float = 0.0) -> list[str]:
+    """Names of the tool threads this process abandoned that still run, after giving them `grace_s` to end."""
+    end = time.monotonic() + grace_s
+    with _abandoned_lock:
+        threads = list(_abandoned)
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    with _abandoned_lock:
+        _abandoned[:] = [thread for thread in _abandoned if thread.is_alive()]
+        return [thread.name for thread in _abandoned]
 
 
 def _to_text(result: object) -> str:
