@@ -256,11 +256,14 @@ async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIt
     """Every byte of a reply's body passes here: decoded (gzip, deflate), and refused past `limit_bytes`
     in total, so a compressed bomb is bounded too."""
     size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise _too_large()
-        yield chunk
+    # Closed explicitly when our reader stops early: left to the garbage collector, httpx's
+    # generator would be finalised on a loop that may be gone by then.
+    async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit_bytes:
+                raise _too_large()
+            yield chunk
 
 
 def _is_event_stream(headers: dict[str, str]) -> bool:
