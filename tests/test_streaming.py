@@ -440,3 +440,14 @@ def test_the_text_relay_holds_back_only_what_could_start_the_key():
     relay.add("c!")
     relay.flush()
     assert relay.finish() == "hello [redacted]!" == pieces.joined
+
+
+def test_an_exception_from_the_listener_ends_the_call_and_the_next_call_starts_clean(server, openai):
+    server.add(stream([*text_chunks("one", " two"), DONE], PACE_S), chat_reply("next"))
+
+    def failing(text: str) -> None:
+        raise RuntimeError("the listener failed")
+
+    with pytest.raises(RuntimeError, match="the listener failed"):
+        openai.complete(MESSAGES, [], SHORT, on_text=failing)
+    assert openai.complete(MESSAGES, [], SHORT) == Completion("next")
