@@ -40,13 +40,13 @@ def tracing_overhead(lab: Lab, pool: PoolProcess, pairs: int, latency_s: float) 
     back to back in this process against a loopback OTLP/HTTP collector; ratio = on / off per pair."""
     os.environ["REDIS_URL"] = lab.url
     os.environ["AGENT_DEMO_URL"] = pool.demo_url
-    config = TurnConfig(model=f"demo@{latency_s:g}")
+    config = TurnConfig(model=f"demo@{latency_s:g}~0")
     received = []
     collector = LoopbackServer(lambda request: received.append(len(request.body)) or reply(200, body=b"")).start()
     provider = _provider(collector.url)
     off, on, ratios, build_ms = [], [], [], []
     try:
-        _turn_s(lab, TurnConfig(model="demo@0"))  # warm: imports, the HTTP session
+        _turn_s(lab, TurnConfig(model="demo@0~0"))  # warm: imports, the HTTP session
         for _ in range(pairs):
             tracing.use_provider(None)
             off_s, _ = _turn_s(lab, config)
