@@ -29,8 +29,8 @@ from harness.waiting import wait_for
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, wait_done
 
 CONTENT_CANARY = "zebra-7c1d"  # a word of the user's message: never exported unless content capture is on
-HUNG = dataclasses.replace(FAST, model="demo:hang")
-LOOPING = dataclasses.replace(FAST, model="demo:loop", max_steps=2)
+HUNG = dataclasses.replace(FAST, model="demo:hang~0")
+LOOPING = dataclasses.replace(FAST, model="demo:loop~0", max_steps=2)
 TWO_TOOLS = f"What is 17*23, and what time is it in Tokyo? {CONTENT_CANARY}"
 
 
@@ -85,12 +85,12 @@ class TestTheSpanTreeOfEachEnding:
         assert queue_wait.parent.span_id == turn.context.span_id
         assert queue_wait.end_time == int(state["started_at"] * 1e9)
 
-        calls = by_name["chat demo"]
+        calls = by_name[f"chat {FAST.model}"]
         assert len(calls) == 3  # calculator, current_time, the answer
         for call in calls:
             assert call.parent.span_id == turn.context.span_id
             assert call.attributes["gen_ai.provider.name"] == "demo"
-            assert call.attributes["gen_ai.request.model"] == "demo"
+            assert call.attributes["gen_ai.request.model"] == FAST.model
             assert 0 < call.attributes["agent.clock.timeout_s"] <= FAST.call_timeout_cap_s
             assert call.attributes["agent.clock.remaining_s"] > 0
         assert [c.attributes["gen_ai.response.finish_reasons"] for c in sorted(calls, key=lambda c: c.start_time)] \
@@ -114,7 +114,7 @@ class TestTheSpanTreeOfEachEnding:
         assert turn.status.status_code == StatusCode.ERROR
         assert turn.attributes["agent.turn.status"] == "timed_out"
         assert turn.events[-1].name == "ending" and turn.events[-1].attributes["agent.turn.status"] == "timed_out"
-        timed_out = [s for s in by_name["chat demo:hang"] if s.attributes["agent.step.outcome"] == "timeout"]
+        timed_out = [s for s in by_name["chat demo:hang~0"] if s.attributes["agent.step.outcome"] == "timeout"]
         assert timed_out and all(s.status.status_code == StatusCode.ERROR for s in timed_out)
         assert all(s.attributes["error.type"] == "timeout" for s in timed_out)
         for call in timed_out:  # the clock it was given is on the span, and held
