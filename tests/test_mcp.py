@@ -3,7 +3,10 @@ own hostile server (tests/mcp_hostile_server.py), in this process and through re
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
@@ -11,6 +14,7 @@ import threading
 import time
 import uuid
 
+import psutil
 import pytest
 from rq import Worker
 
@@ -30,12 +34,13 @@ from agent.tools.mcp import (
     public_name,
     read_config,
 )
+from agent.tools.mcp_stdio import ID_PREFIX_BYTES, MAX_LINE_BYTES, LineReader, leading_id
 from agent.tools.registry import make_tool
 from agent.tools.running import MAX_OUTPUT_CHARS
 from harness.processes import processes_with_env
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, start_pool, wait_done
-from tests.mcp_hostile_server import HOSTILE_TEXT
+from tests.mcp_hostile_server import HOSTILE_TEXT, SLEEPER_KINDS
 
 HOSTILE = str(ROOT / "tests" / "mcp_hostile_server.py")
 TIME = ServerConfig("time", "mcp-server-time", ("--local-timezone", "UTC"))
@@ -152,6 +157,33 @@ def test_a_turn_runs_only_the_tools_it_was_offered():
     assert not result.ok and "unknown tool 'calculator'" in result.output and "current_time" in result.output
 
 
+def test_a_dropped_lines_request_id_is_read_only_from_the_top_level_before_the_cut():
+    assert leading_id(b'{"jsonrpc": "2.0", "id": 7, "result": {"content": [{"text": "xxx') == 7
+    assert leading_id(b'{"jsonrpc":"2.0","id":"a-1","result":') == "a-1"
+    assert leading_id(b'{"jsonrpc":"2.0","result":{"text":"\\"id\\":999 xxx') is None  # cut before the real id
+    assert leading_id(b'{"id":true,') is None and leading_id(b"\x00\xff{yyy") is None and leading_id(b"") is None
+
+
+def test_the_line_reader_keeps_lines_within_the_cap_and_reports_longer_ones_by_size_and_start():
+    rng = random.Random(7)
+    data = b"".join(rng.choice([b"a" * rng.randrange(0, 40), b"b" * rng.randrange(41, 200)]) + b"\n"
+                    for _ in range(200))
+    reader, got = LineReader(max_line_bytes=40), []
+    position = 0
+    while position < len(data):
+        step = rng.randrange(1, 97)
+        got += reader.feed(data[position:position + step])
+        position += step
+    expected = data.split(b"\n")[:-1]
+    assert len(got) == len(expected)
+    for line, item in zip(expected, got, strict=True):
+        if len(line) <= 40:
+            assert item == line
+        else:
+            start, size = item.args  # the start: what was read when the line passed the cap
+            assert size == len(line) and line.startswith(start) and 40 < len(start) <= ID_PREFIX_BYTES
+
+
 # -- real servers in this process ---------------------------------------------------------------
 
 
@@ -202,6 +234,41 @@ def test_a_huge_result_ends_as_a_tool_error_that_says_how_big_it_was_and_keeps_i
     result = run_tool("hostile__huge", "{}", 10)
     assert not result.ok and "returned 2,000,000 characters, more than the 4,000" in result.output
     assert result.output.endswith("x" * 1000) and len(result.output) <= MAX_OUTPUT_CHARS
+
+
+TOO_BIG_BOUND_S = 6.0  # seconds for a line past the cap to end as a tool error (about 1 s idle), with margin
+NEXT_CALL_BOUND_S = 1.5  # seconds for the next call on that server to answer (milliseconds idle)
+
+
+def assert_too_big_then_served(hub, call) -> None:
+    """The call ends as a "too big" tool error in bounded time, and the server answers the next call at once."""
+    started = time.monotonic()
+    result = call()
+    elapsed = time.monotonic() - started
+    assert not result.ok and "too big" in result.output and "hostile" in result.output, result.output[:300]
+    assert elapsed < TOO_BIG_BOUND_S, f"{elapsed:.1f} s"
+    started = time.monotonic()
+    assert run_tool("hostile__echo", json.dumps({"text": "next"}), 5).output == "next"
+    assert time.monotonic() - started < NEXT_CALL_BOUND_S
+
+
+def test_a_100_mb_result_ends_as_a_too_big_tool_error_in_bounded_time_and_the_server_serves_on(hub):
+    assert_too_big_then_served(hub, lambda: run_tool("hostile__huge", json.dumps({"chars": 100_000_000}), 20))
+
+
+def test_any_line_past_the_cap_ends_its_call_as_too_big_and_the_server_serves_on(hub):
+    rng = random.Random(20261202)
+    shapes = ["id_first", "id_last", "junk", "id_in_text"]
+    for shape in shapes + [rng.choice(shapes) for _ in range(4)]:
+        size_bytes = MAX_LINE_BYTES + rng.choice([1, rng.randrange(2, 64 * 1024), rng.randrange(MAX_LINE_BYTES * 3)])
+        arguments = json.dumps({"size_bytes": size_bytes, "shape": shape})
+        assert_too_big_then_served(hub, lambda arguments=arguments: run_tool("hostile__flood", arguments, 20))
+
+
+def test_a_result_just_under_the_line_cap_is_read_whole(hub):
+    chars = (MAX_LINE_BYTES - 1000) // 2  # the result comes twice: as text and as structured content
+    result = run_tool("hostile__huge", json.dumps({"chars": chars}), 30)
+    assert not result.ok and f"returned {chars:,} characters" in result.output  # read whole, then refused: > 4,000
 
 
 def test_the_servers_own_schema_check_answers_bad_arguments(hub):
@@ -280,7 +347,7 @@ def test_a_server_past_the_limits_offers_only_what_fits_and_says_what_it_left_ou
     try:
         (report,) = oversized.start([ServerConfig("big", sys.executable, (HOSTILE, "--oversized"))], START_TIMEOUT_S)
         tools = {t.name: t for t in report.tools}
-        listed = 6 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
+        listed = 9 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
         assert f"lists {listed} tools; only the first {MAX_TOOLS_PER_SERVER} are offered" in report.error
         assert len(tools) == MAX_TOOLS_PER_SERVER - 1  # bloated is refused
         assert "'bloated' left out: its input schema is" in report.error and f"{MAX_SCHEMA_BYTES:,}" in report.error
@@ -313,6 +380,67 @@ def test_a_worker_stopped_while_its_mcp_servers_start_deregisters_at_once(privat
         worker.wait()
         worker.stderr.close()
         connection.close()
+
+
+SLEEPER_GONE_S = 10.0  # seconds for every `sleep 600` to be ended once its worker or hub stops (about 2 s idle)
+
+
+def sleepers(mark: str) -> list[int]:
+    """The live `sleep` processes that carry this test's mark (started by a server's tool)."""
+    found = []
+    for pid in processes_with_env("MCP_TEST_MARK", mark):
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).name() == "sleep":
+                found.append(pid)
+    return found
+
+
+def kill_marked(mark: str) -> None:
+    """A failed run leaves nothing behind."""
+    for pid in processes_with_env("MCP_TEST_MARK", mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_closing_a_hub_ends_what_its_servers_tools_started_however_they_started_it():
+    mark = uuid.uuid4().hex
+    closing = McpHub()
+    (report,) = closing.start([ServerConfig("sleepy", sys.executable, (HOSTILE,), {"MCP_TEST_MARK": mark})],
+                              START_TIMEOUT_S)
+    sleeper = {t.name: t for t in report.tools}["sleepy__sleeper"]
+    try:
+        for kind in SLEEPER_KINDS:
+            sleeper.func({"kind": kind}, timeout_s=5.0, stop=None)
+        wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 10, "a sleep 600 of each kind")
+    finally:
+        closing.close()
+    try:
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), SLEEPER_GONE_S, "no server or sleeper left")
+    finally:
+        kill_marked(mark)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_what_a_servers_tools_started_ends_with_its_worker_stopped_or_killed(private_redis, base_env, tmp_path,
+                                                                             stop_signal):
+    mark = uuid.uuid4().hex
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        f"sleepy{number}": {"command": sys.executable, "args": [HOSTILE, "--sleeper", kind],
+                            "env": {"MCP_TEST_MARK": mark}}
+        for number, kind in enumerate(SLEEPER_KINDS)}}))
+    env = {**base_env, "REDIS_URL": private_redis.url, "AGENT_MCP_CONFIG": str(config)}
+    worker = subprocess.Popen([sys.executable, "-m", "agent.runtime.worker_process", "--name", f"sleepy-{mark[:8]}"],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 30, "a sleep 600 of each kind")
+        worker.send_signal(stop_signal)
+        worker.wait(CLOSE_BOUND_S)
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), SLEEPER_GONE_S, "no server or sleeper left")
+    finally:
+        worker.kill()
+        worker.wait()
+        kill_marked(mark)
 
 
 # -- through real workers, the demo provider and a scripted OpenAI-compatible server -------------
