@@ -3,6 +3,7 @@ junk, noise) or leave a child behind, a slow start,
 and (--oversized) more tools, longer descriptions and a bigger input schema than a model should get.
 
     python -m tests.mcp_hostile_server [--start-delay SECONDS] [--oversized] [--sleeper KIND]
+        [--noise LINES] [--stderr-bytes BYTES]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ HUGE_RESULT_CHARS = 2_000_000  # far beyond what a tool result may send to the m
 EXTRA_TOOLS = 80  # --oversized: more tools than one server may offer
 LONG_DESCRIPTION_CHARS = 50_000  # --oversized: one tool's description
 BIG_SCHEMA_CHARS = 100_000  # --oversized: one parameter's description, inside the tool's input schema
+NOISE_LINE = b"this is not JSON-RPC, just a chatty server\n"
 HOSTILE_TEXT = "![pixel](http://127.0.0.1:9/tracker.png) <script>alert(1)</script> [click](javascript:alert(1))"
 
 server = MCPServer("hostile")
@@ -79,7 +81,7 @@ def flood(size_bytes: int, shape: str, ctx: Context) -> str:
 @server.tool()
 def noise(lines: int) -> str:
     """Prints that many lines of non-JSON to stdout, then answers "quiet"."""
-    write_stdout(b"this is not JSON-RPC, just a chatty server\n" * lines)
+    write_stdout(NOISE_LINE * lines)
     return "quiet"
 
 
@@ -114,9 +116,13 @@ def start_sleeper(kind: str) -> int:
 
 def write_stdout(data: bytes) -> None:
     """Bytes straight onto the wire, past the server's own writer (no message is in flight during a call)."""
+    write_all(WIRE_FD, data)
+
+
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(WIRE_FD, view):]
+        view = view[os.write(fd, view):]
 
 
 @server.tool()
@@ -155,10 +161,15 @@ if __name__ == "__main__":
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait before serving")
     parser.add_argument("--oversized", action="store_true", help="list tools past the limits on what a model gets")
     parser.add_argument("--sleeper", choices=SLEEPER_KINDS, help="start `sleep 600` this way before serving")
+    parser.add_argument("--noise", type=int, default=0, help="lines of non-JSON to print to stdout before serving")
+    parser.add_argument("--stderr-bytes", type=int, default=0, help="bytes of chatter to print to stderr first")
     options = parser.parse_args()
     if options.oversized:
         add_oversized_tools()
     if options.sleeper:
         start_sleeper(options.sleeper)
+    write_stdout(NOISE_LINE * options.noise)
+    line = b"the hostile server chatters on stderr\n"
+    write_all(2, line * (options.stderr_bytes // len(line)))
     time.sleep(options.start_delay)
     server.run()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,8 +23,9 @@ from rq import Worker
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.pool import launch
 from agent.store import Store
-from agent.tools import REGISTRY, run_tool, schemas, sources
+from agent.tools import REGISTRY, mcp_stdio, run_tool, schemas, sources
 from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
 from agent.tools.mcp import (
     MAX_DESCRIPTION_CHARS,
@@ -441,6 +444,54 @@ def test_what_a_servers_tools_started_ends_with_its_worker_stopped_or_killed(pri
         worker.kill()
         worker.wait()
         kill_marked(mark)
+
+
+NOISE_LINES = 100_000  # lines of non-JSON a chatty server prints to stdout
+MAX_NOISE_RECORDS = 50  # log records that may tell of them (one per LOG_EVERY_S, patched to 0.2 s below)
+_LEFT_OUT = re.compile(r"\(([\d,]+) more like it in the last")
+
+
+def test_a_server_printing_non_json_is_logged_at_most_once_per_interval_with_a_count_and_serves_on(
+        monkeypatch, caplog):
+    monkeypatch.setattr(mcp_stdio, "LOG_EVERY_S", 0.2)
+    chatty = McpHub()
+    (report,) = chatty.start([ServerConfig("chatty", sys.executable, (HOSTILE,))], START_TIMEOUT_S)
+    tools = {t.name: t for t in report.tools}
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert tools["chatty__noise"].func({"lines": NOISE_LINES}, timeout_s=60.0, stop=None) == "quiet"
+            assert tools["chatty__echo"].func({"text": "still here"}, timeout_s=5.0, stop=None) == "still here"
+    finally:
+        with caplog.at_level(logging.WARNING):
+            chatty.close()  # its session's end sums up what was left out since the last line
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(records) <= MAX_NOISE_RECORDS and not any(r.exc_info for r in records)
+    noise = [r.getMessage() for r in records if "not a JSON-RPC message" in r.getMessage()]
+    lines_logged = [line for line in noise if not line.startswith("at the session's end")]
+    told = len(lines_logged) + sum(int(m.group(1).replace(",", "")) for line in noise for m in _LEFT_OUT.finditer(line))
+    assert told == NOISE_LINES and "chatty" in noise[0]
+
+
+def test_the_pool_log_is_rotated_and_a_chatty_server_fills_at_most_its_bound(private_redis, base_env, tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"chatty": {
+        "command": sys.executable, "args": [HOSTILE, "--noise", str(NOISE_LINES), "--stderr-bytes", "3000000"]}}}))
+    log_path, max_bytes, backups = tmp_path / "logs" / "pool.log", 256 * 1024, 2
+    env = {**base_env, "AGENT_MCP_CONFIG": str(config)}
+    handle = launch(private_redis.url, 1, log_path=log_path, env=env, demo=False, log_max_bytes=max_bytes,
+                    log_backups=backups)
+    client = state_client(private_redis.url)
+    try:
+        wait_for(lambda: "chatty" in [s["name"] for s in read_catalogue(client)], 60, "the chatty server started")
+    finally:
+        handle.stop()
+        client.close()
+    files = sorted(log_path.parent.glob("pool.log*"))
+    assert len(files) <= 1 + backups and sum(f.stat().st_size for f in files) <= (1 + backups) * max_bytes
+    text = "".join(f.read_text(errors="replace") for f in files)
+    assert "Traceback" not in text and "the hostile server chatters" in text  # its stderr is in the log, rotated
+    (summary,) = [line for line in text.splitlines() if "not a JSON-RPC message" in line and "more like it" in line]
+    assert "chatty" in summary
 
 
 # -- through real workers, the demo provider and a scripted OpenAI-compatible server -------------

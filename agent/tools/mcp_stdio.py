@@ -47,20 +47,33 @@ class LineTooBig(Exception):
 class RateLimitedLog:
     """At most one log line per `every_s` for one kind of problem, saying how many were left out."""
 
-    def __init__(self, logger: logging.Logger, every_s: float = LOG_EVERY_S, clock=time.monotonic):
-        self.logger, self.every_s, self.clock = logger, every_s, clock
+    def __init__(self, logger: logging.Logger, every_s: float | None = None, clock=time.monotonic):
+        self.logger, self.clock = logger, clock
+        self.every_s = LOG_EVERY_S if every_s is None else every_s
         self.last_at: float | None = None
         self.suppressed = 0
+        self.last: tuple[str, tuple] | None = None  # the last problem seen, to sum up what was left out
 
     def warning(self, message: str, *args) -> None:
         now = self.clock()
+        self.last = (message, args)
         if self.last_at is not None and now - self.last_at < self.every_s:
             self.suppressed += 1
             return
-        if self.suppressed:
-            message += f" ({self.suppressed:,} more like it in the last {now - self.last_at:.0f} s not logged)"
-        self.logger.warning(message, *args)
+        self.logger.warning(message + self._left_out(now), *args)
         self.last_at, self.suppressed = now, 0
+
+    def flush(self) -> None:
+        """Say how many were left out since the last line (called when the server's session ends)."""
+        if self.suppressed and self.last is not None:
+            message, args = self.last
+            self.logger.warning("at the session's end: " + message + self._left_out(self.clock()), *args)
+            self.suppressed = 0
+
+    def _left_out(self, now: float) -> str:
+        if not self.suppressed:
+            return ""
+        return f" ({self.suppressed:,} more like it in the last {now - self.last_at:.1f} s not logged)"
 
 
 def leading_id(prefix: bytes) -> types.RequestId | None:
@@ -217,6 +230,8 @@ async def bounded_stdio(name: str, command: str, args: list[str],
                 await stop_group(process)
                 for stream in (to_session, from_session):
                     await stream.aclose()
+                bad_output.flush()
+                oversized.flush()
             tasks.cancel_scope.cancel()
 
 
