@@ -149,8 +149,8 @@ class LineReader:
 
 
 def too_big_text(size_bytes: int) -> str:
-    return (f"the server's answer is too big: more than {size_bytes:,} bytes, past the "
-            f"{MAX_LINE_BYTES:,} bytes one message may have; it was read and dropped")
+    return (f"the server's answer is too big: {size_bytes:,} bytes, more than the {MAX_LINE_BYTES:,} bytes "
+            "one message may have; it was read and dropped")
 
 
 @asynccontextmanager
@@ -171,7 +171,7 @@ async def bounded_stdio(name: str, command: str, args: list[str],
             if request_id not in pending:
                 request_id = next(iter(pending)) if len(pending) == 1 else None
             if request_id is None:
-                oversized.warning("MCP server %s: dropped a line of more than %s bytes that answers no known request",
+                oversized.warning("MCP server %s: dropped a line of %s bytes that answers no known request",
                                   name, f"{item.args[1]:,}")
                 return
             pending.pop(request_id, None)
