@@ -48,6 +48,7 @@ from tests.mcp_hostile_server import HOSTILE_TEXT, SLEEPER_KINDS
 HOSTILE = str(ROOT / "tests" / "mcp_hostile_server.py")
 TIME = ServerConfig("time", "mcp-server-time", ("--local-timezone", "UTC"))
 START_TIMEOUT_S = 15.0  # seconds: mcp-server-time starts in about 2 s on an idle machine
+SHORT_START_TIMEOUT_S = 6.0  # seconds: the hostile server starts in about 1 s idle (importing the SDK), 4 s loaded
 CLOSE_BOUND_S = 10.0  # seconds a worker stopped mid start-up gets to close its servers (at most 5 s) and exit
 SECRET = "mcp-env-canary-5b1f"  # an env value in the config: must never reach Redis
 
@@ -304,11 +305,11 @@ def test_a_slow_or_broken_start_is_reported_within_the_start_timeout_and_the_oth
         ServerConfig("slow", sys.executable, (HOSTILE, "--start-delay", "60"), {"MCP_TEST_MARK": mark}),
         ServerConfig("missing", "/nonexistent/mcp-server"),
         ServerConfig("fine", sys.executable, (HOSTILE,)),
-    ], 4.0)
+    ], SHORT_START_TIMEOUT_S)
     try:
-        assert time.monotonic() - started < 4.0 + 1.0
+        assert time.monotonic() - started < SHORT_START_TIMEOUT_S + 1.5
         slow, missing, fine = reports
-        assert slow.error == "did not start and list its tools within 4 s" and not slow.tools
+        assert slow.error == f"did not start and list its tools within {SHORT_START_TIMEOUT_S:g} s" and not slow.tools
         assert missing.error.startswith("did not start: FileNotFoundError")
         assert fine.error is None
         echo = {t.name: t for t in fine.tools}["fine__echo"]
@@ -338,7 +339,7 @@ def test_closing_a_hub_stops_its_servers_its_loop_and_its_thread():
     reports = closing.start([
         ServerConfig("fine", sys.executable, (HOSTILE,), {"MCP_TEST_MARK": mark}),
         ServerConfig("slow", sys.executable, (HOSTILE, "--start-delay", "60"), {"MCP_TEST_MARK": mark}),
-    ], 3.0)
+    ], SHORT_START_TIMEOUT_S)
     assert [r.error is None for r in reports] == [True, False]
     closing.close()
     assert mcp_session_threads() == before and closing.loop.is_closed()
