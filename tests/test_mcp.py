@@ -37,7 +37,7 @@ from agent.tools.mcp import (
     public_name,
     read_config,
 )
-from agent.tools.mcp_stdio import ID_PREFIX_BYTES, MAX_LINE_BYTES, LineReader, leading_id
+from agent.tools.mcp_stdio import ID_PREFIX_BYTES, MAX_LINE_BYTES, LineReader, answered_id
 from agent.tools.registry import make_tool
 from agent.tools.running import MAX_OUTPUT_CHARS
 from harness.processes import processes_with_env
@@ -161,11 +161,15 @@ def test_a_turn_runs_only_the_tools_it_was_offered():
     assert not result.ok and "unknown tool 'calculator'" in result.output and "current_time" in result.output
 
 
-def test_a_dropped_lines_request_id_is_read_only_from_the_top_level_before_the_cut():
-    assert leading_id(b'{"jsonrpc": "2.0", "id": 7, "result": {"content": [{"text": "xxx') == 7
-    assert leading_id(b'{"jsonrpc":"2.0","id":"a-1","result":') == "a-1"
-    assert leading_id(b'{"jsonrpc":"2.0","result":{"text":"\\"id\\":999 xxx') is None  # cut before the real id
-    assert leading_id(b'{"id":true,') is None and leading_id(b"\x00\xff{yyy") is None and leading_id(b"") is None
+def test_a_dropped_line_is_matched_to_its_request_by_a_top_level_id_before_the_cut_or_as_the_only_one_pending():
+    assert answered_id(b'{"jsonrpc": "2.0", "id": 7, "result": {"content": [{"text": "xxx', [3, 7]) == 7
+    assert answered_id(b'{"jsonrpc":"2.0","id":"a-1","result":', ["a-1"]) == "a-1"
+    assert answered_id(b'{"jsonrpc":"2.0","result":{"text":"\\"id\\":999 xxx', [4]) == 4  # cut before its id
+    assert answered_id(b'{"jsonrpc":"2.0","result":{"text":"\\"id\\":999 xxx', [4, 5]) is None  # which one?
+    assert answered_id(b"\x00\xff{yyy", [4]) == 4 and answered_id(b"", []) is None
+    assert answered_id(b'{"jsonrpc":"2.0","id":9,"result":', [4]) is None  # answers no pending request
+    assert answered_id(b'{"id":true,', [4]) is None
+    assert answered_id(b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"xx', [4]) is None
 
 
 def test_the_line_reader_keeps_lines_within_the_cap_and_reports_longer_ones_by_size_and_start():

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from contextlib import asynccontextmanager, suppress
 
 import anyio
@@ -76,31 +76,40 @@ class RateLimitedLog:
         return f" ({self.suppressed:,} more like it in the last {now - self.last_at:.1f} s not logged)"
 
 
-def leading_id(prefix: bytes) -> types.RequestId | None:
-    """The top-level "id" of a JSON object whose start is `prefix`, if it comes before anything cut off."""
+def leading_fields(prefix: bytes) -> dict:
+    """The top-level fields of a JSON object whose start is `prefix`, up to the first one cut off."""
     text = prefix.decode("utf-8", errors="ignore")
     decoder = json.JSONDecoder()
+    fields: dict = {}
     index = _skip_space(text, 0)
     if not text.startswith("{", index):
-        return None
+        return fields
     index += 1
     try:
         while True:
-            index = _skip_space(text, index)
-            key, index = decoder.raw_decode(text, index)
+            key, index = decoder.raw_decode(text, _skip_space(text, index))
             index = _skip_space(text, index)
             if not isinstance(key, str) or not text.startswith(":", index):
-                return None
-            value, index = decoder.raw_decode(text, _skip_space(text, index + 1))
-            if key == "id":
-                ok = isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-                return value if ok else None
+                return fields
+            fields[key], index = decoder.raw_decode(text, _skip_space(text, index + 1))
             index = _skip_space(text, index)
             if not text.startswith(",", index):
-                return None
+                return fields
             index += 1
-    except ValueError:  # the line is cut before its id (or is not JSON)
+    except ValueError:  # the line is cut here (or is not JSON)
+        return fields
+
+
+def answered_id(prefix: bytes, pending: Iterable[types.RequestId]) -> types.RequestId | None:
+    """Which pending request a dropped line answers: its top-level "id" when that comes before the cut,
+    else the only request pending; none for a line that is a request or notification of the server's."""
+    fields, pending = leading_fields(prefix), list(pending)
+    if "method" in fields:
         return None
+    request_id = fields.get("id")
+    if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) and request_id in pending:
+        return request_id
+    return pending[0] if len(pending) == 1 and "id" not in fields else None
 
 
 def _skip_space(text: str, index: int) -> int:
@@ -167,9 +176,7 @@ async def bounded_stdio(name: str, command: str, args: list[str],
 
     async def deliver(item: bytes | LineTooBig) -> None:
         if isinstance(item, LineTooBig):
-            request_id = leading_id(item.args[0])
-            if request_id not in pending:
-                request_id = next(iter(pending)) if len(pending) == 1 else None
+            request_id = answered_id(item.args[0], pending)
             if request_id is None:
                 oversized.warning("MCP server %s: dropped a line of %s bytes that answers no known request",
                                   name, f"{item.args[1]:,}")
