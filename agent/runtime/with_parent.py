@@ -59,19 +59,31 @@ def end_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def sweep_children() -> None:
-    """SIGKILL and reap every child left (orphans that came back to this subreaper), for at most SWEEP_S."""
+def sweep(pgid: int) -> None:
+    """SIGKILL the group and every child left (orphans that came back to this subreaper, also from
+    members killed just now), reaping them, until none is left or SWEEP_S has passed."""
     deadline = time.monotonic() + SWEEP_S
     while time.monotonic() < deadline:
+        end_group(pgid)
         for pid in _children():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        try:
+        with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
-        except ChildProcessError:
-            return  # no child left
+        if not _group_alive(pgid) and not _children():
+            return
         time.sleep(SWEEP_POLL_S)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a member we may not signal still counts
+    return True
 
 
 def _children() -> list[int]:
@@ -91,9 +103,13 @@ def run(argv: list[str]) -> int:
     try:
         die_with_parent(signal.SIGTERM)  # caught: the guard ends the group before it goes
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a stop now waits until `child` is known
         child = os.fork()
         if child == 0:
             _exec_child(argv)
+        with contextlib.suppress(OSError):  # also here, so the group exists before any stop can name it
+            os.setpgid(child, child)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         _let_go_of_the_pipes()
         wait_for_exit(child)
     except Stop:
@@ -103,10 +119,12 @@ def run(argv: list[str]) -> int:
         _stopping = True
         if child:
             end_group(child)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 _, status = os.waitpid(child, 0)
                 code = os.waitstatus_to_exitcode(status)
-        sweep_children()
+            sweep(child)  # the group's id stays taken while any member lives: no other group can be hit
     return code if code >= 0 else 128 - code
 
 
@@ -126,6 +144,7 @@ def _exec_child(argv: list[str]) -> None:
     try:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the mask would outlive exec
         os.setpgid(0, 0)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.execvp(argv[0], argv)
