@@ -85,7 +85,7 @@ def noise(lines: int) -> str:
     return "quiet"
 
 
-SLEEPER_KINDS = ("child", "own_session", "orphan", "orphan_own_session", "ignores_term")
+SLEEPER_KINDS = ("child", "own_session", "orphan", "orphan_own_session", "under_a_waiting_parent", "ignores_term")
 
 
 @server.tool()
@@ -93,16 +93,19 @@ def sleeper(kind: str = "child") -> int:
     """Starts `sleep 600` (a grandchild of the worker) and answers the pid of what it started.
 
     Kinds: a plain child; one in its own session (out of the server's group); an orphan (its
-    parent exits at once), also in its own session; one that ignores SIGTERM."""
+    parent exits at once), also in its own session; one in its own session whose parent, in the
+    group, waits for it (it is orphaned only when the group is ended); one that ignores SIGTERM."""
     return start_sleeper(kind)
 
 
 def start_sleeper(kind: str) -> int:
-    detach = "import subprocess, sys; subprocess.Popen(['sleep', '600'], start_new_session=%s)"
+    detach = "import subprocess; subprocess.Popen(['sleep', '600'], start_new_session=%s)"
     if kind == "orphan":
         command = [sys.executable, "-c", detach % False]
     elif kind == "orphan_own_session":
         command = [sys.executable, "-c", detach % True]
+    elif kind == "under_a_waiting_parent":
+        command = [sys.executable, "-c", (detach % True) + ".wait()"]
     elif kind == "ignores_term":
         command = ["sh", "-c", "trap '' TERM; sleep 600 & wait"]
     else:
