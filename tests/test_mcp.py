@@ -496,9 +496,11 @@ def test_the_pool_log_is_rotated_and_a_chatty_server_fills_at_most_its_bound(pri
     files = sorted(log_path.parent.glob("pool.log*"))
     assert len(files) <= 1 + backups and sum(f.stat().st_size for f in files) <= (1 + backups) * max_bytes
     text = "".join(f.read_text(errors="replace") for f in files)
-    assert "Traceback" not in text and "the hostile server chatters" in text  # its stderr is in the log, rotated
-    (summary,) = [line for line in text.splitlines() if "not a JSON-RPC message" in line and "more like it" in line]
-    assert "chatty" in summary
+    assert "the hostile server chatters" in text  # its stderr is in the log, rotated
+    noise = [line for line in text.splitlines() if "JSON-RPC" in line or "JSONRPC" in line]
+    assert len(noise) <= 10 and "Failed to parse" not in text  # one line per 10 s, no SDK traceback per line (a stop
+    # under load may still log RQ's own cold-shutdown traceback, so "Traceback" alone is not the test)
+    assert any("chatty" in line and "more like it" in line for line in noise)
 
 
 # -- through real workers, the demo provider and a scripted OpenAI-compatible server -------------
