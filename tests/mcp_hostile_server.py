@@ -163,14 +163,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait before serving")
     parser.add_argument("--oversized", action="store_true", help="list tools past the limits on what a model gets")
-    parser.add_argument("--sleeper", choices=SLEEPER_KINDS, help="start `sleep 600` this way before serving")
+    parser.add_argument("--sleeper", choices=SLEEPER_KINDS, action="append", default=[],
+                        help="start `sleep 600` this way before serving (repeat for more)")
     parser.add_argument("--noise", type=int, default=0, help="lines of non-JSON to print to stdout before serving")
     parser.add_argument("--stderr-bytes", type=int, default=0, help="bytes of chatter to print to stderr first")
     options = parser.parse_args()
     if options.oversized:
         add_oversized_tools()
-    if options.sleeper:
-        start_sleeper(options.sleeper)
+    for kind in options.sleeper:
+        start_sleeper(kind)
     write_stdout(NOISE_LINE * options.noise)
     line = b"the hostile server chatters on stderr\n"
     write_all(2, line * (options.stderr_bytes // len(line)))

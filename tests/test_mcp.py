@@ -435,15 +435,14 @@ def test_what_a_servers_tools_started_ends_with_its_worker_stopped_or_killed(pri
                                                                              stop_signal):
     mark = uuid.uuid4().hex
     config = tmp_path / "mcp.json"
+    sleeper_args = [arg for kind in SLEEPER_KINDS for arg in ("--sleeper", kind)]
     config.write_text(json.dumps({"mcpServers": {
-        f"sleepy{number}": {"command": sys.executable, "args": [HOSTILE, "--sleeper", kind],
-                            "env": {"MCP_TEST_MARK": mark}}
-        for number, kind in enumerate(SLEEPER_KINDS)}}))
+        "sleepy": {"command": sys.executable, "args": [HOSTILE, *sleeper_args], "env": {"MCP_TEST_MARK": mark}}}}))
     env = {**base_env, "REDIS_URL": private_redis.url, "AGENT_MCP_CONFIG": str(config)}
     worker = subprocess.Popen([sys.executable, "-m", "agent.runtime.worker_process", "--name", f"sleepy-{mark[:8]}"],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 30, "a sleep 600 of each kind")
+        wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 60, "a sleep 600 of each kind")
         worker.send_signal(stop_signal)
         worker.wait(CLOSE_BOUND_S)
         wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), SLEEPER_GONE_S, "no server or sleeper left")
