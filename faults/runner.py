@@ -418,8 +418,9 @@ def _canary_leaks(lab: FaultLab) -> list[str]:
     for key, values in stored_values(lab.store.redis):
         if any(CANARY_KEY.encode() in v for v in [key, *values]):
             leaks.append(f"redis key {key.decode(errors='replace')}")
-    if lab.pool_log.exists() and CANARY_KEY in lab.pool_log.read_text(errors="replace"):
-        leaks.append("the pool log")
+    for log_file in sorted(lab.pool_log.parent.glob(lab.pool_log.name + "*")):  # pool.log and its rotated files
+        if CANARY_KEY in log_file.read_text(errors="replace"):
+            leaks.append(f"the pool log ({log_file.name})")
     return leaks
 
 

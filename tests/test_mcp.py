@@ -3,7 +3,12 @@ own hostile server (tests/mcp_hostile_server.py), in this process and through re
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -11,14 +16,16 @@ import threading
 import time
 import uuid
 
+import psutil
 import pytest
 from rq import Worker
 
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.runtime.pool import launch
 from agent.store import Store
-from agent.tools import REGISTRY, run_tool, schemas, sources
+from agent.tools import REGISTRY, mcp_stdio, run_tool, schemas, sources
 from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
 from agent.tools.mcp import (
     MAX_DESCRIPTION_CHARS,
@@ -30,16 +37,18 @@ from agent.tools.mcp import (
     public_name,
     read_config,
 )
+from agent.tools.mcp_stdio import ID_PREFIX_BYTES, MAX_LINE_BYTES, LineReader, answered_id
 from agent.tools.registry import make_tool
 from agent.tools.running import MAX_OUTPUT_CHARS
 from harness.processes import processes_with_env
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, start_pool, wait_done
-from tests.mcp_hostile_server import HOSTILE_TEXT
+from tests.mcp_hostile_server import HOSTILE_TEXT, SLEEPER_KINDS
 
 HOSTILE = str(ROOT / "tests" / "mcp_hostile_server.py")
 TIME = ServerConfig("time", "mcp-server-time", ("--local-timezone", "UTC"))
 START_TIMEOUT_S = 15.0  # seconds: mcp-server-time starts in about 2 s on an idle machine
+SHORT_START_TIMEOUT_S = 6.0  # seconds: the hostile server starts in about 1 s idle (importing the SDK), 4 s loaded
 CLOSE_BOUND_S = 10.0  # seconds a worker stopped mid start-up gets to close its servers (at most 5 s) and exit
 SECRET = "mcp-env-canary-5b1f"  # an env value in the config: must never reach Redis
 
@@ -152,6 +161,37 @@ def test_a_turn_runs_only_the_tools_it_was_offered():
     assert not result.ok and "unknown tool 'calculator'" in result.output and "current_time" in result.output
 
 
+def test_a_dropped_line_is_matched_to_its_request_by_a_top_level_id_before_the_cut_or_as_the_only_one_pending():
+    assert answered_id(b'{"jsonrpc": "2.0", "id": 7, "result": {"content": [{"text": "xxx', [3, 7]) == 7
+    assert answered_id(b'{"jsonrpc":"2.0","id":"a-1","result":', ["a-1"]) == "a-1"
+    assert answered_id(b'{"jsonrpc":"2.0","result":{"text":"\\"id\\":999 xxx', [4]) == 4  # cut before its id
+    assert answered_id(b'{"jsonrpc":"2.0","result":{"text":"\\"id\\":999 xxx', [4, 5]) is None  # which one?
+    assert answered_id(b"\x00\xff{yyy", [4]) == 4 and answered_id(b"", []) is None
+    assert answered_id(b'{"jsonrpc":"2.0","id":9,"result":', [4]) is None  # answers no pending request
+    assert answered_id(b'{"id":true,', [4]) is None
+    assert answered_id(b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"xx', [4]) is None
+
+
+def test_the_line_reader_keeps_lines_within_the_cap_and_reports_longer_ones_by_size_and_start():
+    rng = random.Random(7)
+    data = b"".join(rng.choice([b"a" * rng.randrange(0, 40), b"b" * rng.randrange(41, 200)]) + b"\n"
+                    for _ in range(200))
+    reader, got = LineReader(max_line_bytes=40), []
+    position = 0
+    while position < len(data):
+        step = rng.randrange(1, 97)
+        got += reader.feed(data[position:position + step])
+        position += step
+    expected = data.split(b"\n")[:-1]
+    assert len(got) == len(expected)
+    for line, item in zip(expected, got, strict=True):
+        if len(line) <= 40:
+            assert item == line
+        else:
+            start, size = item.args  # the start: what was read when the line passed the cap
+            assert size == len(line) and line.startswith(start) and 40 < len(start) <= ID_PREFIX_BYTES
+
+
 # -- real servers in this process ---------------------------------------------------------------
 
 
@@ -204,6 +244,43 @@ def test_a_huge_result_ends_as_a_tool_error_that_says_how_big_it_was_and_keeps_i
     assert result.output.endswith("x" * 1000) and len(result.output) <= MAX_OUTPUT_CHARS
 
 
+TOO_BIG_BOUND_S = 6.0  # seconds for a line past the cap to end as a tool error: 0.7 s idle for 100 MB,
+# almost all of it the server making the line (this side reads 100 MB in 0.1 s of CPU)
+NEXT_CALL_BOUND_S = 1.5  # seconds for the next call on that server to answer (milliseconds idle)
+
+
+def assert_too_big_then_served(hub, call) -> None:
+    """The call ends as a "too big" tool error in bounded time, and the server answers the next call at once."""
+    started = time.monotonic()
+    result = call()
+    elapsed = time.monotonic() - started
+    assert not result.ok and "too big" in result.output and "hostile" in result.output, result.output[:300]
+    assert elapsed < TOO_BIG_BOUND_S, f"{elapsed:.1f} s"
+    started = time.monotonic()
+    assert run_tool("hostile__echo", json.dumps({"text": "next"}), 5).output == "next"
+    assert time.monotonic() - started < NEXT_CALL_BOUND_S
+
+
+def test_a_100_mb_answer_ends_as_a_too_big_tool_error_in_bounded_time_and_the_server_serves_on(hub):
+    # 50 million characters, sent as text and again as structured content: a line of 100 MB
+    assert_too_big_then_served(hub, lambda: run_tool("hostile__huge", json.dumps({"chars": 50_000_000}), 20))
+
+
+def test_any_line_past_the_cap_ends_its_call_as_too_big_and_the_server_serves_on(hub):
+    rng = random.Random(20261202)
+    shapes = ["id_first", "id_last", "junk", "id_in_text"]
+    for shape in shapes + [rng.choice(shapes) for _ in range(4)]:
+        size_bytes = MAX_LINE_BYTES + rng.choice([1, rng.randrange(2, 64 * 1024), rng.randrange(MAX_LINE_BYTES * 3)])
+        arguments = json.dumps({"size_bytes": size_bytes, "shape": shape})
+        assert_too_big_then_served(hub, lambda arguments=arguments: run_tool("hostile__flood", arguments, 20))
+
+
+def test_a_result_just_under_the_line_cap_is_read_whole(hub):
+    chars = (MAX_LINE_BYTES - 1000) // 2  # the result comes twice: as text and as structured content
+    result = run_tool("hostile__huge", json.dumps({"chars": chars}), 30)
+    assert not result.ok and f"returned {chars:,} characters" in result.output  # read whole, then refused: > 4,000
+
+
 def test_the_servers_own_schema_check_answers_bad_arguments(hub):
     result = run_tool("hostile__echo", json.dumps({"text": 5, "times": "x"}), 5)
     assert not result.ok and result.output.startswith("Error: echo on the hostile MCP server")
@@ -232,11 +309,11 @@ def test_a_slow_or_broken_start_is_reported_within_the_start_timeout_and_the_oth
         ServerConfig("slow", sys.executable, (HOSTILE, "--start-delay", "60"), {"MCP_TEST_MARK": mark}),
         ServerConfig("missing", "/nonexistent/mcp-server"),
         ServerConfig("fine", sys.executable, (HOSTILE,)),
-    ], 4.0)
+    ], SHORT_START_TIMEOUT_S)
     try:
-        assert time.monotonic() - started < 4.0 + 1.0
+        assert time.monotonic() - started < SHORT_START_TIMEOUT_S + 1.5
         slow, missing, fine = reports
-        assert slow.error == "did not start and list its tools within 4 s" and not slow.tools
+        assert slow.error == f"did not start and list its tools within {SHORT_START_TIMEOUT_S:g} s" and not slow.tools
         assert missing.error.startswith("did not start: FileNotFoundError")
         assert fine.error is None
         echo = {t.name: t for t in fine.tools}["fine__echo"]
@@ -266,7 +343,7 @@ def test_closing_a_hub_stops_its_servers_its_loop_and_its_thread():
     reports = closing.start([
         ServerConfig("fine", sys.executable, (HOSTILE,), {"MCP_TEST_MARK": mark}),
         ServerConfig("slow", sys.executable, (HOSTILE, "--start-delay", "60"), {"MCP_TEST_MARK": mark}),
-    ], 3.0)
+    ], SHORT_START_TIMEOUT_S)
     assert [r.error is None for r in reports] == [True, False]
     closing.close()
     assert mcp_session_threads() == before and closing.loop.is_closed()
@@ -280,7 +357,7 @@ def test_a_server_past_the_limits_offers_only_what_fits_and_says_what_it_left_ou
     try:
         (report,) = oversized.start([ServerConfig("big", sys.executable, (HOSTILE, "--oversized"))], START_TIMEOUT_S)
         tools = {t.name: t for t in report.tools}
-        listed = 6 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
+        listed = 9 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
         assert f"lists {listed} tools; only the first {MAX_TOOLS_PER_SERVER} are offered" in report.error
         assert len(tools) == MAX_TOOLS_PER_SERVER - 1  # bloated is refused
         assert "'bloated' left out: its input schema is" in report.error and f"{MAX_SCHEMA_BYTES:,}" in report.error
@@ -313,6 +390,116 @@ def test_a_worker_stopped_while_its_mcp_servers_start_deregisters_at_once(privat
         worker.wait()
         worker.stderr.close()
         connection.close()
+
+
+SLEEPER_GONE_S = 10.0  # seconds for every `sleep 600` to be ended once its worker or hub stops (about 2 s idle)
+
+
+def sleepers(mark: str) -> list[int]:
+    """The live `sleep` processes that carry this test's mark (started by a server's tool)."""
+    found = []
+    for pid in processes_with_env("MCP_TEST_MARK", mark):
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).name() == "sleep":
+                found.append(pid)
+    return found
+
+
+def kill_marked(mark: str) -> None:
+    """A failed run leaves nothing behind."""
+    for pid in processes_with_env("MCP_TEST_MARK", mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_closing_a_hub_ends_what_its_servers_tools_started_however_they_started_it():
+    mark = uuid.uuid4().hex
+    closing = McpHub()
+    (report,) = closing.start([ServerConfig("sleepy", sys.executable, (HOSTILE,), {"MCP_TEST_MARK": mark})],
+                              START_TIMEOUT_S)
+    sleeper = {t.name: t for t in report.tools}["sleepy__sleeper"]
+    try:
+        for kind in SLEEPER_KINDS:
+            sleeper.func({"kind": kind}, timeout_s=5.0, stop=None)
+        wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 10, "a sleep 600 of each kind")
+    finally:
+        closing.close()
+    try:
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), SLEEPER_GONE_S, "no server or sleeper left")
+    finally:
+        kill_marked(mark)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_what_a_servers_tools_started_ends_with_its_worker_stopped_or_killed(private_redis, base_env, tmp_path,
+                                                                             stop_signal):
+    mark = uuid.uuid4().hex
+    config = tmp_path / "mcp.json"
+    sleeper_args = [arg for kind in SLEEPER_KINDS for arg in ("--sleeper", kind)]
+    config.write_text(json.dumps({"mcpServers": {
+        "sleepy": {"command": sys.executable, "args": [HOSTILE, *sleeper_args], "env": {"MCP_TEST_MARK": mark}}}}))
+    env = {**base_env, "REDIS_URL": private_redis.url, "AGENT_MCP_CONFIG": str(config)}
+    worker = subprocess.Popen([sys.executable, "-m", "agent.runtime.worker_process", "--name", f"sleepy-{mark[:8]}"],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 60, "a sleep 600 of each kind")
+        worker.send_signal(stop_signal)
+        worker.wait(CLOSE_BOUND_S)
+        wait_for(lambda: not processes_with_env("MCP_TEST_MARK", mark), SLEEPER_GONE_S, "no server or sleeper left")
+    finally:
+        worker.kill()
+        worker.wait()
+        kill_marked(mark)
+
+
+NOISE_LINES = 100_000  # lines of non-JSON a chatty server prints to stdout
+MAX_NOISE_RECORDS = 50  # log records that may tell of them (one per LOG_EVERY_S, patched to 0.2 s below)
+_LEFT_OUT = re.compile(r"\(([\d,]+) more like it in the last")
+
+
+def test_a_server_printing_non_json_is_logged_at_most_once_per_interval_with_a_count_and_serves_on(
+        monkeypatch, caplog):
+    monkeypatch.setattr(mcp_stdio, "LOG_EVERY_S", 0.2)
+    chatty = McpHub()
+    (report,) = chatty.start([ServerConfig("chatty", sys.executable, (HOSTILE,))], START_TIMEOUT_S)
+    tools = {t.name: t for t in report.tools}
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert tools["chatty__noise"].func({"lines": NOISE_LINES}, timeout_s=60.0, stop=None) == "quiet"
+            assert tools["chatty__echo"].func({"text": "still here"}, timeout_s=5.0, stop=None) == "still here"
+    finally:
+        with caplog.at_level(logging.WARNING):
+            chatty.close()  # its session's end sums up what was left out since the last line
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(records) <= MAX_NOISE_RECORDS and not any(r.exc_info for r in records)
+    noise = [r.getMessage() for r in records if "not a JSON-RPC message" in r.getMessage()]
+    lines_logged = [line for line in noise if not line.startswith("at the session's end")]
+    told = len(lines_logged) + sum(int(m.group(1).replace(",", "")) for line in noise for m in _LEFT_OUT.finditer(line))
+    assert told == NOISE_LINES and "chatty" in noise[0]
+
+
+def test_the_pool_log_is_rotated_and_a_chatty_server_fills_at_most_its_bound(private_redis, base_env, tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"chatty": {
+        "command": sys.executable, "args": [HOSTILE, "--noise", str(NOISE_LINES), "--stderr-bytes", "3000000"]}}}))
+    log_path, max_bytes, backups = tmp_path / "logs" / "pool.log", 256 * 1024, 2
+    env = {**base_env, "AGENT_MCP_CONFIG": str(config)}
+    handle = launch(private_redis.url, 1, log_path=log_path, env=env, demo=False, log_max_bytes=max_bytes,
+                    log_backups=backups)
+    client = state_client(private_redis.url)
+    try:
+        wait_for(lambda: "chatty" in [s["name"] for s in read_catalogue(client)], 60, "the chatty server started")
+    finally:
+        handle.stop()
+        client.close()
+    files = sorted(log_path.parent.glob("pool.log*"))
+    assert len(files) <= 1 + backups and sum(f.stat().st_size for f in files) <= (1 + backups) * max_bytes
+    text = "".join(f.read_text(errors="replace") for f in files)
+    assert "the hostile server chatters" in text  # its stderr is in the log, rotated
+    noise = [line for line in text.splitlines() if "JSON-RPC" in line or "JSONRPC" in line]
+    assert len(noise) <= 10 and "Failed to parse" not in text  # one line per 10 s, no SDK traceback per line (a stop
+    # under load may still log RQ's own cold-shutdown traceback, so "Traceback" alone is not the test)
+    assert any("chatty" in line and "more like it" in line for line in noise)
 
 
 # -- through real workers, the demo provider and a scripted OpenAI-compatible server -------------

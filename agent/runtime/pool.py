@@ -1,9 +1,10 @@
 """The worker pool: a small supervisor process that runs N workers and the demo provider.
 
-`python -m agent.runtime.pool --workers N [--parent-pid P]`. The app or CLI starts it as its own
-process (never a fork of the Streamlit process, which has threads). It restarts a worker that
-dies (a killed job takes its worker with it), stops every worker by its process group on
-SIGTERM/SIGINT, and stops by itself when the process that started it is gone.
+`python -m agent.runtime.pool --workers N [--parent-pid P] [--log-file PATH]`. The app or CLI starts
+it as its own process (never a fork of the Streamlit process, which has threads). It restarts a
+worker that dies (a killed job takes its worker with it), stops every worker by its process group
+on SIGTERM/SIGINT, and stops by itself when the process that started it is gone. With --log-file,
+it writes its log and its workers' output there, rotated by size (agent/runtime/logs.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import PROJECT_ROOT
+from agent.runtime.logs import FORMAT, LOG_BACKUPS, LOG_MAX_BYTES, log_to_rotating_file, relay
 
 log = logging.getLogger("agent.runtime.pool")
 
@@ -30,6 +32,7 @@ WARM_STOP_S = 1.5  # seconds a worker gets to finish on its own before a cold st
 DRAIN_MAX_S = 300.0  # seconds a draining pool waits for its running turns to finish
 COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before SIGKILL
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
+RELAY_FINISH_S = 3.0  # seconds the relays get to write the stopped workers' last lines
 HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
 HANDLE_STOP_TIMEOUT_S = 15.0  # seconds for a launched pool to stop its workers
 # The status a worker exits with to be recycled (it held a tool thread that outlived its timeout).
@@ -37,10 +40,12 @@ RECYCLE_EXIT_CODE = 75  # EX_TEMPFAIL
 
 
 class Pool:
-    def __init__(self, workers: int, worker_class: str, env: dict[str, str]):
+    def __init__(self, workers: int, worker_class: str, env: dict[str, str], *, relay_output: bool = False):
         self.count = workers
         self.worker_class = worker_class
         self.env = env
+        self.relay_output = relay_output  # the workers' output goes through the pool's rotated log
+        self.relays: list[threading.Thread] = []
         self.procs: list[subprocess.Popen | None] = [None] * workers
         self.started_at: list[float] = [0.0] * workers
         self.stopping = threading.Event()
@@ -52,9 +57,14 @@ class Pool:
              "--class", self.worker_class, "--name", name],
             env=self.env,
             stdin=subprocess.DEVNULL,
-            stdout=sys.stderr,  # stdout is the pool's pipe to its parent; logs go to stderr
+            # stdout is the pool's pipe to its parent: a worker's output goes to the log (or stderr)
+            stdout=subprocess.PIPE if self.relay_output else sys.stderr,
+            stderr=subprocess.STDOUT if self.relay_output else None,
             start_new_session=True,  # its own process group, stopped as a group
         )
+        if self.relay_output:
+            self.relays = [t for t in self.relays if t.is_alive()]
+            self.relays.append(relay(self.procs[index].stdout, f"worker {index}"))
         self.started_at[index] = time.monotonic()
 
     def start(self) -> None:
@@ -88,7 +98,15 @@ class Pool:
                 time.sleep(0.05)
             live = [p for p in live if p.poll() is None]
             if not live:
-                return
+                break
+        self.finish_relays()
+
+    def finish_relays(self) -> None:
+        """Let the relays write the workers' last lines (their pipes close once the workers and the
+        servers they started are gone), for at most RELAY_FINISH_S in all."""
+        end = time.monotonic() + RELAY_FINISH_S
+        for thread in self.relays:
+            thread.join(max(0.0, end - time.monotonic()))
 
 
 @dataclass
@@ -127,6 +145,8 @@ def launch(
     demo: bool = True,
     drain: bool = False,
     start_timeout_s: float = HANDLE_START_TIMEOUT_S,
+    log_max_bytes: int = LOG_MAX_BYTES,
+    log_backups: int = LOG_BACKUPS,
 ) -> PoolHandle:
     """Start the pool as its own process (never a fork of the caller), tied to the caller's life.
 
@@ -139,7 +159,8 @@ def launch(
         else:
             child_env[key] = value
     command = [sys.executable, "-m", "agent.runtime.pool", "--workers", str(workers), "--class", worker_class,
-               "--parent-pid", str(os.getpid())]
+               "--parent-pid", str(os.getpid()), "--log-file", str(log_path), "--log-max-bytes", str(log_max_bytes),
+               "--log-backups", str(log_backups)]
     if not demo:
         command.append("--no-demo")
     if drain:
@@ -152,7 +173,7 @@ def launch(
             cwd=str(PROJECT_ROOT),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=log_file,
+            stderr=log_file,  # what the pool says before its log is set up (and a crash's traceback)
             start_new_session=True,  # its own group: stopped as a group, untouched by a Ctrl-C to us
         )
     handle = PoolHandle(proc, None, log_path)
@@ -194,8 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-demo", action="store_true", help="do not start the demo provider")
     parser.add_argument("--drain", action="store_true",
                         help=f"on stop, let running turns finish (up to {DRAIN_MAX_S:g} s) before stopping workers")
+    parser.add_argument("--log-file", type=Path, help="write the log and the workers' output here, rotated by size")
+    parser.add_argument("--log-max-bytes", type=int, default=LOG_MAX_BYTES, help="bytes in one log file")
+    parser.add_argument("--log-backups", type=int, default=LOG_BACKUPS, help="rotated log files kept")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.log_file:
+        log_to_rotating_file(args.log_file, args.log_max_bytes, args.log_backups)
+    else:
+        logging.basicConfig(level=logging.INFO, format=FORMAT)
     if not os.environ.get("REDIS_URL"):
         print("REDIS_URL: is required for the worker pool", file=sys.stderr)
         return 2
@@ -209,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         env["AGENT_DEMO_URL"] = demo.url
         log.info("demo provider on %s", demo.url)
 
-    pool = Pool(args.workers, args.worker_class, env)
+    pool = Pool(args.workers, args.worker_class, env, relay_output=args.log_file is not None)
     stop = threading.Event()
 
     def on_signal(signum, frame):

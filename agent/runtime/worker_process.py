@@ -104,13 +104,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
     finally:
-        tool_sources.close()
+        close_tools()
     if worker.recycling:
         # Not through the interpreter's shutdown, which would run beside the spinning thread.
         logging.shutdown()
         sys.stderr.flush()
         os._exit(RECYCLE_EXIT_CODE)
     return 0
+
+
+def close_tools() -> None:
+    """Stop the MCP servers (at most CLOSE_WAIT_S); a second stop signal meanwhile would cut that short
+    and lose their last log lines, so it waits (whoever sent it still has SIGKILL, and each server's
+    guard ends its group even then)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    tool_sources.close()
 
 
 def tools_after(worker, url: str, *, jobs_in_process: bool):

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
+from agent.tools.mcp_stdio import bounded_stdio
 from agent.tools.registry import Tool, ToolError
 from agent.tools.running import ERROR_PREFIX, MAX_OUTPUT_CHARS
 
@@ -298,13 +299,14 @@ def result_text(result) -> str:
     return "\n".join(parts)
 
 
-def _target(server: ServerConfig) -> StdioServerParameters | str:
+def _target(server: ServerConfig):
+    """A streamable HTTP server's URL, or a stdio server's transport (bounded reads, its own process group)."""
     if server.url:
         return server.url
-    # Through with_parent: the server dies with the session thread that started it, even if this
-    # process is killed before it can stop its servers.
+    # Through with_parent: the server and what it starts end with the session thread that started
+    # it, even if this process is killed before it can stop its servers.
     launcher = ["-I", str(WITH_PARENT), resolve_command(server.command)]
-    return StdioServerParameters(command=sys.executable, args=[*launcher, *server.args], env=server.env or None)
+    return bounded_stdio(server.name, sys.executable, [*launcher, *server.args], server.env)
 
 
 def _unique(listing: list) -> list:
