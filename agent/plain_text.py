@@ -123,16 +123,16 @@ def _pair(runs: list[_Run]) -> None:
             stack.append(run)
 
 
-_MARKER_CHARS = frozenset("*_`\\")
+_MARKER_RE = re.compile(r"[*_`\\]")
 
 
 class PlainTextStream:
     """A reply's plain text while it is written: `feed` the text so far, print what it returns.
 
-    Only settled text is given out, so nothing printed has to be taken back: words up to the last
-    space while the unprinted part has no emphasis or code marker, and whole lines once it has one
-    (a marker may pair with one that has not arrived yet). Each piece starts after a space or a line
-    break, so its emphasis reads as it would in the whole text. `finish` gives the rest."""
+    Only settled text is given out, so nothing printed has to be taken back: whole lines, and the
+    words before the first emphasis or code marker still unprinted (a marker may pair with one that
+    has not arrived yet). Each piece starts after a space or a line break, so its emphasis reads as
+    it would in the whole text. `finish` gives the rest."""
 
     def __init__(self) -> None:
         self.text = ""
@@ -141,10 +141,9 @@ class PlainTextStream:
     def feed(self, text: str) -> str:
         self.text = text
         pending = text[self.done:]
-        if _MARKER_CHARS.isdisjoint(pending):
-            cut = max(pending.rfind(" "), pending.rfind("\n"), pending.rfind("\t")) + 1
-        else:
-            cut = pending.rfind("\n") + 1
+        marker = _MARKER_RE.search(pending)
+        before = pending[: marker.start()] if marker else pending
+        cut = max(pending.rfind("\n"), before.rfind(" "), before.rfind("\t")) + 1
         self.done += cut
         return plain_text(pending[:cut])
 
