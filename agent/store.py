@@ -248,11 +248,13 @@ class Store:
         return fresh
 
     def read_meta(self, conversation_id: str) -> State | None:
-        """The small fields only (no history or steps)."""
+        """The small fields only (no history, steps or live text)."""
         meta = self.redis.hgetall(Keys.of(conversation_id).meta)
         if not meta:
             return None
-        return _state(conversation_id, meta, [], [], [])
+        state = _state(conversation_id, meta, [], [], [])
+        state["live"] = None
+        return state
 
     # -- writers ---------------------------------------------------------------------------
 

@@ -144,3 +144,14 @@ def test_read_since_reads_a_fresh_attempt_whole_and_a_cleared_text_as_none(store
 def _output_bytes(store) -> int:
     """Bytes the whole server has sent to its clients so far (this test's Redis has no other client)."""
     return int(store.redis.info("stats")["total_net_output_bytes"])
+
+
+def test_an_ending_written_from_outside_the_job_clears_the_live_text(store):
+    from agent.endings import write_ending
+
+    cid, tid = begin(store)
+    store.write_live(cid, tid, head(tid), "half a reply when the worker was lost")
+    assert write_ending(store, cid, tid, "failed", "worker_lost", "The worker was lost.")
+    state = store.read(cid)
+    assert state["done"] and state["live"] is None and not store.redis.exists(Keys.of(cid).live)
+    assert state["history"][-1]["content"] == "The worker was lost."
