@@ -50,10 +50,11 @@ def test_a_streamed_reply_is_seen_growing_then_lands_in_the_history_with_its_usa
 
 
 def test_a_stream_of_100_000_tiny_chunks_makes_about_one_live_write_per_interval(store, queue, scripted):
-    scripted.add(sse(["x"] * 100_000, per_write=2_000, pause_s=0.05))
+    scripted.add(sse(["x"] * 100_000, per_write=500, pause_s=0.01))
     cid = ask(store, queue, "flood", scripted_config(scripted, **LONG))
     final = wait_done(store, cid, timeout_s=40)
-    assert final["status"] == "done" and final["history"][-1]["content"] == "x" * 100_000
+    assert final["status"] == "done", final["steps"]
+    assert final["history"][-1]["content"] == "x" * 100_000
     (model,) = steps_of(final, "model")
     live_writes = final["version"] - NON_LIVE_WRITES
     assert 1 <= live_writes <= model["duration_s"] / LIVE_WRITE_INTERVAL_S + WRITES_BEYOND_ONE_PER_INTERVAL, (
@@ -90,7 +91,7 @@ def test_a_retry_after_a_cut_starts_a_fresh_text_as_attempt_2(store, queue, scri
 
 
 def test_an_error_event_mid_stream_keeps_the_text_on_its_step_not_in_the_history(store, queue, scripted):
-    scripted.add(sse(["Half an", " answer"], end=ERROR), sse(["Whole."]))
+    scripted.add(sse(["Half an", " answer"], end=ERROR, pause_s=0.2), sse(["Whole."]))
     cid = ask(store, queue, "error", scripted_config(scripted, **LONG))
     final, _ = follow(store, cid)
     broken = steps_of(final, "model")[0]
@@ -102,20 +103,20 @@ def test_an_error_event_mid_stream_keeps_the_text_on_its_step_not_in_the_history
 
 def test_stop_mid_stream_keeps_the_text_marked_stopped_and_answers_every_tool_call(store, queue, scripted):
     scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "17*23"}, "c1")]),
-                 sse(["The answer", " is"], end=STALL))
+                 sse(["The answer", " is 391"], end=STALL))
     cid = ask(store, queue, "stop me", scripted_config(scripted, **LONG))
     live = wait_for(lambda: (store.read(cid) or {}).get("live"), 15, "the live text")
     assert live["message_index"] == 3  # after the user's message, the call and its result
-    wait_for(lambda: (store.read(cid)["live"] or {}).get("text") == "The answer is", 15, "the whole live text")
+    wait_for(lambda: (store.read(cid)["live"] or {}).get("text") == "The answer is 391", 15, "the whole live text")
     store.request_cancel(live["turn_id"], ttl_s=60)
     final = wait_done(store, cid, timeout_s=15)
     assert final["status"] == "cancelled" and final["live"] is None
     stopped = steps_of(final, "model")[-1]
-    assert (stopped["outcome"], stopped["partial_text"]) == ("stopped", "The answer is")
+    assert (stopped["outcome"], stopped["partial_text"]) == ("stopped", "The answer is 391")
     assert stopped["duration_s"] < LONG["call_timeout_cap_s"]
     called = {c["id"] for m in final["history"] for c in m.get("tool_calls") or []}
     assert called == {m["tool_call_id"] for m in final["history"] if m["role"] == "tool"} == {"c1"}
-    assert not any("The answer is" == m.get("content") for m in final["history"])
+    assert not any("The answer is" in (m.get("content") or "") for m in final["history"])
 
 
 def test_two_megabytes_of_text_keep_the_live_text_bounded_like_the_history(store, queue, scripted):
