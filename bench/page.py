@@ -29,7 +29,7 @@ from harness.page import (
 )
 from harness.stats import summary
 
-PAGE_MODEL = "demo@1"  # one second per model call: a measured turn (3 calls) spans several ticks
+PAGE_MODEL = "demo@1~0"  # one second per model call: a measured turn (3 calls) spans several ticks
 POLL_INTERVAL_MS = 1000  # AGENT_POLL_INTERVAL_MS's default
 SETTLE_TIMEOUT_S = 90  # seconds for one turn to settle before the benchmark gives up on it
 PREPARE_TIMEOUT_S = 30  # seconds for one earlier turn (instant model) to end
@@ -67,7 +67,7 @@ def _condition(lengths: tuple[int, ...], turns_per_length: int, hog_count: int, 
         open_chat(page, server.url)
         url = server.redis_url()
         store, queue = Store(state_client(url), STATE_TTL_S), get_queue(queue_client(url))
-        instant = Settings.from_env({}).turn.with_changes(model="demo")
+        instant = Settings.from_env({}).turn.with_changes(model="demo@0.05~0")
         cid, made = None, 0
         with cpu_hogs(hog_count):
             for length in lengths:

@@ -25,7 +25,7 @@ APP = str(ROOT / "app.py")
 RUN_TIMEOUT_S = 15
 ENV = {
     "AGENT_PROVIDER": "demo",
-    "AGENT_MODEL": "demo",
+    "AGENT_MODEL": FAST.model,
     "AGENT_WORKERS": "0",  # the session's `pool` fixture runs the turns
     "AGENT_POLL_INTERVAL_MS": "250",
     "AGENT_JOB_TIMEOUT": str(FAST.job_timeout_s),

@@ -221,7 +221,7 @@ def test_job_timeout_exception_is_never_swallowed(store, queue, redis_client):
 
 
 def test_a_message_to_a_conversation_with_a_turn_in_flight_is_refused(store, queue):
-    cid = ask(store, queue, "slow 1", FAST.with_changes(model="demo"))
+    cid = ask(store, queue, "slow 1", FAST)
     with pytest.raises(TurnInFlight):
         submit_turn(store, queue, cid, "and another", FAST)
     state = wait_done(store, cid)
