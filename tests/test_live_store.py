@@ -155,3 +155,13 @@ def test_an_ending_written_from_outside_the_job_clears_the_live_text(store):
     state = store.read(cid)
     assert state["done"] and state["live"] is None and not store.redis.exists(Keys.of(cid).live)
     assert state["history"][-1]["content"] == "The worker was lost."
+
+
+def test_a_stalled_write_of_an_older_text_never_replaces_the_fresh_attempts_text(store):
+    cid, tid = begin(store)
+    store.write_live(cid, tid, head(tid), "cut")
+    # The cut text's clearing write has not landed yet (a Redis hiccup) when the retry starts writing.
+    assert store.write_live(cid, tid, head(tid, seq=2, attempt=2), "fresh") == "ok"
+    assert store.write_live(cid, tid, head(tid), "cut and more") == "ended"
+    assert store.write_live(cid, tid, head(tid), " more", from_bytes=3) == "ended"
+    assert store.read(cid)["live"]["text"] == "fresh"
