@@ -27,7 +27,7 @@ FAST_CLOCKS = {
 @pytest.fixture
 def cli_env(base_env, redis_url, pool):
     """The session's Redis and workers (the pool), none started by the CLI itself."""
-    return {**base_env, **FAST_CLOCKS, "REDIS_URL": redis_url, "AGENT_WORKERS": "0"}
+    return {**base_env, **FAST_CLOCKS, "AGENT_MODEL": FAST.model, "REDIS_URL": redis_url, "AGENT_WORKERS": "0"}
 
 
 def cli(env: dict, *args: str | bytes) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ from agent.deadline import CallTimeout
 from agent.demo.model import respond
 from agent.demo.scenarios import DEFAULT_LATENCY_S, DEFAULT_STREAM_CPS, Scenario, UnknownModelError, parse_model_name
 from agent.demo.server import HANG_CAP_S, DemoProvider, DemoServer
+from agent.demo.stream import MAX_WRITING_S
 from agent.providers.demo import DEMO
 from agent.providers.openai import OpenAIProvider
 from agent.runtime.loopback_server import Delayed, Hang, LoopbackServer, Reply, Request, Stream, Trickle, reply
@@ -206,21 +207,41 @@ def test_hang_and_trickle_are_actions_not_replies():
     assert json.loads(trickled.body)["object"] == "chat.completion"
 
 
+ANSWERED = [{"role": "user", "content": "What is 17*23?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "calculator",
+                                                                  "arguments": '{"expression": "17*23"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "391"}]
+
+
+def _stream_text(stream: Stream) -> list[str]:
+    """The content pieces of a demo stream, in order."""
+    chunks = [json.loads(part.decode().removeprefix("data: ")) for part in stream.parts[:-1]]
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    return [piece for piece in pieces if piece]
+
+
 def test_a_streaming_request_gets_server_sent_events_at_the_scenarios_rate():
-    action = _post(DemoProvider(), {**_chat("demo@0.25~40", "hello"), "stream": True,
+    action = _post(DemoProvider(), {"model": "demo@0.25~40", "messages": ANSWERED, "tools": TOOLS, "stream": True,
                                     "stream_options": {"include_usage": True}})
     assert action.seconds == 0.25
     stream = action.then
     assert isinstance(stream, Stream) and not stream.stall
-    events = b"".join(stream.parts).decode().split("\n\n")
-    assert events[-2:] == ["data: [DONE]", ""]
-    chunks = [json.loads(event.removeprefix("data: ")) for event in events[:-2]]
-    pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
-    pieces = [piece for piece in pieces if piece]
-    assert "".join(pieces).startswith("Hello!")
+    assert stream.parts[-1] == b"data: [DONE]\n\n"
+    pieces = _stream_text(stream)
+    assert "".join(pieces) == "**17*23 = 391**"
     # 40 characters a second, in pieces one interval apart.
-    assert len(pieces) > 10 and abs(len(pieces[0]) / stream.interval_s - 40) < 1
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert len(pieces) > 5 and abs(len(pieces[0]) / stream.interval_s - 40) < 1
+    last = json.loads(stream.parts[-2].decode().removeprefix("data: "))
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+
+
+def test_a_long_answer_is_written_faster_so_it_fits_the_demo_clocks():
+    action = _post(DemoProvider(), {**_chat("demo@0~60", "hello", tools=[]), "stream": True})
+    stream = action.then
+    text = "".join(_stream_text(stream))
+    assert len(text) / 60 > MAX_WRITING_S  # at 60 characters a second it would take longer
+    assert len(stream.parts) * stream.interval_s <= MAX_WRITING_S + 3 * stream.interval_s
 
 
 def test_a_streamed_tool_call_comes_as_openai_sends_one():
@@ -287,9 +308,9 @@ def test_the_demo_model_streams_its_answer_to_the_provider_at_the_rate_asked(ser
                                    on_text=lambda text: arrivals.append((time.monotonic(), text)))
     assert "".join(text for _, text in arrivals) == completion.content
     assert completion.content.startswith("Hello!") and completion.usage.output_tokens > 0
-    # Written over time, not at once: at 50 characters a second the answer takes len/50 seconds.
+    # Written over time, not at once: at 50 characters a second (or in MAX_WRITING_S, if shorter).
     assert len(arrivals) > 10
-    assert arrivals[-1][0] - started >= len(completion.content) / 50 * 0.8
+    assert arrivals[-1][0] - started >= min(len(completion.content) / 50, MAX_WRITING_S) * 0.8
 
 
 def test_flaky_gives_429_with_retry_after_then_500_then_200(server):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 STREAM_TICK_S = 0.05  # seconds between events at most: small pieces, so the writing looks continuous
+# Seconds the longest answer takes to write: a long one (a docs passage) is written faster, so that it
+# fits the demo clocks' 8 s call cap with room for the latency before it.
+MAX_WRITING_S = 4.0
 DONE = b"data: [DONE]\n\n"
 
 
@@ -16,8 +19,8 @@ def events(completion: dict, *, chars_per_s: float, include_usage: bool) -> tupl
     """The events of a Chat Completions stream for `completion`, and the seconds between them.
 
     The answer's text comes in pieces sized so that, one piece every interval, it is written at
-    `chars_per_s` (0: in one piece). A tool call comes as OpenAI sends one: its id and name first,
-    its arguments in two halves."""
+    `chars_per_s` (0: in one piece), or in MAX_WRITING_S when that would take longer. A tool call
+    comes as OpenAI sends one: its id and name first, its arguments in two halves."""
     base = {key: completion[key] for key in ("id", "created", "model")}
     base["object"] = "chat.completion.chunk"
     choice = completion["choices"][0]
@@ -26,8 +29,10 @@ def events(completion: dict, *, chars_per_s: float, include_usage: bool) -> tupl
     def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
         return event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
-    piece_chars, interval_s = _pace(chars_per_s)
     text = message.get("content") or ""
+    if chars_per_s > 0:
+        chars_per_s = max(chars_per_s, len(text) / MAX_WRITING_S)
+    piece_chars, interval_s = _pace(chars_per_s)
     parts = [chunk({"role": "assistant", "content": ""})]
     parts += [chunk({"content": text[start:start + piece_chars]}) for start in range(0, len(text), piece_chars)]
     for index, call in enumerate(message.get("tool_calls") or []):

@@ -77,7 +77,7 @@ class _Session:
             if pending:
                 loop.run_until_complete(_bounded(asyncio.gather(*pending, return_exceptions=True)))
             loop.run_until_complete(_bounded(self.client.aclose()))
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(_bounded(loop.shutdown_asyncgens()))  # an aclose that hangs must not hang us
         except BaseException:  # noqa: B036 - cleanup after an interruption must never mask it
             log.debug("closing a discarded HTTP session failed", exc_info=True)
         finally:

@@ -236,7 +236,7 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
         sb.number_input("Writing speed (characters/s)", min_value=0.0, max_value=MAX_STREAM_CPS, step=10.0,
                         key=K["stream_cps"],
                         help="How fast the demo model writes its answer, which the page shows as it is written. "
-                             "0 writes it all at once.")
+                             "0 writes it all at once; a long answer is written faster, in 4 s at most.")
     else:
         sb.text_input("Model", key=K["model"])
         sb.caption(f"API key: **{key_status(provider)}** · base URL: `{_base_url(provider, base)}`")
