@@ -392,10 +392,10 @@ def test_nothing_a_terminal_would_act_on_reaches_it_from_a_reply_a_tool_or_its_a
 
 def test_a_streamed_reply_is_printed_while_it_is_written_with_its_tokens(cli_env, store):
     from tests.scripted_server import ScriptedServer
-    from tests.sse_stream import sse
+    from tests.sse_stream import reply_stream
 
     words = [f"word{i} " for i in range(12)]
-    with ScriptedServer([sse(words, pause_s=0.4)]) as server:
+    with ScriptedServer([reply_stream(words, pause_s=0.4)]) as server:
         env = {**cli_env, "AGENT_PROVIDER": "openai", "AGENT_MODEL": "scripted", "AGENT_JOB_TIMEOUT": "30",
                "AGENT_DEADLINE_MARGIN": "5", "AGENT_CALL_TIMEOUT_CAP": "20", "OPENAI_BASE_URL": server.url + "/v1"}
         with subprocess.Popen([sys.executable, "-m", "agent", "ask", "talk"], env=env, cwd=ROOT,
@@ -417,10 +417,10 @@ def test_a_streamed_reply_is_printed_while_it_is_written_with_its_tokens(cli_env
 
 def test_json_live_deltas_reassemble_to_the_final_message(cli_env):
     from tests.scripted_server import ScriptedServer
-    from tests.sse_stream import sse
+    from tests.sse_stream import reply_stream
 
     words = [f"wörd{i} " for i in range(30)]
-    with ScriptedServer([sse(words, pause_s=0.1)]) as server:
+    with ScriptedServer([reply_stream(words, pause_s=0.1)]) as server:
         result = cli({**cli_env, "AGENT_PROVIDER": "openai", "AGENT_MODEL": "scripted", "AGENT_JOB_TIMEOUT": "30",
                       "AGENT_DEADLINE_MARGIN": "5", "AGENT_CALL_TIMEOUT_CAP": "20",
                       "OPENAI_BASE_URL": server.url + "/v1"}, "ask", "--json", "talk")

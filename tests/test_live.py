@@ -10,7 +10,7 @@ from agent.turn.writer import LIVE_WRITE_INTERVAL_S, MAX_LIVE_CHARS
 from harness.waiting import wait_for
 from tests.conftest import ask, wait_done
 from tests.scripted_server import ScriptedServer, chat_reply, tool_call
-from tests.sse_stream import ERROR, STALL, sse
+from tests.sse_stream import ERROR, STALL, reply_stream
 from tests.test_turn import ended_within, scripted_config, steps_of
 
 pytestmark = pytest.mark.usefixtures("pool")
@@ -34,7 +34,7 @@ def lives(seen: list[dict]) -> list[dict]:
 
 def test_a_streamed_reply_is_seen_growing_then_lands_in_the_history_with_its_usage(store, queue, scripted):
     words = [f"word{i} " for i in range(40)]
-    scripted.add(sse(words, pause_s=0.05))
+    scripted.add(reply_stream(words, pause_s=0.05))
     cid = ask(store, queue, "talk", scripted_config(scripted, **LONG))
     final, seen = follow(store, cid)
     assert final["status"] == "done" and final["live"] is None
@@ -50,7 +50,7 @@ def test_a_streamed_reply_is_seen_growing_then_lands_in_the_history_with_its_usa
 
 
 def test_a_stream_of_100_000_tiny_chunks_makes_about_one_live_write_per_interval(store, queue, scripted):
-    scripted.add(sse(["x"] * 100_000, per_write=500, pause_s=0.01))
+    scripted.add(reply_stream(["x"] * 100_000, per_write=500, pause_s=0.01))
     cid = ask(store, queue, "flood", scripted_config(scripted, **LONG))
     final = wait_done(store, cid, timeout_s=40)
     assert final["status"] == "done", final["steps"]
@@ -63,7 +63,7 @@ def test_a_stream_of_100_000_tiny_chunks_makes_about_one_live_write_per_interval
 
 def test_a_stream_that_stalls_after_three_words_is_cut_at_the_call_timeout_and_never_reaches_the_history(
         store, queue):
-    with ScriptedServer(default=sse(["Three", " words", " then"], end=STALL)) as server:
+    with ScriptedServer(default=reply_stream(["Three", " words", " then"], end=STALL)) as server:
         cid = ask(store, queue, "stall", scripted_config(server))
         final, seen = follow(store, cid, timeout_s=20)
     assert final["status"] == "timed_out" and final["live"] is None
@@ -77,7 +77,8 @@ def test_a_stream_that_stalls_after_three_words_is_cut_at_the_call_timeout_and_n
 
 
 def test_a_retry_after_a_cut_starts_a_fresh_text_as_attempt_2(store, queue, scripted):
-    scripted.add(sse(["Three", " words", " then"], end=STALL), sse(["A fresh", " answer."], pause_s=0.2))
+    scripted.add(reply_stream(["Three", " words", " then"], end=STALL),
+                 reply_stream(["A fresh", " answer."], pause_s=0.2))
     cid = ask(store, queue, "retry", scripted_config(scripted, job_timeout_s=20, deadline_margin_s=3.0,
                                                      call_timeout_cap_s=2.0))
     final, seen = follow(store, cid)
@@ -91,7 +92,7 @@ def test_a_retry_after_a_cut_starts_a_fresh_text_as_attempt_2(store, queue, scri
 
 
 def test_an_error_event_mid_stream_keeps_the_text_on_its_step_not_in_the_history(store, queue, scripted):
-    scripted.add(sse(["Half an", " answer"], end=ERROR, pause_s=0.2), sse(["Whole."]))
+    scripted.add(reply_stream(["Half an", " answer"], end=ERROR, pause_s=0.2), reply_stream(["Whole."]))
     cid = ask(store, queue, "error", scripted_config(scripted, **LONG))
     final, _ = follow(store, cid)
     broken = steps_of(final, "model")[0]
@@ -103,7 +104,7 @@ def test_an_error_event_mid_stream_keeps_the_text_on_its_step_not_in_the_history
 
 def test_stop_mid_stream_keeps_the_text_marked_stopped_and_answers_every_tool_call(store, queue, scripted):
     scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "17*23"}, "c1")]),
-                 sse(["The answer", " is 391"], end=STALL))
+                 reply_stream(["The answer", " is 391"], end=STALL))
     cid = ask(store, queue, "stop me", scripted_config(scripted, **LONG))
     live = wait_for(lambda: (store.read(cid) or {}).get("live"), 15, "the live text")
     assert live["message_index"] == 3  # after the user's message, the call and its result
@@ -121,7 +122,7 @@ def test_stop_mid_stream_keeps_the_text_marked_stopped_and_answers_every_tool_ca
 
 def test_two_megabytes_of_text_keep_the_live_text_bounded_like_the_history(store, queue, scripted):
     piece = "0123456789 ünïcödé " * 500  # about 10 KB
-    scripted.add(sse([piece] * 200, per_write=20, pause_s=0.1))
+    scripted.add(reply_stream([piece] * 200, per_write=20, pause_s=0.1))
     cid = ask(store, queue, "a lot", scripted_config(scripted, **LONG))
     final, seen = follow(store, cid)
     assert final["status"] == "done" and final["live"] is None
@@ -131,7 +132,7 @@ def test_two_megabytes_of_text_keep_the_live_text_bounded_like_the_history(store
 
 
 def test_safeguards_off_writes_no_live_text_and_shows_nothing_until_the_end(store, queue, scripted):
-    scripted.add(sse([f"word{i} " for i in range(20)], pause_s=0.1))
+    scripted.add(reply_stream([f"word{i} " for i in range(20)], pause_s=0.1))
     cid = ask(store, queue, "naive", scripted_config(scripted, safeguards=False, **LONG))
     final, seen = follow(store, cid)
     assert final["status"] == "done" and final["history"][-1]["content"].startswith("word0 ")
