@@ -27,6 +27,13 @@ class Status:
 ENDED_STATUSES = (Status.DONE, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED)
 
 
+class LiveStatus:
+    """Where the text being written (`live`) is. A cut, failed or stopped text is not live any more:
+    it is cleared, and its model step keeps it as `partial_text` with the outcome saying why."""
+
+    WRITING = "writing"
+
+
 class Kind:
     """What a step was."""
 
@@ -92,6 +99,23 @@ class CurrentStep(TypedDict):
     timeout_s: float | None
 
 
+class Usage(TypedDict):
+    """Tokens one model call used, as its provider reported them."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+class Live(TypedDict):
+    """The text a model call is writing now, beside the history (which gets it when the call completes)."""
+
+    turn_id: str
+    message_index: int  # where the message will land in `history`
+    attempt: int  # 1 for the first try of this model call; a retry starts a fresh text
+    text: str  # the text so far
+    status: str  # a LiveStatus
+
+
 class Step(TypedDict):
     """One model call, tool run, retry wait or skipped call. Times are epoch seconds."""
 
@@ -114,6 +138,9 @@ class Step(TypedDict):
     call_id: NotRequired[str]  # tool runs: the id of the model's call it answers
     refused_calls: NotRequired[int]  # the record of a refusal: how many calls it answers for
     not_run_calls: NotRequired[int]  # the record of calls the deadline left unrun
+    usage: NotRequired[Usage]  # model calls: the tokens the provider reported
+    partial_text: NotRequired[str]  # model calls cut, failed or stopped mid-stream: the text that arrived (cut)
+    partial_chars: NotRequired[int]  # ... and how many characters had arrived
 
 
 class TurnSummary(TypedDict):
@@ -169,6 +196,7 @@ class State(TypedDict):
     job_id: str | None
     turns: list[TurnSummary]
     trace_parent: str | None
+    live: Live | None  # the text being written now; None between model calls and once the turn ends
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
@@ -209,7 +237,7 @@ def live_summary(state: State) -> TurnSummary:
 
 
 def make_state(conversation_id: str, turn_id: str | None, version: int, done: bool, doc: TurnDoc,
-               history: list[Message], steps: list[Step], turns: list[TurnSummary]) -> State:
+               history: list[Message], steps: list[Step], turns: list[TurnSummary], live: Live | None = None) -> State:
     return State(
         conversation_id=conversation_id,
         turn_id=turn_id,
@@ -230,6 +258,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         job_id=doc.get("job_id"),
         turns=turns,
         trace_parent=doc.get("trace_parent"),
+        live=live,
     )
 
 
