@@ -33,6 +33,7 @@ from agent.runtime.connection import describe, is_disk_error, redis_problem
 from agent.settings import Settings, SettingsError
 from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
 from agent.tools.registry import TOOL_NAME
+from agent.well_formed import UnreadableState
 
 EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
@@ -45,6 +46,7 @@ REDIS_RETRY_PAUSE_S = 0.5  # seconds between attempts while Redis is away
 # just started takes a moment to register its workers.
 WORKER_HINT_AFTER_S = 5.0
 SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
+SHOWN_ERROR_CHARS = 300  # characters of an unexpected error's line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,8 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     except redis.RedisError as exc:  # not bad usage: Redis refused (a full disk) or failed mid-way
         print(f"error: Redis failed: {redis_problem(exc)}", file=sys.stderr)
         return EXIT_ENDED_BADLY
+    except UnreadableState as exc:  # became unreadable while sending or following
+        print(terminal_safe(f"error: {exc}; leave out --conversation to start a new one"), file=sys.stderr)
+        return EXIT_ENDED_BADLY
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback (what was stored may be anything)
+        print(terminal_safe(f"error: {type(exc).__name__}: {exc}"[:SHOWN_ERROR_CHARS]), file=sys.stderr)
+        return EXIT_ENDED_BADLY
     finally:
         services.shutdown()
 
@@ -125,7 +133,15 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     queue_connection = store.redis
     queue = get_queue(queue_connection)
     outage = Outage(describe(svc.redis_url), settings.turn.job_timeout_s)
-    if conversation_id is not None and store.version(conversation_id) is None:
+    try:
+        # The small fields whole, not just the version, as the page does: a state that cannot be read
+        # is said, and nothing is sent into it.
+        unknown = conversation_id is not None and store.read_meta(conversation_id) is None
+    except UnreadableState as exc:
+        print(terminal_safe(f"error: {exc}; nothing was sent: leave out --conversation to start a new one"),
+              file=sys.stderr)
+        return EXIT_USAGE
+    if unknown:
         # As the page does: an unknown id is not quietly made a new conversation under that name.
         print(f"error: conversation {conversation_id} was not found (conversations are kept for "
               f"{settings.state_ttl_s:,} s after their last message); nothing was sent: leave out "
