@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+import redis
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
@@ -40,7 +41,7 @@ from tests.hostile_states import (
 
 SEED = 20261202
 STORE_CASES = 400  # read by the store, the lost-worker check and the CLI's printing
-PAGE_CASES = 120  # drawn by the page, a full run and a tick each, then the next message sent
+PAGE_CASES = 60  # drawn by the page, a full run and a tick each, then the next message sent
 CLI_CASES = 6  # `python -m agent ask --conversation ID` as a process
 APP = str(ROOT / "app.py")
 RUN_TIMEOUT_S = 15
@@ -223,8 +224,8 @@ def test_a_state_that_turns_unreadable_during_a_turn_is_said_on_the_next_tick_an
         assert _fragment_id(at, "_live_turn"), kind
         raw = damage(store, rng, cid, kind)
         case = f"{kind}: {raw!r:.200}"
-        if kind in ("meta_done", "meta_doc"):
-            store.redis.hincrby(f"agent:conv:{cid}:meta", "version", 1)  # as a write would
+        with contextlib.suppress(redis.ResponseError):  # a version that is no number, or no hash, stays
+            store.redis.hincrby(f"agent:conv:{cid}:meta", "version", 1)  # the version moves, as on a write
         store.redis.xadd(f"agent:conv:{cid}:events", {"v": "x"})  # wakes the tick's blocking read
         tick(at)  # the tick finds it unreadable and asks for a full run, which says so
         assert_no_traceback(at, case)

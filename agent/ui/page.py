@@ -144,9 +144,9 @@ def _redis_down(exc: Exception) -> None:
 
 def _page(settings: Settings, be: ui.Backend) -> None:
     session = st.session_state
-    conversation = ui.resolve_conversation(st.query_params.get(ui.CID_PARAM), session, be.store, settings.state_ttl_s)
+    conversation, result = ui.open_conversation(st.query_params.get(ui.CID_PARAM), session, be.store,
+                                                be.queue_connection, settings.state_ttl_s)
     cid = conversation.id
-    result = ui.poll(be.store, be.queue_connection, session, cid)
     state = result.state
     in_flight = state is not None and not state["done"]
 

@@ -71,18 +71,13 @@ class Conversation:
 
 
 def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int) -> Conversation:
-    """The URL's conversation when it exists and can be read; otherwise this tab's draft id (a fresh chat)."""
+    """The URL's conversation when it exists; otherwise this tab's draft id (a fresh chat)."""
     if url_cid:
         try:
-            # The small fields whole, not just the version: a state the page cannot read is said
-            # here, and the next message goes to a new chat instead of into it.
-            if is_conversation_id(url_cid) and store.read_meta(url_cid) is not None:
+            if is_conversation_id(url_cid) and store.version(url_cid) is not None:
                 return Conversation(url_cid, in_url=True)
         except UnreadableState as exc:
-            session.pop(DRAFT_KEY, None)
-            notice = (f"The conversation in this link ({inert(url_cid[:24])}) cannot be read: "
-                      f"{unreadable_sentence(exc)} This is a new chat.")
-            return Conversation(_draft(session), in_url=False, notice=notice, unreadable=True)
+            return _unreadable(url_cid, session, exc)
         session.pop(DRAFT_KEY, None)
         notice = (
             f"The conversation in this link ({inert(url_cid[:24])}) was not found: conversations are kept for "
@@ -90,6 +85,28 @@ def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int)
         )
         return Conversation(_draft(session), in_url=False, notice=notice)
     return Conversation(_draft(session), in_url=False)
+
+
+def open_conversation(url_cid: str | None, session, store: Store, queue_connection: redis.Redis,
+                      ttl_s: int) -> tuple[Conversation, Poll]:
+    """The conversation a full run shows, and its state. One whose stored state cannot be read is said
+    in a notice, and this tab gets a new chat: the next message goes there, not into it."""
+    conversation = resolve_conversation(url_cid, session, store, ttl_s)
+    try:
+        return conversation, poll(store, queue_connection, session, conversation.id)
+    except UnreadableState as exc:
+        if not conversation.in_url:
+            raise
+        conversation = _unreadable(conversation.id, session, exc)
+        return conversation, poll(store, queue_connection, session, conversation.id)
+
+
+def _unreadable(url_cid: str, session, exc: UnreadableState) -> Conversation:
+    session.pop(DRAFT_KEY, None)
+    session.pop(VIEW_KEY, None)
+    notice = (f"The conversation in this link ({inert(url_cid[:24])}) cannot be read: "
+              f"{unreadable_sentence(exc)} This is a new chat.")
+    return Conversation(_draft(session), in_url=False, notice=notice, unreadable=True)
 
 
 def unreadable_sentence(exc: UnreadableState) -> str:
