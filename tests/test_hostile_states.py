@@ -23,9 +23,11 @@ from agent.cli import Follower
 from agent.lost_worker import lost_worker_check
 from agent.queue import new_id, submit_turn
 from agent.runtime import services
+from agent.runtime.loopback_server import delayed
 from agent.well_formed import UnreadableState
 from harness.pools import stop_pool
 from harness.private_redis import PrivateRedis
+from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, start_pool, wait_done
 from tests.hostile_states import (
     NOT_JSON,
@@ -38,6 +40,7 @@ from tests.hostile_states import (
     damage,
     make_case,
 )
+from tests.scripted_server import chat_reply, tool_call
 
 SEED = 20261202
 STORE_CASES = 400  # read by the store, the lost-worker check and the CLI's printing
@@ -292,5 +295,46 @@ def test_the_cli_says_a_hostile_state_cannot_be_read_or_continues_it_and_never_s
                 assert code == 0 and "17*23 = 391" in out, (str(case), code, err[-500:])
         code, out, err = _cli(env, "ask", "What is 17*23?")  # and the next conversation works
         assert code == 0 and "17*23 = 391" in out, err
+    finally:
+        stop_pool(handle, private.url)
+
+
+# -- the finding itself: nested brackets from the model, through a real turn ---------------------------------
+
+BRACKETS = "[" * 1000 + "]" * 1000  # within the 2,000 characters a step keeps of a tool call's arguments
+REPLY_DELAY_S = 10.0  # seconds the model takes over its answer: the page draws the turn in flight meanwhile
+
+
+@pytest.mark.usefixtures("app_env")
+def test_a_model_sending_a_thousand_nested_brackets_as_arguments_is_drawn_during_and_after_the_turn(
+        private, scripted, tmp_path):
+    store = private.store
+    scripted.add(chat_reply(None, [tool_call("calculator", BRACKETS)]),
+                 delayed(REPLY_DELAY_S, chat_reply("Those brackets were not arithmetic.")))  # drawn meanwhile
+    config = FAST.with_changes(provider="openai", model="scripted", base_url=scripted.url + "/v1",
+                               job_timeout_s=30, deadline_margin_s=5.0, call_timeout_cap_s=REPLY_DELAY_S + 5)
+    private.queue.empty()
+    handle = start_pool(private.url, 1, tmp_path / "pool.log")
+    try:
+        cid = new_id()
+        submit_turn(store, private.queue, cid, "Add these up", config)
+        wait_for(lambda: any(s.get("arguments") == BRACKETS for s in store.read(cid)["steps"]), TURN_TIMEOUT_S,
+                 "the tool step with the brackets is written")
+        at = page(cid)
+        at.run()  # a full run draws the turn in flight
+        assert_no_traceback(at, "full run during the turn")
+        assert BRACKETS in texts(at) and polling(at)
+        tick(at)  # a poll redraws it alone
+        assert_no_traceback(at, "tick during the turn")
+        assert BRACKETS in texts(at) and polling(at)
+        assert not store.read(cid)["done"], "the page was to be drawn while the turn ran"
+        final = wait_done(store, cid, timeout_s=TURN_TIMEOUT_S)
+        assert final["status"] == "done", final["history"][-1]
+        at.run()
+        assert_no_traceback(at, "after the turn")
+        shown = texts(at)
+        assert BRACKETS in shown and "Those brackets were not arithmetic." in shown and not polling(at)
+        at.chat_input[0].set_value("Thanks").run()  # and the next turn starts
+        assert store.read(cid)["history"][-1] == {"role": "user", "content": "Thanks"}
     finally:
         stop_pool(handle, private.url)
