@@ -29,7 +29,7 @@ from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime import services
-from agent.runtime.connection import describe, is_disk_error, redis_problem
+from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, SettingsError
 from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
 from agent.tools.registry import TOOL_NAME
@@ -37,6 +37,8 @@ from agent.well_formed import UnreadableState
 
 EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
+# So is a Redis out of memory (is_memory_error): it still serves reads, and takes writes again once
+# memory is freed, while the turn goes on.
 TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 # Seconds past the turn's job timeout (or past the outage's start, if later) before the CLI stops
 # waiting for Redis: room for a restart, yet a bound on a CLI that follows a turn nobody can finish.
@@ -159,17 +161,17 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
         except TurnInFlight as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ENDED_BADLY
-        except TRANSIENT_REDIS_ERRORS as exc:
+        except (*TRANSIENT_REDIS_ERRORS, redis.ResponseError) as exc:
+            if isinstance(exc, redis.ResponseError) and not is_memory_error(exc):
+                if not is_disk_error(exc):
+                    raise
+                print(f"error: {redis_problem(exc)}. Nothing was sent.", file=sys.stderr)
+                return EXIT_ENDED_BADLY
             if outage.gives_up(exc, None):
                 print(outage.sentence(conversation_id, "while sending the message (it may not have been sent)"),
                       file=sys.stderr)
                 return EXIT_ENDED_BADLY
             time.sleep(REDIS_RETRY_PAUSE_S)
-        except redis.ResponseError as exc:
-            if not is_disk_error(exc):
-                raise
-            print(f"error: {redis_problem(exc)}. Nothing was sent.", file=sys.stderr)
-            return EXIT_ENDED_BADLY
     outage.clear()
     if not as_json:
         print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
@@ -177,20 +179,20 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     while True:
         try:
             ended = follower.step()
-        except TRANSIENT_REDIS_ERRORS as exc:
+        except (*TRANSIENT_REDIS_ERRORS, redis.ResponseError) as exc:
+            if isinstance(exc, redis.ResponseError) and not is_memory_error(exc):
+                if not is_disk_error(exc):
+                    raise
+                # Only the ending of a turn past its clocks is written from here; Redis refused it.
+                print(f"error: {redis_problem(exc)}. This turn's ending could not be recorded; it will be once "
+                      f"Redis can write again (open the page with ?c={conversation_id}).", file=sys.stderr)
+                return EXIT_ENDED_BADLY
             if outage.gives_up(exc, follower.state):
                 print(outage.sentence(conversation_id, "while following the turn; the turn may still finish"),
                       file=sys.stderr)
                 return EXIT_ENDED_BADLY
             time.sleep(REDIS_RETRY_PAUSE_S)
             continue
-        except redis.ResponseError as exc:
-            if not is_disk_error(exc):
-                raise
-            # Only the ending of a turn past its clocks is written from here; Redis refused it.
-            print(f"error: {redis_problem(exc)}. This turn's ending could not be recorded; it will be once "
-                  f"Redis can write again (open the page with ?c={conversation_id}).", file=sys.stderr)
-            return EXIT_ENDED_BADLY
         outage.clear()
         if ended is not None:
             return ended
@@ -208,12 +210,14 @@ class Outage:
     job_timeout_s: float
     since: float | None = None  # time.time() of the first error in a row
     last_error: str = ""
+    refusing: bool = False  # the last error was Redis refusing writes (out of memory), not a lost connection
 
     def gives_up(self, exc: BaseException, state: State | None) -> bool:
         now = time.time()
         if self.since is None:
             self.since = now
         self.last_error = redis_problem(exc)
+        self.refusing = is_memory_error(exc)
         job_timeout_at = (state and state["job_timeout_at"]) or self.since + self.job_timeout_s
         return now >= max(job_timeout_at, self.since) + REDIS_OUTAGE_GRACE_S
 
@@ -222,7 +226,9 @@ class Outage:
 
     def sentence(self, conversation_id: str, what: str) -> str:
         lasted = time.time() - (self.since or time.time())
-        return (f"error: lost the connection to Redis at {self.where} for {lasted:.0f} s {what} "
+        trouble = f"Redis at {self.where} refused writes" if self.refusing else \
+            f"lost the connection to Redis at {self.where}"
+        return (f"error: {trouble} for {lasted:.0f} s {what} "
                 f"({self.last_error}): run `python -m agent ask --conversation {conversation_id} MESSAGE` "
                 f"later to continue it, or open the page with ?c={conversation_id} to see it.")
 
