@@ -2,8 +2,9 @@
 workers and state as the page, followed until `done`.
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
-Redis went away (or refused writes) for longer than the turn's clocks; 2 for bad usage or
-configuration (one line on stderr).
+Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
+bad usage or configuration, a conversation that was not found or cannot be read included (one line
+on stderr, nothing sent).
 
 Output: each version prints only what it added. Text: the turn's new messages, Markdown emphasis
 dropped. `--json`: one JSON object a line; every line but the last is a delta (`"delta": true`:
