@@ -184,11 +184,15 @@ def message(raw) -> dict:
 
 
 def _tool_call(call: dict) -> dict:
-    function = call.get("function")
-    function = function if isinstance(function, dict) else {"arguments": function}
-    return {**call, "id": text_of(call.get("id") or ""), "type": text_of(call.get("type") or "function"),
-            "function": {**function, "name": text_of(function.get("name") or ""),
-                         "arguments": text_of(function.get("arguments") or "")}}
+    """A tool call with its wrong-typed fields as text (a missing name or arguments empty); a well-formed
+    one comes back equal, field for field (the job compares what it wrote with what it reads back)."""
+    fixed = {**call, **{k: text_of(call[k]) for k in ("id", "type") if k in call and not isinstance(call[k], str)}}
+    function = call.get("function", {})
+    if not isinstance(function, dict):
+        function = {"arguments": function}
+    fixed["function"] = {"name": "", "arguments": "", **function, **{
+        k: text_of(function[k]) for k in ("name", "arguments") if k in function and not isinstance(function[k], str)}}
+    return fixed
 
 
 def _unreadable_message(raw, why: str) -> dict:

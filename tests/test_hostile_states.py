@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import random
 import re
 import subprocess
@@ -20,10 +21,12 @@ from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
 
 from agent.cli import Follower
+from agent.contract import CARRIED_FIELDS
 from agent.lost_worker import lost_worker_check
 from agent.queue import new_id, submit_turn
 from agent.runtime import services
 from agent.runtime.loopback_server import delayed
+from agent.store import Keys
 from agent.well_formed import UnreadableState
 from harness.pools import stop_pool
 from harness.private_redis import PrivateRedis
@@ -163,6 +166,17 @@ def _print_as_the_cli_does(store, private, case: Case, state: dict) -> None:
         with contextlib.redirect_stdout(out):
             follower.print_json(state, final=True) if as_json else follower.print_text(state)
         assert not TRACEBACK_RE.search(out.getvalue()), case
+
+
+def test_a_state_the_store_wrote_reads_back_exactly_as_written(private):
+    store = private.store
+    for status in ("queued", "running", "done", "failed"):
+        cid, _ = base_state(store, status)
+        state, keys = store.read(cid), Keys.of(cid)
+        for name, key in (("history", keys.history), ("steps", keys.steps), ("turns", keys.turns)):
+            assert state[name] == [json.loads(item) for item in store.redis.lrange(key, 0, -1)], (status, name)
+        doc = json.loads(store.redis.hget(keys.meta, "doc"))
+        assert {k: state[k] for k in CARRIED_FIELDS} == {k: doc.get(k) for k in CARRIED_FIELDS}, status
 
 
 def test_a_history_item_that_is_not_a_message_is_shown_as_its_text_and_the_others_as_they_are(private):
