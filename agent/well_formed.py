@@ -48,6 +48,10 @@ def _finite(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# One decoder for every read (json.loads with options builds a new one each call).
+_DECODER = json.JSONDecoder(parse_constant=lambda _name: None, parse_float=_finite)
+
+
 def parse_json(raw: str | bytes, max_depth: int = MAX_DEPTH):
     """The JSON value of `raw`, nested at most `max_depth` deep, NaN and infinities read as None; else Malformed."""
     if isinstance(raw, bytes):
@@ -55,30 +59,28 @@ def parse_json(raw: str | bytes, max_depth: int = MAX_DEPTH):
     if not isinstance(raw, str):
         raise Malformed(f"not text but {type(raw).__name__}")
     try:
-        value = json.loads(raw, parse_constant=lambda _name: None, parse_float=_finite)
+        value = _DECODER.decode(raw)
     except RecursionError as exc:  # the C scanner's own bound, far past ours
         raise Malformed("nested too deep") from exc
     except ValueError as exc:  # not JSON, or an integer of more digits than Python converts
         raise Malformed(f"not JSON ({exc})") from exc
-    if not nests_within(value, max_depth):
+    # Fewer opening brackets than the limit (inside strings too) cannot nest past it: no walk needed.
+    if raw.count("[") + raw.count("{") > max_depth and not nests_within(value, max_depth):
         raise Malformed(f"nested more than {max_depth} levels deep")
     return value
 
 
 def nests_within(value, max_depth: int) -> bool:
-    """True when `value` nests at most `max_depth` lists or objects deep (an explicit stack: never recursion)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        if depth >= max_depth:
+    """True when `value` nests at most `max_depth` lists or objects deep (level by level: never recursion)."""
+    level, depth = [value], 0
+    while level:
+        containers = [item for item in level if isinstance(item, dict | list | tuple)]
+        if not containers:
+            return True
+        depth += 1
+        if depth > max_depth:
             return False
-        stack.extend((child, depth + 1) for child in children)
+        level = [child for item in containers for child in (item.values() if isinstance(item, dict) else item)]
     return True
 
 

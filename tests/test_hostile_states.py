@@ -276,6 +276,34 @@ def test_after_hostile_states_a_real_turn_runs_to_its_answer_on_the_page(private
         stop_pool(handle, private.url)
 
 
+@pytest.mark.usefixtures("app_env")
+def test_a_part_of_the_page_that_fails_to_draw_is_said_in_a_sentence_and_the_polling_goes_on(private, monkeypatch):
+    """Past the repaired state, a drawing bug: the guards say which part failed, never with a traceback,
+    in a full run and in a tick of the in-flight fragment alone (which main() does not guard)."""
+    store = private.store
+    cid, _ = base_state(store, "done")
+    submit_turn(store, private.queue, cid, "And 18*23?", FAST)  # the next turn waits: in flight
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a drawing bug")
+
+    monkeypatch.setattr("agent.ui.render.tool_status_label", broken)  # every tool step, finished or live
+    at = page(cid)
+    at.run()
+    assert_no_traceback(at, "full run")
+    assert "Turn 1 could not be drawn (ZeroDivisionError)" in texts(at) and polling(at)
+    monkeypatch.setattr("agent.ui.page._in_flight", broken)  # the live part of the turn in flight
+    tick(at)
+    assert_no_traceback(at, "tick")
+    assert "The reply being written could not be drawn (ZeroDivisionError)" in texts(at)
+    assert polling(at), "the polling stopped"
+    monkeypatch.setattr("agent.ui.state.poll", broken)  # the tick's own poll
+    tick(at)
+    assert_no_traceback(at, "tick with a failing poll")
+    assert "could not be drawn (ZeroDivisionError)" in texts(at) and polling(at)
+    private.queue.empty()
+
+
 # -- the CLI as a process --------------------------------------------------------------------------------
 
 
