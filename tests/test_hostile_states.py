@@ -47,7 +47,7 @@ from tests.scripted_server import chat_reply, tool_call
 
 SEED = 20261202
 STORE_CASES = 400  # read by the store, the lost-worker check and the CLI's printing
-PAGE_CASES = 60  # drawn by the page, a full run and a tick each, then the next message sent
+PAGE_CASES = 40  # drawn by the page, a full run and a tick each, then the next message sent
 CLI_CASES = 6  # `python -m agent ask --conversation ID` as a process
 APP = str(ROOT / "app.py")
 RUN_TIMEOUT_S = 15
@@ -287,7 +287,7 @@ def test_a_part_of_the_page_that_fails_to_draw_is_said_in_a_sentence_and_the_pol
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a drawing bug")
 
-    monkeypatch.setattr("agent.ui.render.tool_status_label", broken)  # every tool step, finished or live
+    monkeypatch.setattr("agent.ui.render.tools_line", broken)  # an earlier turn's tool steps
     at = page(cid)
     at.run()
     assert_no_traceback(at, "full run")
