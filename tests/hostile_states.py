@@ -12,10 +12,14 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rq import Queue
+
 from agent.contract import turn_summary
-from agent.queue import new_id
+from agent.queue import job_id_for, new_id, submit_turn
+from agent.settings import TurnConfig
 from agent.store import Keys, Store
 from agent.well_formed import MAX_DEPTH, MAX_NUMBER, ROLES, nests_within
 
@@ -92,23 +96,31 @@ def _whole_item(rng: random.Random):
     return rng.choice(pool)
 
 
-def base_state(store: Store, status: str) -> tuple[str, str]:
-    """A real conversation: one ended turn with a tool step, then the latest turn in `status`."""
+def base_state(store: Store, status: str, queue: Queue | None = None) -> tuple[str, str]:
+    """A real conversation: one ended turn with a tool step, then the latest turn in `status`. With a
+    `queue` (and no worker on it), the latest turn's job waits there, so a turn in flight stays in
+    flight (without, its job is missing and a front end soon writes its ending, as for a lost worker)."""
     cid = new_id()
     _turn(store, cid, "done")
-    turn_id = _turn(store, cid, status)
+    turn_id = _turn(store, cid, status, queue)
     return cid, turn_id
 
 
-def _turn(store: Store, cid: str, status: str) -> str:
-    turn_id, now = new_id(), time.time()
+def _turn(store: Store, cid: str, status: str, queue: Queue | None = None) -> str:
+    now = time.time()
+    if queue is not None:
+        turn_id = submit_turn(store, queue, cid, "What is 17*23?", TurnConfig(provider="demo", model="demo"))
+    else:
+        turn_id = new_id()
     doc = {"status": "queued", "error": None, "config": {"provider": "demo", "job_timeout_s": 6},
-           "job_id": f"turn-{turn_id}", "enqueued_at": now, "deadline_at": None, "job_timeout_at": None,
+           "job_id": job_id_for(turn_id), "enqueued_at": now, "deadline_at": None, "job_timeout_at": None,
            "started_at": None, "current_step": None}
-    store.begin_turn(cid, turn_id, {"role": "user", "content": "What is 17*23?"}, doc)
+    if queue is None:
+        store.begin_turn(cid, turn_id, {"role": "user", "content": "What is 17*23?"}, doc)
     if status == "queued":
         return turn_id
-    doc.update(status="running", started_at=now, deadline_at=now + 4, job_timeout_at=now + 6,
+    # Its clocks far off: a turn in flight is not taken for lost while a test looks at it.
+    doc.update(status="running", started_at=now, deadline_at=now + 60, job_timeout_at=now + 120,
                current_step={"kind": "model", "name": "demo", "started_at": now, "timeout_s": 3.0})
     function = {"name": "calculator", "arguments": '{"expression": "17*23"}'}
     call = {"id": "call_1", "type": "function", "function": function}
@@ -131,11 +143,12 @@ def _turn(store: Store, cid: str, status: str) -> str:
     return turn_id
 
 
-def make_case(store: Store, rng: random.Random, number: int, kind: str | None = None) -> Case:
-    """One hostile state in Redis, from `rng`."""
+def make_case(store: Store, rng: random.Random, number: int, kind: str | None = None,
+              queue: Queue | None = None) -> Case:
+    """One hostile state in Redis, from `rng` (its latest turn's job waiting in `queue`, if given)."""
     kind = kind or rng.choice(READABLE_KINDS * 2 + UNREADABLE_KINDS)
     base = rng.choice(("done", "running", "queued", "failed"))
-    cid, _ = base_state(store, base)
+    cid, _ = base_state(store, base, queue)
     raw = damage(store, rng, cid, kind)
     shown = raw if isinstance(raw, str) else raw.decode("latin-1")
     deep = "[" * (MAX_DEPTH + 1) in shown or '{"a":' * (MAX_DEPTH + 1) in shown
@@ -191,10 +204,12 @@ def damage(store: Store, rng: random.Random, cid: str, kind: str) -> str | bytes
     return raw
 
 
-def cases(store: Store, seed: int, count: int) -> list[Case]:
+def cases(store: Store, seed: int, count: int, queue: Queue | None = None) -> Iterator[Case]:
+    """`count` cases, each written when the one before has been looked at."""
     rng = random.Random(seed)
     every_kind = [*READABLE_KINDS, *UNREADABLE_KINDS]  # each kind at least once, then at random
-    return [make_case(store, rng, n, every_kind[n] if n < len(every_kind) else None) for n in range(count)]
+    for n in range(count):
+        yield make_case(store, rng, n, every_kind[n] if n < len(every_kind) else None, queue)
 
 
 # -- what a well-formed state is -------------------------------------------------------------------
