@@ -2,9 +2,10 @@
 workers and state as the page, followed until `done`.
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
-Redis went away (or refused writes) for longer than the turn's clocks; 2 for bad usage or
-configuration, or services that could not start (one line on stderr): an embedded Redis that runs
-but does not answer is waited for first, for AGENT_REDIS_WAIT seconds (said on stderr), and left running.
+Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
+bad usage or configuration, a conversation that was not found or cannot be read included, or
+services that could not start (one line on stderr, nothing sent): an embedded Redis that runs but
+does not answer is waited for first, for AGENT_REDIS_WAIT seconds (said on stderr), and left running.
 
 Output: each version prints only what it added. Text: the reply's text as it is written, then the
 turn's new messages, Markdown emphasis dropped; a text cut off or stopped mid-way is marked so, and
@@ -32,13 +33,16 @@ from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime import services
-from agent.runtime.connection import describe, is_disk_error, redis_problem
+from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, SettingsError
 from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
 from agent.tools.registry import TOOL_NAME
+from agent.well_formed import UnreadableState
 
 EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
+# So is a Redis out of memory (is_memory_error): it still serves reads, and takes writes again once
+# memory is freed, while the turn goes on.
 TRANSIENT_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 # Seconds past the turn's job timeout (or past the outage's start, if later) before the CLI stops
 # waiting for Redis: room for a restart, yet a bound on a CLI that follows a turn nobody can finish.
@@ -51,6 +55,7 @@ SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
 # How a text that never became a message is marked, by its model step's outcome.
 CUT_MARKS = {Outcome.TIMEOUT: "cut off: the call timed out", Outcome.STOPPED: "stopped at your request",
              Outcome.ERROR: "cut off: the call failed"}
+SHOWN_ERROR_CHARS = 300  # characters of an unexpected error's line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,8 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     except redis.RedisError as exc:  # not bad usage: Redis refused (a full disk) or failed mid-way
         print(f"error: Redis failed: {redis_problem(exc)}", file=sys.stderr)
         return EXIT_ENDED_BADLY
+    except UnreadableState as exc:  # became unreadable while sending or following
+        print(terminal_safe(f"error: {exc}; leave out --conversation to start a new one"), file=sys.stderr)
+        return EXIT_ENDED_BADLY
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback (what was stored may be anything)
+        print(terminal_safe(f"error: {type(exc).__name__}: {exc}"[:SHOWN_ERROR_CHARS]), file=sys.stderr)
+        return EXIT_ENDED_BADLY
     finally:
         services.shutdown()
 
@@ -131,7 +142,15 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     queue_connection = store.redis
     queue = get_queue(queue_connection)
     outage = Outage(describe(svc.redis_url), settings.turn.job_timeout_s)
-    if conversation_id is not None and store.version(conversation_id) is None:
+    try:
+        # The small fields whole, not just the version, as the page does: a state that cannot be read
+        # is said, and nothing is sent into it.
+        unknown = conversation_id is not None and store.read_meta(conversation_id) is None
+    except UnreadableState as exc:
+        print(terminal_safe(f"error: {exc}; nothing was sent: leave out --conversation to start a new one"),
+              file=sys.stderr)
+        return EXIT_USAGE
+    if unknown:
         # As the page does: an unknown id is not quietly made a new conversation under that name.
         print(f"error: conversation {conversation_id} was not found (conversations are kept for "
               f"{settings.state_ttl_s:,} s after their last message); nothing was sent: leave out "
@@ -149,17 +168,17 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
         except TurnInFlight as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ENDED_BADLY
-        except TRANSIENT_REDIS_ERRORS as exc:
+        except (*TRANSIENT_REDIS_ERRORS, redis.ResponseError) as exc:
+            if isinstance(exc, redis.ResponseError) and not is_memory_error(exc):
+                if not is_disk_error(exc):
+                    raise
+                print(f"error: {redis_problem(exc)}. Nothing was sent.", file=sys.stderr)
+                return EXIT_ENDED_BADLY
             if outage.gives_up(exc, None):
                 print(outage.sentence(conversation_id, "while sending the message (it may not have been sent)"),
                       file=sys.stderr)
                 return EXIT_ENDED_BADLY
             time.sleep(REDIS_RETRY_PAUSE_S)
-        except redis.ResponseError as exc:
-            if not is_disk_error(exc):
-                raise
-            print(f"error: {redis_problem(exc)}. Nothing was sent.", file=sys.stderr)
-            return EXIT_ENDED_BADLY
     outage.clear()
     if not as_json:
         print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
@@ -167,20 +186,20 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     while True:
         try:
             ended = follower.step()
-        except TRANSIENT_REDIS_ERRORS as exc:
+        except (*TRANSIENT_REDIS_ERRORS, redis.ResponseError) as exc:
+            if isinstance(exc, redis.ResponseError) and not is_memory_error(exc):
+                if not is_disk_error(exc):
+                    raise
+                # Only the ending of a turn past its clocks is written from here; Redis refused it.
+                print(f"error: {redis_problem(exc)}. This turn's ending could not be recorded; it will be once "
+                      f"Redis can write again (open the page with ?c={conversation_id}).", file=sys.stderr)
+                return EXIT_ENDED_BADLY
             if outage.gives_up(exc, follower.state):
                 print(outage.sentence(conversation_id, "while following the turn; the turn may still finish"),
                       file=sys.stderr)
                 return EXIT_ENDED_BADLY
             time.sleep(REDIS_RETRY_PAUSE_S)
             continue
-        except redis.ResponseError as exc:
-            if not is_disk_error(exc):
-                raise
-            # Only the ending of a turn past its clocks is written from here; Redis refused it.
-            print(f"error: {redis_problem(exc)}. This turn's ending could not be recorded; it will be once "
-                  f"Redis can write again (open the page with ?c={conversation_id}).", file=sys.stderr)
-            return EXIT_ENDED_BADLY
         outage.clear()
         if ended is not None:
             return ended
@@ -198,12 +217,14 @@ class Outage:
     job_timeout_s: float
     since: float | None = None  # time.time() of the first error in a row
     last_error: str = ""
+    refusing: bool = False  # the last error was Redis refusing writes (out of memory), not a lost connection
 
     def gives_up(self, exc: BaseException, state: State | None) -> bool:
         now = time.time()
         if self.since is None:
             self.since = now
         self.last_error = redis_problem(exc)
+        self.refusing = is_memory_error(exc)
         job_timeout_at = (state and state["job_timeout_at"]) or self.since + self.job_timeout_s
         return now >= max(job_timeout_at, self.since) + REDIS_OUTAGE_GRACE_S
 
@@ -212,7 +233,9 @@ class Outage:
 
     def sentence(self, conversation_id: str, what: str) -> str:
         lasted = time.time() - (self.since or time.time())
-        return (f"error: lost the connection to Redis at {self.where} for {lasted:.0f} s {what} "
+        trouble = f"Redis at {self.where} refused writes" if self.refusing else \
+            f"lost the connection to Redis at {self.where}"
+        return (f"error: {trouble} for {lasted:.0f} s {what} "
                 f"({self.last_error}): run `python -m agent ask --conversation {conversation_id} MESSAGE` "
                 f"later to continue it, or open the page with ?c={conversation_id} to see it.")
 

@@ -37,7 +37,7 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: State | None
         return None
     try:
         job = SafeJob.fetch(meta["job_id"], connection=queue_connection, serializer=JSONSerializer)
-    except NoSuchJobError:
+    except (NoSuchJobError, ValueError):  # ValueError: an id RQ refuses (a hand-written state) names no job
         if _waited_too_long(store, meta, now):
             return f"it waited {_duration(now - meta['enqueued_at'])} for a free worker, the longest a message may wait"
         # A just-submitted turn writes its state before its job: give it a moment.

@@ -190,7 +190,7 @@ def job_status(connection: redis.Redis, job_id: str) -> str | None:
     """RQ's status for a job ('queued', 'started', 'finished', 'failed', 'stopped', ...) or None if gone."""
     try:
         job = SafeJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
-    except NoSuchJobError:
+    except (NoSuchJobError, ValueError):  # ValueError: an id RQ refuses (a hand-written state) names no job
         return None
     status = job.get_status(refresh=False)
     return status.value if hasattr(status, "value") else status

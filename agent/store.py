@@ -20,6 +20,9 @@ last seq cleared, so a late live write for a text already ended is refused.
 A poll that finds no change is one HGET of `version`; a publish appends only what is new.
 Every write goes through a Lua script that refuses it when the turn is not the current one,
 when the turn has already ended (done never reverts), or when the history moved underneath.
+
+Whatever the keys hold, a read returns a well-formed State or raises UnreadableState
+(agent/well_formed.py holds the rule): never a JSON, type or recursion error.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from typing import TypedDict
 
 import redis
 
-from agent.contract import LIST_FIELDS, Live, Message, State, Step, TurnDoc, TurnSummary, make_state
+from agent import well_formed
+from agent.contract import LIST_FIELDS, Live, Message, State, Step, TurnDoc, TurnSummary
 from agent.surrogates import scrub
+from agent.well_formed import UnreadableState
 
 KEY_PREFIX = "agent:"
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
@@ -43,9 +48,11 @@ CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BEGIN = """
 local meta, history, turns, steps, events, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local current = redis.call('HMGET', meta, 'turn_id', 'done')
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version')
+-- A version that is not a whole number would fail HINCRBY below, after the message was appended.
+if current[3] and not string.match(current[3], '^%d+$') then return {'unreadable', ''} end
 if current[1] then
-  if current[1] == turn_id then return {'same', redis.call('HGET', meta, 'version')} end
+  if current[1] == turn_id then return {'same', current[3]} end
   if current[2] == '0' then return {'busy', current[1]} end
 end
 redis.call('RPUSH', history, message)
@@ -183,9 +190,10 @@ class Store:
     # -- readers ---------------------------------------------------------------------------
 
     def version(self, conversation_id: str) -> int | None:
-        """The cheap poll: one small read."""
-        raw = self.redis.hget(Keys.of(conversation_id).meta, "version")
-        return int(raw) if raw is not None else None
+        """The cheap poll: one small read. UnreadableState when what is stored is not a version."""
+        with _readable(conversation_id):
+            raw = self.redis.hget(Keys.of(conversation_id).meta, "version")
+        return well_formed.version(conversation_id, raw) if raw is not None else None
 
     def wait_version(self, conversation_id: str, seen: int | None, timeout_ms: int) -> int | None:
         """Block until the version is past `seen` (or the timeout), then return the version.
@@ -195,13 +203,14 @@ class Store:
         keys = Keys.of(conversation_id)
         timeout_ms = max(1, min(int(timeout_ms), MAX_BLOCK_MS))
         after = f"{seen}-1" if seen else "0-0"
-        self.redis.xread({keys.events: after}, count=1, block=timeout_ms)
+        with _readable(conversation_id):
+            self.redis.xread({keys.events: after}, count=1, block=timeout_ms)
         return self.version(conversation_id)
 
     def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""
         keys = Keys.of(conversation_id)
-        with self.redis.pipeline(transaction=True) as pipe:
+        with _readable(conversation_id), self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.meta)
             pipe.lrange(keys.history, 0, -1)
             pipe.lrange(keys.steps, 0, -1)
@@ -225,7 +234,7 @@ class Store:
         have = [len(known[name]) for name in LIST_FIELDS]
         known_live = known.get("live")
         have_bytes = len(known_live["text"].encode()) if known_live else 0
-        with self.redis.pipeline(transaction=True) as pipe:
+        with _readable(conversation_id), self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.meta)
             for key, start in zip(lists, have, strict=True):
                 pipe.llen(key)
@@ -250,7 +259,8 @@ class Store:
 
     def read_meta(self, conversation_id: str) -> State | None:
         """The small fields only (no history, steps or live text)."""
-        meta = self.redis.hgetall(Keys.of(conversation_id).meta)
+        with _readable(conversation_id):
+            meta = self.redis.hgetall(Keys.of(conversation_id).meta)
         if not meta:
             return None
         state = _state(conversation_id, meta, [], [], [])
@@ -267,18 +277,22 @@ class Store:
         `ttl_s` (default: the store's) is the conversation's TTL while the turn waits for a worker.
 
         The same turn id again (a double submit) is not a new turn; a different one while a
-        turn is in flight raises TurnInFlight.
+        turn is in flight raises TurnInFlight; a conversation whose version is not a number raises
+        UnreadableState, and nothing is written.
         """
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
-        outcome, value = self._begin(
-            keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, keys.live],
-            args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s or self.ttl_s],
-        )
+        with _readable(conversation_id):
+            outcome, value = self._begin(
+                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, keys.live],
+                args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s or self.ttl_s],
+            )
         outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
         value = value.decode() if isinstance(value, bytes) else value
         if outcome == "busy":
             raise TurnInFlight(conversation_id, value)
+        if outcome == "unreadable":
+            raise UnreadableState(conversation_id, "its version is not a whole number")
         return outcome == "ok", int(value)
 
     def publish(
@@ -336,7 +350,8 @@ class Store:
 
     def history_since(self, conversation_id: str, start: int) -> list[Message]:
         """The messages from index `start` on."""
-        return [json.loads(m) for m in self.redis.lrange(Keys.of(conversation_id).history, start, -1)]
+        with _readable(conversation_id):
+            return [well_formed.message(m) for m in self.redis.lrange(Keys.of(conversation_id).history, start, -1)]
 
     def history_len(self, conversation_id: str) -> int:
         return int(self.redis.llen(Keys.of(conversation_id).history))
@@ -365,28 +380,43 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _text_replacing(value) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _same_text(a: Live, b: Live) -> bool:
     return (a["turn_id"], a["message_index"], a["attempt"]) == (b["turn_id"], b["message_index"], b["attempt"])
 
 
-def _live(head_json: str | None, text) -> Live | None:
+def _live(head_json, text) -> Live | None:
+    """The text being written, from its head in meta and its key; a head that cannot be read is no live text
+    (it is transient: the next write replaces it, and the history never depends on it)."""
     if not head_json:
         return None
-    head = json.loads(head_json)
-    return Live(turn_id=head["turn_id"], message_index=head["message_index"], attempt=head["attempt"],
-                text=_text(text or b""), status=head["status"])
+    try:
+        head = json.loads(head_json)
+        return Live(turn_id=str(head["turn_id"]), message_index=int(head["message_index"]),
+                    attempt=int(head["attempt"]), text=_text_replacing(text or b""), status=str(head["status"]))
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+
+
+class _readable:
+    """Keys that hold the wrong kind of value (a string where a hash belongs) make the state unreadable."""
+
+    def __init__(self, conversation_id: str):
+        self.conversation_id = conversation_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc):
+            raise UnreadableState(self.conversation_id, "its keys hold the wrong kind of value") from None
+        return False
 
 
 def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: list, live_text=None) -> State:
-    meta = {_text(k): _text(v) for k, v in meta.items()}
-    return make_state(
-        conversation_id,
-        meta.get("turn_id"),
-        int(meta.get("version", 0)),
-        meta.get("done") == "1",
-        json.loads(meta.get("doc") or "{}"),
-        [json.loads(m) for m in history],
-        [json.loads(s) for s in steps],
-        [json.loads(t) for t in turns],
-        _live(meta.get("live"), live_text),
-    )
+    state = well_formed.state(conversation_id, meta, history, steps, turns)
+    state["live"] = _live(meta.get(b"live", meta.get("live")), live_text)
+    return state

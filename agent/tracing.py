@@ -138,7 +138,9 @@ def submit_span(conversation_id: str, turn_id: str, config: dict) -> str | None:
 
 def trace_id(trace_parent: str | None) -> str | None:
     """The trace id of a W3C traceparent (`00-<trace id>-<span id>-<flags>`), for the page to show."""
-    parts = (trace_parent or "").split("-")
+    if not isinstance(trace_parent, str):
+        return None
+    parts = trace_parent.split("-")
     if len(parts) == 4 and len(parts[1]) == 32 and all(c in "0123456789abcdef" for c in parts[1]):
         return parts[1]
     return None

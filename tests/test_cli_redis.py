@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 from rq.serializers import JSONSerializer
 
 from agent.cli import REDIS_OUTAGE_GRACE_S
@@ -250,3 +251,87 @@ def test_a_job_that_finished_without_its_last_write_is_ended_by_the_next_look(pr
     state = store.read(cid)
     assert state["done"] and state["status"] == "failed"
     assert "last write did not reach Redis" in state["history"][-1]["content"]
+
+
+# -- Redis out of memory (maxmemory reached, nothing to evict) -----------------------------------------
+
+OOM_HOLD_S = 8.0  # seconds Redis stays full in the brief case: past the 6 s the CLI once gave up after
+
+
+def fill_memory(client) -> dict:
+    """Make Redis refuse writes as a full memory does: maxmemory far below what it uses, nothing evicted.
+    Returns the settings to put back."""
+    before = {**client.config_get("maxmemory"), **client.config_get("maxmemory-policy")}
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")  # one byte: every command that may add data is refused (OOM)
+    return before
+
+
+def free_memory(client, before: dict) -> None:
+    client.config_set("maxmemory", before["maxmemory"])
+    client.config_set("maxmemory-policy", before["maxmemory-policy"])
+
+
+def write_that_fills_memory(client, conversation_id: str) -> dict:
+    """A write lands and fills Redis, atomically (Redis refuses every command queued in a transaction once
+    it is full, so the fill comes last in it): the CLI wakes for that write and must read the state
+    from a full Redis, which serves reads, but not in a transaction. Returns the settings to put back."""
+    before = {**client.config_get("maxmemory"), **client.config_get("maxmemory-policy")}
+    client.config_set("maxmemory-policy", "noeviction")
+    meta = f"agent:conv:{conversation_id}:meta"
+    version = int(client.hget(meta, "version")) + 1
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hincrby(meta, "version", 1)
+        pipe.xadd(f"agent:conv:{conversation_id}:events", {"v": version}, id=f"{version}-1")  # the wake-up
+        pipe.config_set("maxmemory", "1")  # one byte: every command that may add data is refused (OOM)
+        pipe.execute()
+    return before
+
+
+def test_redis_out_of_memory_mid_turn_is_waited_out_and_the_cli_exits_0_with_the_answer(base_env, private):
+    full_since = []
+
+    def brief_oom(store):
+        cid = next(key.decode().split(":")[2] for key in store.redis.scan_iter("agent:conv:*:meta"))  # the only one
+        before = write_that_fills_memory(store.redis, cid)
+        full_since.append(time.monotonic())
+        try:
+            with pytest.raises(redis.exceptions.OutOfMemoryError):  # as the CLI and the worker meet it
+                store.redis.set("agent:test:oom-probe", "x")
+            time.sleep(OOM_HOLD_S)
+        finally:
+            free_memory(store.redis, before)
+
+    code, out, err, _ = ask_through(base_env, private, CLOCKS, brief_oom)
+    assert full_since, "Redis was made full"
+    assert code == 0, err
+    assert "17*23 = 391" in out
+    assert "Traceback" not in err
+
+
+def test_redis_out_of_memory_past_the_clocks_ends_the_cli_with_exit_1_and_says_the_turn_continues(base_env, private):
+    store = private.store()
+    cid = conversation(store, private.url)
+    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    before = None
+    try:
+        state = wait_for(lambda: running(store, cid, 1), EVENT_TIMEOUT_S, "the turn runs")
+        full_at = time.time()
+        before = fill_memory(store.redis)
+        code, out, err = finish(proc)  # Redis stays full until the CLI has given up
+        ended_at = time.time()
+    finally:
+        if before is not None:
+            free_memory(store.redis, before)
+    assert code == 1, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert "out of memory" in line and "OOM" in line, line
+    assert "may still finish" in line and f"--conversation {cid}" in line and f"?c={cid}" in line, line
+    bound = max(state["job_timeout_at"], full_at) + REDIS_OUTAGE_GRACE_S
+    assert ended_at > full_at + REDIS_OUTAGE_GRACE_S - 1, "it followed the turn for a while first"
+    assert ended_at < bound + CLOCK_SLACK_S, ended_at - bound
+    # Once Redis has memory again, the turn is seen to its end (by its worker, or a front end's look).
+    queue_connection = queue_client(private.url)
+    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
+             EVENT_TIMEOUT_S, "the turn ends")

@@ -41,10 +41,20 @@ def is_disk_error(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and "MISCONF " in str(exc)
 
 
+def is_memory_error(exc: BaseException) -> bool:
+    """Redis refused a write because its memory is full (used memory over `maxmemory`, nothing it may
+    evict): redis-py raises OutOfMemoryError, or, from inside a Lua script, a ResponseError quoting `-OOM`."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
+
+
 def redis_problem(exc: BaseException) -> str:
-    """A Redis error in words for a person. A MISCONF refusal reaches us wrapped in a Lua script's error
-    ("Error running script ... -MISCONF ..."): it is said plainly, with the first sentence of Redis's reason."""
+    """A Redis error in words for a person. A MISCONF or OOM refusal reaches us wrapped in a Lua script's
+    error ("Error running script ... -MISCONF ..."): it is said plainly, with the first sentence of Redis's reason."""
     text = str(exc) or type(exc).__name__
+    if is_memory_error(exc):
+        return ("Redis is out of memory (OOM: its used memory is over its maxmemory setting, with nothing it may "
+                "evict); it refuses writes until memory is freed or maxmemory is raised")
     if not is_disk_error(exc):
         return text
     reason = text.split("MISCONF ", 1)[1].split(". ", 1)[0].rstrip(".")

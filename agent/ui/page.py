@@ -30,7 +30,9 @@ from agent.settings import (
 )
 from agent.ui import render, sidebar, tool_sources
 from agent.ui import state as ui
+from agent.ui.guard import drawn_or_said
 from agent.ui.timeline import timeline_chart
+from agent.well_formed import UnreadableState, number
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +88,20 @@ def main() -> None:
     except redis.RedisError as exc:
         log.warning("redis failed during a page run: %s", exc)
         _redis_down(exc)
+    except UnreadableState as exc:  # became unreadable after this run found it readable
+        log.warning("%s", exc)
+        st.error(f"**This conversation cannot be read:** {ui.unreadable_sentence(exc)} Start a new chat.",
+                 icon="🛑")
+        _new_chat_button()
     except Exception as exc:  # noqa: BLE001 - a page shows a sentence, never a traceback
         log.exception("page run failed")
-        st.error(f"Something went wrong while drawing this page ({type(exc).__name__}). Reload to try again.")
+        st.error(f"Something went wrong while drawing this page ({type(exc).__name__}). Reload to try again, "
+                 "or start a new chat.")
+        _new_chat_button()
+
+
+def _new_chat_button() -> None:
+    st.button("🗨️ New chat", key="new-chat-after-error", on_click=_new_chat)
 
 
 def request_host() -> str | None:
@@ -131,9 +144,9 @@ def _redis_down(exc: Exception) -> None:
 
 def _page(settings: Settings, be: ui.Backend) -> None:
     session = st.session_state
-    conversation = ui.resolve_conversation(st.query_params.get(ui.CID_PARAM), session, be.store, settings.state_ttl_s)
+    conversation, result = ui.open_conversation(st.query_params.get(ui.CID_PARAM), session, be.store,
+                                                be.queue_connection, settings.state_ttl_s)
     cid = conversation.id
-    result = ui.poll(be.store, be.queue_connection, session, cid)
     state = result.state
     in_flight = state is not None and not state["done"]
 
@@ -158,7 +171,8 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
-        st.toast("That conversation was not found: this is a new chat.", icon="🔎")
+        st.toast("That conversation " + ("cannot be read" if conversation.unreadable else "was not found")
+                 + ": this is a new chat.", icon="🔎")
     if state is not None and st.query_params.get(ui.CID_PARAM) != cid:
         st.query_params[ui.CID_PARAM] = cid  # the first message makes the chat a link: reload and tabs follow it
     if result.lost:
@@ -190,12 +204,30 @@ def _finished_turns(cid: str, turns: list[dict]) -> None:
         st.button(f"Show {hidden} earlier turn{'s' * (hidden != 1)}", key="show-earlier",
                   on_click=_show_all, args=(cid,))
     for index, turn in enumerate(turns[hidden:], start=hidden):
-        render.render_turn(turn, latest=index == len(turns) - 1)
+        with drawn_or_said(f"turn {index + 1}"):
+            render.render_turn(turn, latest=index == len(turns) - 1)
 
 
 @st.fragment
 def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> None:
-    """The turn in flight and the polling component: the only part a tick reruns."""
+    """The turn in flight and the polling component: the only part a tick reruns.
+
+    An exception here is not caught by main(): it is said in a sentence, and the polling goes on."""
+    polling: list[bool] = []  # the body appends once it has drawn the poller
+    try:
+        _live_turn_body(settings, be, cid, turn_id, polling)
+    except UnreadableState as exc:
+        log.warning("%s", exc)
+        st.rerun(scope="app")  # the full run says so, and offers a new chat
+    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback, and the polling goes on
+        log.exception("the turn in flight could not be drawn")
+        st.warning(f"The reply being written could not be drawn ({type(exc).__name__}); this page keeps "
+                   "looking for it.", icon="⚠️")
+        if not polling:
+            st_autorefresh(interval=settings.poll_interval_ms, key=f"poll-{cid}")
+
+
+def _live_turn_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str, polling: list[bool]) -> None:
     session = st.session_state
     state = session.pop(HANDOFF_KEY, None)
     first = state is not None and state.get("turn_id") == turn_id  # drawn by a full run, not by a tick
@@ -212,14 +244,16 @@ def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> No
             # One full run draws the ending, drops this fragment (and its poller) and re-enables the input.
             st.rerun(scope="app")
     started = time.perf_counter()  # after the poll: its wait for the next write is idle time, not cost
-    turn = render.current_turn(state)
-    render.render_turn(turn, latest=True)
-    _in_flight(settings, be, state, turn)
+    with drawn_or_said("the reply being written"):  # the poller below is drawn whatever happens here
+        turn = render.current_turn(state)
+        render.render_turn(turn, latest=True)
+        _in_flight(settings, be, state, turn)
     # The first tick comes at once and waits on the event stream for the next write, so an ending
     # that lands right after a full run is not left unseen for a whole interval.
     interval_ms = MIN_POLL_INTERVAL_MS if first else ui.adaptive_interval_ms(settings.poll_interval_ms,
                                                                               session.get(TICK_COST_KEY))
     st_autorefresh(interval=interval_ms, key=f"poll-{cid}")
+    polling.append(True)
     session[TICK_COST_KEY] = time.perf_counter() - started
     if not first:
         _listen_on(be, cid, state["version"], listen_until)
@@ -255,7 +289,7 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> N
             info = ui.queue_info(be, state)
             if info.job_status == "started" and safeguards_off:
                 # Safeguards off: the job runs but writes nothing until it ends.
-                timeout = config.get("job_timeout_s")
+                timeout = number(config.get("job_timeout_s"))
                 st.markdown(f"**A worker is running this turn with safeguards off.** It writes nothing until it "
                             f"ends, so there is nothing to show yet. The queue kills it {timeout} s after it "
                             f"started at the latest, and this page will say so.")

@@ -20,8 +20,10 @@ from agent.contract import (
     live_summary,
     safeguards_on,
 )
+from agent.ui.guard import drawn_or_said
 from agent.ui.markdown import inert, safe_markdown
 from agent.ui.timeline import timeline_chart
+from agent.well_formed import Malformed, number, parse_json
 
 STATUS_LABELS = {
     Status.QUEUED: "⏳ Waiting for a worker",
@@ -52,7 +54,7 @@ def current_turn(state: State) -> dict:
     while first > 0 and steps[first - 1]["turn_id"] == state["turn_id"]:
         first -= 1
     return {"messages": history[max(start, 0):], "summary": live_summary(state), "steps": steps[first:],
-            "current": True, "in_flight": not state["done"]}
+            "current": True, "in_flight": not state["done"], "key": f"live-{state['turn_id']}"}
 
 
 def split_turns(state: State) -> list[dict]:
@@ -73,13 +75,15 @@ def split_turns(state: State) -> list[dict]:
         else:  # the turn in flight (no summary until it ends)
             summary, current = live_summary(state), True
         steps = steps_of.get(summary.get("turn_id"), [])
+        # Widget keys name the turn by its place too: a hand-written state may repeat a turn id.
         turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
-                      "in_flight": current and not state["done"]})
+                      "in_flight": current and not state["done"], "key": f"{index}-{summary.get('turn_id')}"})
     return turns
 
 
 def _seconds(value) -> str:
-    if value is None:
+    value = number(value)
+    if value is None:  # unknown, or not a number at all (a hand-written state)
         return "?"
     if value < 0.001:
         return "<1 ms"
@@ -88,20 +92,26 @@ def _seconds(value) -> str:
     return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
 
 
+def _parsed_arguments(arguments):
+    """A tool call's arguments as JSON when they are JSON this page can draw (nested at most
+    MAX_DEPTH deep: `[[[…]]]` a thousand deep is text), else Malformed."""
+    if not isinstance(arguments, str):
+        raise Malformed("not text")
+    return parse_json(arguments)
+
+
 def _pretty_arguments(arguments) -> str:
-    if isinstance(arguments, str):
-        try:
-            return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-        except ValueError:
-            return arguments
-    return json.dumps(arguments, indent=2, ensure_ascii=False)
+    try:
+        return json.dumps(_parsed_arguments(arguments), indent=2, ensure_ascii=False)
+    except Malformed:
+        return arguments if isinstance(arguments, str) else ""
 
 
 def _short_arguments(arguments) -> str:
     try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        return str(arguments)[:40]
+        parsed = _parsed_arguments(arguments)
+    except Malformed:
+        return str(arguments if arguments is not None else "")[:40]
     if isinstance(parsed, dict):
         text = ", ".join(f"{v}" if len(parsed) == 1 else f"{k}={v}" for k, v in parsed.items())
     else:
@@ -242,8 +252,13 @@ def _compact_body(turn: dict, messages: list[dict]) -> None:
 @st.fragment
 def _turn_details(turn: dict) -> None:
     """An earlier turn's steps and clocks, drawn only when asked (the toggle reruns this fragment alone)."""
+    with drawn_or_said("this turn's steps"):
+        _turn_details_body(turn)
+
+
+def _turn_details_body(turn: dict) -> None:
     summary = turn["summary"]
-    if not st.toggle("Steps and clocks", key=f"details-{summary.get('turn_id')}"):
+    if not st.toggle("Steps and clocks", key=f"details-{turn['key']}"):
         return
     safeguards = safeguards_on(summary.get("config"))
     for step in turn["steps"]:
@@ -316,15 +331,20 @@ def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
         st.caption("This turn ended before a worker started it, so no clock ran.")
         return
     with st.expander("⏱️ The three clocks for this turn", expanded=expanded):
-        _clock_charts(summary, steps)
+        _clock_charts(summary, steps, turn["key"])
 
 
 @st.fragment
-def _clock_charts(summary: TurnSummary, steps: list[Step]) -> None:
+def _clock_charts(summary: TurnSummary, steps: list[Step], key: str) -> None:
     """One chart (Vega takes the browser a while to draw), zoomed on request: the toggle reruns
     this fragment alone."""
+    with drawn_or_said("this turn's clocks"):
+        _clock_charts_body(summary, steps, key)
+
+
+def _clock_charts_body(summary: TurnSummary, steps: list[Step], key: str) -> None:
     if steps:  # a turn that recorded no step (safeguards off, killed) has nothing to chart
-        zoom = st.toggle("Zoom in on the steps", key=f"zoom-{summary.get('turn_id')}")
+        zoom = st.toggle("Zoom in on the steps", key=f"zoom-{key}")
         spec = finished_chart_spec(json.dumps(steps), json.dumps(summary), zoom)
         if spec is not None:
             st.vega_lite_chart(spec, width="stretch")
@@ -338,15 +358,16 @@ def _clock_charts(summary: TurnSummary, steps: list[Step]) -> None:
 def budget_text(state: State, now: float) -> tuple[float, str]:
     """The budget bar's fill (0..1 of the time to the deadline) and its words."""
     started, deadline, kill = state.get("started_at"), state.get("deadline_at"), state.get("job_timeout_at")
+    started = started or now  # a running turn always has one; a hand-written state may not
     used = max(0.0, now - started)
     if deadline:
         span = max(deadline - started, 1e-6)
-        text = (f"{_seconds(used)} used · the deadline is in {_seconds(max(0.0, deadline - now))} · "
-                f"the queue kills the job in {_seconds(max(0.0, kill - now))}")
-        return min(1.0, used / span), text
+        kills = f" · the queue kills the job in {_seconds(max(0.0, kill - now))}" if kill else ""
+        text = f"{_seconds(used)} used · the deadline is in {_seconds(max(0.0, deadline - now))}{kills}"
+        return max(0.0, min(1.0, used / span)), text
     if kill:  # safeguards off: no deadline, only the queue's kill
         span = max(kill - started, 1e-6)
-        return min(1.0, used / span), (f"{_seconds(used)} used · no deadline (safeguards off) · "
+        return max(0.0, min(1.0, used / span)), (f"{_seconds(used)} used · no deadline (safeguards off) · "
                                        f"the queue kills the job in {_seconds(max(0.0, kill - now))}")
     return 0.0, f"{_seconds(used)} used"
 

@@ -30,6 +30,7 @@ from agent.runtime import services
 from agent.settings import Settings, TurnConfig
 from agent.store import Store, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert
+from agent.well_formed import UnreadableState
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
 # Of the poll interval: a tick blocks this long for the next write, so a step (or the ending) shows
@@ -66,13 +67,17 @@ class Conversation:
     id: str
     in_url: bool
     notice: str | None = None  # why the id in the URL was not used
+    unreadable: bool = False  # it was not used because its stored state cannot be read
 
 
 def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int) -> Conversation:
     """The URL's conversation when it exists; otherwise this tab's draft id (a fresh chat)."""
     if url_cid:
-        if is_conversation_id(url_cid) and store.version(url_cid) is not None:
-            return Conversation(url_cid, in_url=True)
+        try:
+            if is_conversation_id(url_cid) and store.version(url_cid) is not None:
+                return Conversation(url_cid, in_url=True)
+        except UnreadableState as exc:
+            return _unreadable(url_cid, session, exc)
         session.pop(DRAFT_KEY, None)
         notice = (
             f"The conversation in this link ({inert(url_cid[:24])}) was not found: conversations are kept for "
@@ -80,6 +85,33 @@ def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int)
         )
         return Conversation(_draft(session), in_url=False, notice=notice)
     return Conversation(_draft(session), in_url=False)
+
+
+def open_conversation(url_cid: str | None, session, store: Store, queue_connection: redis.Redis,
+                      ttl_s: int) -> tuple[Conversation, Poll]:
+    """The conversation a full run shows, and its state. One whose stored state cannot be read is said
+    in a notice, and this tab gets a new chat: the next message goes there, not into it."""
+    conversation = resolve_conversation(url_cid, session, store, ttl_s)
+    try:
+        return conversation, poll(store, queue_connection, session, conversation.id)
+    except UnreadableState as exc:
+        if not conversation.in_url:
+            raise
+        conversation = _unreadable(conversation.id, session, exc)
+        return conversation, poll(store, queue_connection, session, conversation.id)
+
+
+def _unreadable(url_cid: str, session, exc: UnreadableState) -> Conversation:
+    session.pop(DRAFT_KEY, None)
+    session.pop(VIEW_KEY, None)
+    notice = (f"The conversation in this link ({inert(url_cid[:24])}) cannot be read: "
+              f"{unreadable_sentence(exc)} This is a new chat.")
+    return Conversation(_draft(session), in_url=False, notice=notice, unreadable=True)
+
+
+def unreadable_sentence(exc: UnreadableState) -> str:
+    """Why a conversation cannot be read, for the page (the reason may quote what was stored)."""
+    return f"its stored state is not one this app wrote ({inert(exc.reason)})."
 
 
 def _draft(session) -> str:

@@ -1,0 +1,304 @@
+"""What Redis holds, read as the state contract whatever it holds: a well-formed State, or UnreadableState.
+
+The rule, spelled once. The meta hash says where a conversation is (`version`, `done`, `turn_id`,
+`doc`); if any of those is not what the store writes, the whole state is unreadable and readers say
+so in a sentence (UnreadableState). Everything else is shown, never trusted: an item of `history`,
+`steps` or `turns` that is not the JSON object the contract describes becomes a placeholder that
+shows what was stored, as text; a field of the wrong type becomes None, or its text where the
+contract wants text. Parsed JSON nests at most MAX_DEPTH deep, numbers are finite and within
+MAX_NUMBER, so no later reader (a drawing, `json.dumps`, `str`) can recurse too deep or overflow.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from agent.contract import Kind, Outcome, Role, State, Status, make_state
+
+MAX_DEPTH = 16  # levels of JSON nesting; the store writes at most 4 (a message's tool call's function)
+MAX_NUMBER = 1e11  # a time or a duration past this (the year 5138, or 3,000 years) is not one: None
+MAX_COUNT = 10**9  # an index, attempt or count past this is not one: None
+SHOWN_CHARS = 300  # characters of a malformed item shown in its placeholder
+ROLES = frozenset((Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL))
+_VERSION_RE = re.compile(r"[0-9]{1,18}")
+UNREADABLE_KIND = "unreadable"  # the error kind of a placeholder turn summary
+
+
+class UnreadableState(Exception):
+    """The conversation's stored state cannot be read as a conversation; `reason` says why, in words."""
+
+    def __init__(self, conversation_id: str, reason: str):
+        super().__init__(f"the stored state of conversation {conversation_id} cannot be read: {reason}")
+        self.conversation_id = conversation_id
+        self.reason = reason
+
+
+class Malformed(ValueError):
+    """A stored value that is not the JSON this project writes."""
+
+
+# -- JSON, bounded --------------------------------------------------------------------------------
+
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+# One decoder for every read (json.loads with options builds a new one each call).
+_DECODER = json.JSONDecoder(parse_constant=lambda _name: None, parse_float=_finite)
+
+
+def parse_json(raw: str | bytes, max_depth: int = MAX_DEPTH):
+    """The JSON value of `raw`, nested at most `max_depth` deep, NaN and infinities read as None; else Malformed."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    if not isinstance(raw, str):
+        raise Malformed(f"not text but {type(raw).__name__}")
+    try:
+        value = _DECODER.decode(raw)
+    except RecursionError as exc:  # the C scanner's own bound, far past ours
+        raise Malformed("nested too deep") from exc
+    except ValueError as exc:  # not JSON, or an integer of more digits than Python converts
+        raise Malformed(f"not JSON ({exc})") from exc
+    # Fewer opening brackets than the limit (inside strings too) cannot nest past it: no walk needed.
+    if raw.count("[") + raw.count("{") > max_depth and not nests_within(value, max_depth):
+        raise Malformed(f"nested more than {max_depth} levels deep")
+    return value
+
+
+def nests_within(value, max_depth: int) -> bool:
+    """True when `value` nests at most `max_depth` lists or objects deep (level by level: never recursion)."""
+    level, depth = [value], 0
+    while level:
+        containers = [item for item in level if isinstance(item, dict | list | tuple)]
+        if not containers:
+            return True
+        depth += 1
+        if depth > max_depth:
+            return False
+        level = [child for item in containers for child in (item.values() if isinstance(item, dict) else item)]
+    return True
+
+
+def text_of(value, limit: int | None = None) -> str:
+    """Any parsed value as text for a person: a string as it is, anything else as its JSON."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (ValueError, TypeError, RecursionError):
+            text = f"({type(value).__name__})"
+    return shorten(text, limit) if limit else text
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def _raw_text(raw) -> str:
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+# -- fields -----------------------------------------------------------------------------------------
+
+
+def number(value) -> float | None:
+    """A time or a duration: a finite number within MAX_NUMBER, else None (a bool is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return value if math.isfinite(value) and abs(value) <= MAX_NUMBER else None
+
+
+def count(value) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_COUNT:
+        return None
+    return value
+
+
+def _text_or_none(value) -> str | None:
+    return None if value is None else text_of(value)
+
+
+def error(value) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return {"kind": UNREADABLE_KIND, "message": f"(unreadable error: {text_of(value, SHOWN_CHARS)})"}
+    return {**value, "kind": text_of(value.get("kind") or ""), "message": text_of(value.get("message") or "")}
+
+
+def current_step(value) -> dict | None:
+    if not isinstance(value, dict):
+        return None
+    return {**value, "kind": _text_or_none(value.get("kind")), "name": text_of(value.get("name") or ""),
+            "started_at": number(value.get("started_at")), "timeout_s": number(value.get("timeout_s"))}
+
+
+def _config(value) -> dict | None:
+    return value if isinstance(value, dict) else None
+
+
+_TIMES = ("deadline_at", "job_timeout_at", "updated_at", "started_at", "enqueued_at", "ended_at")
+
+
+def doc(value) -> dict:
+    """The small fields of the meta hash's `doc`, each of its type (None where it was not)."""
+    fixed = dict(value)
+    fixed["status"] = text_of(value.get("status") or Status.QUEUED)
+    fixed["error"] = error(value.get("error"))
+    fixed["current_step"] = current_step(value.get("current_step"))
+    fixed["config"] = _config(value.get("config"))
+    fixed["job_id"] = _text_or_none(value.get("job_id"))
+    for name in _TIMES:
+        fixed[name] = number(value.get(name))
+    return fixed
+
+
+# -- list items -------------------------------------------------------------------------------------
+
+
+def message(raw) -> dict:
+    """One history item: the message, its wrong-typed fields fixed; or a placeholder showing what was stored."""
+    try:
+        value = parse_json(raw)
+    except Malformed as exc:
+        return _unreadable_message(raw, str(exc))
+    if not isinstance(value, dict) or not isinstance(value.get("role"), str) or value["role"] not in ROLES:
+        return _unreadable_message(raw, "not a message")
+    fixed = dict(value)
+    if "content" in value:
+        fixed["content"] = _text_or_none(value["content"])
+    if "tool_call_id" in value:
+        fixed["tool_call_id"] = text_of(value["tool_call_id"])
+    if "tool_calls" in value:
+        calls = value["tool_calls"] if isinstance(value["tool_calls"], list) else []
+        fixed["tool_calls"] = [_tool_call(call) for call in calls if isinstance(call, dict)]
+    return fixed
+
+
+def _tool_call(call: dict) -> dict:
+    """A tool call with its wrong-typed fields as text (a missing name or arguments empty); a well-formed
+    one comes back equal, field for field (the job compares what it wrote with what it reads back)."""
+    fixed = {**call, **{k: text_of(call[k]) for k in ("id", "type") if k in call and not isinstance(call[k], str)}}
+    function = call.get("function", {})
+    if not isinstance(function, dict):
+        function = {"arguments": function}
+    fixed["function"] = {"name": "", "arguments": "", **function, **{
+        k: text_of(function[k]) for k in ("name", "arguments") if k in function and not isinstance(function[k], str)}}
+    return fixed
+
+
+def _unreadable_message(raw, why: str) -> dict:
+    return {"role": Role.ASSISTANT,
+            "content": f"(A stored message could not be read, {why}. What was stored: "
+                       f"{shorten(_raw_text(raw))})"}
+
+
+_STEP_TEXTS = ("detail", "arguments", "result")
+_STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls")
+_STEP_NUMBERS = ("started_at", "ended_at", "timeout_s", "remaining_s", "duration_s")
+
+
+def step(raw, turn_id: str | None) -> dict:
+    """One step, its wrong-typed fields fixed; or a placeholder (a failed tool step showing what was
+    stored) counted in `turn_id`, the turn of the step before it."""
+    try:
+        value = parse_json(raw)
+    except Malformed as exc:
+        return _unreadable_step(raw, str(exc), turn_id)
+    if not isinstance(value, dict):
+        return _unreadable_step(raw, "not a step", turn_id)
+    fixed = dict(value)
+    fixed["turn_id"] = value["turn_id"] if isinstance(value.get("turn_id"), str) else (turn_id or "")
+    fixed["index"] = count(value.get("index")) or 0
+    fixed["kind"] = text_of(value.get("kind") or "")
+    fixed["name"] = text_of(value.get("name") or "")
+    fixed["outcome"] = text_of(value.get("outcome") or Outcome.ERROR)
+    for name in _STEP_NUMBERS:
+        fixed[name] = number(value.get(name))
+    for name in _STEP_TEXTS:
+        if name in value:
+            fixed[name] = text_of(value[name])
+    for name in _STEP_COUNTS:
+        if name in value:
+            fixed[name] = count(value[name])
+    if "last_call" in value:
+        fixed["last_call"] = value["last_call"] is True
+    return fixed
+
+
+def _unreadable_step(raw, why: str, turn_id: str | None) -> dict:
+    return {"turn_id": turn_id or "", "index": 0, "kind": Kind.TOOL, "name": "unreadable step",
+            "started_at": None, "ended_at": None, "timeout_s": None, "remaining_s": None,
+            "outcome": Outcome.ERROR, "duration_s": None, "arguments": "",
+            "result": f"(A stored step could not be read, {why}. What was stored: {shorten(_raw_text(raw))})"}
+
+
+def summary(raw) -> dict:
+    """One ended turn's summary, its wrong-typed fields fixed; or a placeholder that says it could not be read."""
+    try:
+        value = parse_json(raw)
+    except Malformed as exc:
+        return _unreadable_summary(raw, str(exc))
+    if not isinstance(value, dict):
+        return _unreadable_summary(raw, "not a turn summary")
+    fixed = dict(value)
+    fixed["turn_id"] = text_of(value.get("turn_id") or "")
+    fixed["status"] = text_of(value.get("status") or Status.FAILED)
+    fixed["error"] = error(value.get("error"))
+    fixed["config"] = _config(value.get("config"))
+    for name in ("enqueued_at", "started_at", "deadline_at", "job_timeout_at", "ended_at"):
+        fixed[name] = number(value.get(name))
+    return fixed
+
+
+def _unreadable_summary(raw, why: str) -> dict:
+    message_text = f"This turn's record could not be read, {why}. What was stored: {shorten(_raw_text(raw))}"
+    return {"turn_id": "", "status": Status.FAILED, "error": {"kind": UNREADABLE_KIND, "message": message_text},
+            "enqueued_at": None, "started_at": None, "deadline_at": None, "job_timeout_at": None,
+            "ended_at": None, "config": None}
+
+
+# -- the whole state --------------------------------------------------------------------------------
+
+
+def version(conversation_id: str, raw) -> int:
+    """The meta hash's version, or UnreadableState."""
+    text = _raw_text(raw)
+    if not _VERSION_RE.fullmatch(text):
+        raise UnreadableState(conversation_id, f"its version is not a whole number ({shorten(text, 40)!r})")
+    return int(text)
+
+
+def state(conversation_id: str, meta: dict, history: list, steps: list, turns: list) -> State:
+    """The state contract's object from the raw values the store read; UnreadableState when the meta is not one."""
+    meta = {_raw_text(k): v for k, v in meta.items()}
+    number_of_version = version(conversation_id, meta.get("version", b""))
+    done = _raw_text(meta.get("done", b""))
+    if done not in ("0", "1"):
+        raise UnreadableState(conversation_id, f"whether its turn has ended is not recorded ({shorten(done, 40)!r})")
+    turn_id = meta.get("turn_id")
+    if turn_id is None or not _raw_text(turn_id):
+        raise UnreadableState(conversation_id, "it names no turn")
+    try:
+        small = parse_json(meta.get("doc") or b"")
+    except Malformed as exc:
+        raise UnreadableState(conversation_id, f"its turn's fields are {exc}") from None
+    if not isinstance(small, dict):
+        raise UnreadableState(conversation_id, "its turn's fields are not a JSON object")
+    fixed_steps, last_turn = [], _raw_text(turn_id)  # a malformed step counts in the turn of the one before
+    for raw in steps:
+        fixed = step(raw, last_turn)
+        last_turn = fixed["turn_id"] or last_turn
+        fixed_steps.append(fixed)
+    return make_state(conversation_id, _raw_text(turn_id), number_of_version, done == "1", doc(small),
+                      [message(m) for m in history], fixed_steps, [summary(t) for t in turns])
