@@ -41,10 +41,18 @@ def is_disk_error(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and "MISCONF " in str(exc)
 
 
+def is_full_error(exc: BaseException) -> bool:
+    """Redis refused a write because it holds its maxmemory (noeviction), also inside a Lua script."""
+    return isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc)
+
+
 def redis_problem(exc: BaseException) -> str:
     """A Redis error in words for a person. A MISCONF refusal reaches us wrapped in a Lua script's error
     ("Error running script ... -MISCONF ..."): it is said plainly, with the first sentence of Redis's reason."""
     text = str(exc) or type(exc).__name__
+    if is_full_error(exc):
+        return ("Redis is full (it holds its maxmemory, AGENT_REDIS_MAXMEMORY_MB for the embedded one) and refuses "
+                "writes: delete conversations you no longer need, or raise the limit")
     if not is_disk_error(exc):
         return text
     reason = text.split("MISCONF ", 1)[1].split(". ", 1)[0].rstrip(".")

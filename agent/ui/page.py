@@ -20,6 +20,7 @@ from streamlit_autorefresh import st_autorefresh
 from agent.contract import Status
 from agent.hosts import host_allowed
 from agent.runtime import services
+from agent.runtime.connection import is_full_error, redis_problem
 from agent.settings import (
     ALLOWED_HOSTS_VARIABLE,
     DEFAULT_ALLOWED_HOSTS,
@@ -28,6 +29,7 @@ from agent.settings import (
     SettingsError,
     allowed_hosts,
 )
+from agent.ui import conversations as conversations_ui
 from agent.ui import render, sidebar, tool_sources
 from agent.ui import state as ui
 from agent.ui.timeline import timeline_chart
@@ -141,6 +143,8 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     tool_sources.render_tool_sources(be.store.redis)
     st.sidebar.divider()
     st.sidebar.button("🗨️ New chat", on_click=_new_chat, width="stretch")
+    conversations_ui.render_conversations(be.store, cid, exists=state is not None,
+                                          show_list=settings.show_conversations)
     # The input is drawn early (Streamlit pins it to the bottom wherever it is called), so a run that
     # starts a turn disables it at once, not after the whole conversation has been drawn.
     st.chat_input(
@@ -158,7 +162,7 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
-        st.toast("That conversation was not found: this is a new chat.", icon="🔎")
+        st.toast("That conversation is not here: this is a new chat.", icon="🔎")
     if state is not None and st.query_params.get(ui.CID_PARAM) != cid:
         st.query_params[ui.CID_PARAM] = cid  # the first message makes the chat a link: reload and tabs follow it
     if result.lost:
@@ -301,7 +305,8 @@ def _send_text(settings: Settings, be: ui.Backend, cid: str, text: str | None) -
     try:
         ui.send(be.store, be.queue, st.session_state, cid, text, config, error)
     except redis.RedisError as exc:
-        st.session_state[ui.FLASH_KEY] = ("error", f"Not sent: Redis is not answering ({type(exc).__name__}).", text)
+        why = redis_problem(exc) if is_full_error(exc) else f"Redis is not answering ({type(exc).__name__})"
+        st.session_state[ui.FLASH_KEY] = ("error", f"Not sent: {why}.", text)
 
 
 def _on_stop(settings: Settings, be: ui.Backend) -> None:
