@@ -43,7 +43,9 @@ def is_disk_error(exc: BaseException) -> bool:
 
 def is_full_error(exc: BaseException) -> bool:
     """Redis refused a write because it holds its maxmemory (noeviction), also inside a Lua script."""
-    return isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc)
+    # redis-py raises OutOfMemoryError for a plain command; a script's refusal is a ResponseError that quotes it.
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "command not allowed when used memory" in str(exc))
 
 
 def redis_problem(exc: BaseException) -> str:
