@@ -2,8 +2,10 @@
 `ask --json` and the page read it) or Markdown (for a person: messages, tool calls and results, and
 how each turn ended). Pure: no I/O.
 
-Messages are untrusted text. In the Markdown they are quoted as written; tool arguments and results
-go in fenced blocks whose fence is longer than any backtick run inside, so no content can end one.
+Messages are untrusted text. In the Markdown they are quoted as the page shows them (images as their
+alt text, links only to web pages and mail addresses: a Markdown viewer opening the file fetches
+nothing); tool arguments and results go in fenced blocks whose fence is longer than any backtick run
+inside, so no content can end one. The JSON is the data as stored.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime as dt
 import json
 
 from agent.contract import Role, State, Status, TurnSummary
+from agent.ui.markdown import safe_markdown
 
 ENDINGS = {
     Status.DONE: "answered",
@@ -86,8 +89,8 @@ def _ending(summary: TurnSummary | None) -> str:
 
 
 def _quoted(text) -> str:
-    """Quoted as written, line for line, so it reads as the message and nothing else."""
-    return "\n".join("> " + line for line in str(text if text is not None else "").split("\n"))
+    """Quoted line for line, so it reads as the message and nothing else; made inert as on the page."""
+    return "\n".join("> " + line for line in safe_markdown(str(text if text is not None else "")).split("\n"))
 
 
 def _fenced(text, language: str = "") -> list[str]:

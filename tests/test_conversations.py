@@ -265,3 +265,13 @@ def test_a_json_export_is_the_stored_state_and_markdown_has_every_message(privat
     for content in contents:  # each tool result sits inside a fence that no backtick run in it can close
         fence = markdown[:markdown.index(content)].rstrip("\n").rsplit("\n", 1)[-1]
         assert set(fence) == {"`"} and len(fence) > max(map(len, re.findall("`+", content)))
+
+
+def test_a_markdown_export_makes_images_and_odd_links_inert_as_the_page_does(private_redis):
+    store = private_redis.store
+    cid, tid = begin(store, "show me ![u](http://canary.test/u.png)")
+    finish(store, cid, tid, answer="![x](http://canary.test/x.png) [run](javascript:alert(1)) [ok](https://example.org)")
+    markdown = export.to_markdown(store.read(cid))
+    assert "](http://canary.test" not in markdown and "](javascript:" not in markdown
+    assert "image not shown: x" in markdown and "[ok](https://example.org)" in markdown
+    assert "![x](http://canary.test/x.png)" in export.to_json(store.read(cid))  # the data stays as stored
