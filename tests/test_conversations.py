@@ -275,3 +275,17 @@ def test_a_markdown_export_makes_images_and_odd_links_inert_as_the_page_does(pri
     assert "](http://canary.test" not in markdown and "](javascript:" not in markdown
     assert "image not shown: x" in markdown and "[ok](https://example.org)" in markdown
     assert "![x](http://canary.test/x.png)" in export.to_json(store.read(cid))  # the data stays as stored
+
+
+def test_a_message_past_the_size_cap_is_refused_on_the_page_with_its_text_kept(redis_client, queue):
+    from agent.ui import state as ui
+    from tests.conftest import FAST
+
+    store = Store(redis_client, ttl_s=600, max_conversation_bytes=100)
+    cid, tid = begin(store, "q" * 200)
+    finish(store, cid, tid)
+    session = {ui.VIEW_KEY: {"cid": cid, "version": store.version(cid), "state": store.read(cid)}}
+    assert ui.send(store, queue, session, cid, "and one more question", FAST) is None
+    kind, text, unsent = session[ui.FLASH_KEY]
+    assert "start a new chat" in text and "download" in text and unsent == "and one more question"
+    assert len(store.read(cid)["history"]) == 2  # nothing was added
