@@ -37,8 +37,7 @@ def test_the_sidebar_lists_conversations_most_recent_first_with_the_current_one_
     rows = sidebar_rows(at)
     keys = list(rows)
     assert keys.index(newer) < keys.index(older)
-    assert rows[older].disabled and rows[older].proto.type == "primary"
-    assert not rows[newer].disabled
+    assert rows[older].proto.type == "primary" and rows[newer].proto.type == "secondary"
     assert "What time is it in Tokyo?" in rows[newer].label and "1 turn" in rows[newer].label
 
 

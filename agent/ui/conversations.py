@@ -26,11 +26,11 @@ CONFIRM_DELETE_KEY = "conv_confirm_delete"  # the id whose deletion is waiting f
 IN_FLIGHT_MARK = "⏳"
 
 
-def render_conversations(store: Store, cid: str, *, exists: bool, show_list: bool) -> None:
-    """This conversation's controls (once it has a message), then the list (unless hidden)."""
-    sb = st.sidebar
+def render_conversations(sb, store: Store, cid: str, *, exists: bool, show_list: bool) -> None:
+    """Into `sb` (a sidebar container): this conversation's controls (once it has a message), then the
+    list (unless hidden)."""
     if exists:
-        _this_conversation(store, cid)
+        _this_conversation(sb, store, cid)
     if not show_list:
         return
     sb.subheader("Conversations")
@@ -41,9 +41,11 @@ def render_conversations(store: Store, cid: str, *, exists: bool, show_list: boo
         sb.caption("No conversation matches that filter." if text else "Your conversations will be listed here.")
     for row in listing.conversations:
         current = row.conversation_id == cid
-        sb.button(row_label(row), key=f"conv-{row.conversation_id}", on_click=_open, args=(row.conversation_id,),
-                  type="primary" if current else "secondary", disabled=current, width="stretch",
-                  help="The conversation shown now" if current else "Open this conversation")
+        # The one shown now stands out (primary) and opening it again does nothing: a reopen would drop
+        # this tab's unsent text.
+        sb.button(row_label(row), key=f"conv-{row.conversation_id}", on_click=None if current else _open,
+                  args=None if current else (row.conversation_id,), type="primary" if current else "secondary",
+                  width="stretch", help="The conversation shown now" if current else "Open this conversation")
     shown = len(listing.conversations)
     if not listing.searched_all:
         sb.caption(f"Searched the latest titles only: {shown} found.")
@@ -69,19 +71,18 @@ def when(epoch_s: float, now: float | None = None) -> str:
     return moment.strftime("%Y-%m-%d")
 
 
-def _this_conversation(store: Store, cid: str) -> None:
-    sb = st.sidebar
+def _this_conversation(sb, store: Store, cid: str) -> None:
     row = info(store, cid)
     if row is None:
         return
     with sb.expander("This conversation", icon="🗂️"):
         st.caption(f"{inert(row.title) or 'Untitled'} · {row.turns} turn{'s' * (row.turns != 1)}")
-        left, right = st.columns(2)
-        left.download_button("Markdown", data=functools.partial(_export, store, cid, "md"), file_name=f"{cid}.md",
-                             mime="text/markdown", on_click="ignore", key="download-md", icon="⬇️", width="stretch")
-        right.download_button("JSON", data=functools.partial(_export, store, cid, "json"), file_name=f"{cid}.json",
-                              mime="application/json", on_click="ignore", key="download-json", icon="⬇️",
-                              width="stretch")
+        st.download_button("Download as Markdown", data=functools.partial(_export, store, cid, "md"),
+                           file_name=f"{cid}.md", mime="text/markdown", on_click="ignore", key="download-md",
+                           icon="⬇️", width="stretch", help="Messages, tool calls and results, how each turn ended")
+        st.download_button("Download as JSON", data=functools.partial(_export, store, cid, "json"),
+                           file_name=f"{cid}.json", mime="application/json", on_click="ignore", key="download-json",
+                           icon="⬇️", width="stretch", help="The stored state: steps and clocks included")
         st.text_input("New title", key=RENAME_KEY, max_chars=200, placeholder="A new title…")
         st.button("Rename", key="rename", on_click=_rename, args=(store, cid), width="stretch")
         if st.session_state.get(CONFIRM_DELETE_KEY) != cid:

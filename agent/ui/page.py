@@ -139,12 +139,14 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     state = result.state
     in_flight = state is not None and not state["done"]
 
+    # First in the sidebar: a new chat, and the conversations to come back to; then the next turn's settings.
+    top = st.sidebar.container()
+    top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
+    conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
+                                          show_list=settings.show_conversations)
+    st.sidebar.divider()
     config, config_error = sidebar.render_sidebar(settings.turn)
     tool_sources.render_tool_sources(be.store.redis)
-    st.sidebar.divider()
-    st.sidebar.button("🗨️ New chat", on_click=_new_chat, width="stretch")
-    conversations_ui.render_conversations(be.store, cid, exists=state is not None,
-                                          show_list=settings.show_conversations)
     # The input is drawn early (Streamlit pins it to the bottom wherever it is called), so a run that
     # starts a turn disables it at once, not after the whole conversation has been drawn.
     st.chat_input(
