@@ -277,7 +277,8 @@ class Follower:
             return None
         state = self.store.read_since(self.conversation_id, self.state)
         if state is None:
-            print("error: the conversation expired before the turn ended", file=sys.stderr)
+            how = "was deleted" if self.store.was_deleted(self.conversation_id) else "expired"
+            print(f"error: the conversation {how} before the turn ended", file=sys.stderr)
             return EXIT_ENDED_BADLY
         # Our turn's ending: the current state, or its summary if another turn has started since.
         ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(

@@ -70,3 +70,27 @@ def test_bad_usage_exits_2_with_one_line(env, args):
     run = cli(env, *args)
     assert run.returncode == 2
     one_line(run.stderr)
+
+
+def test_ask_following_a_turn_whose_conversation_is_deleted_exits_1_saying_so(store, base_env, redis_url, pool):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.test_cli import FAST_CLOCKS
+
+    env = {**base_env, **FAST_CLOCKS, "REDIS_URL": redis_url, "AGENT_WORKERS": "0", "AGENT_MODEL": "demo@2"}
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "ask", "What is 17*23?"], env=env, cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = proc.stderr.readline().decode()
+        cid = first.split("conversation ", 1)[1].split(",", 1)[0]
+        store.delete(cid)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1
+    assert "the conversation was deleted before the turn ended" in err.decode()
+    assert store.read(cid) is None
