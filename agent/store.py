@@ -82,7 +82,7 @@ local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
 local summary, conversation_id, updated_at = ARGV[8], ARGV[9], ARGV[10]
 local current = redis.call('HMGET', meta, 'turn_id', 'done')
-if not current[1] then return redis.error_reply('GONE the conversation has expired') end
+if not current[1] then return redis.error_reply('GONE the conversation has expired or was deleted') end
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
 if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
@@ -325,7 +325,10 @@ class Store:
         """Raise StoreFull when Redis has a memory limit and is past NEW_TURNS_UP_TO of it."""
         now = time.monotonic()
         if self._memory is None or now - self._memory[0] > MEMORY_CHECK_EVERY_S:
-            info = self.redis.info("memory")
+            try:
+                info = self.redis.info("memory")
+            except redis.ResponseError:  # a Redis whose ACL refuses INFO: its own refusals still say "full"
+                info = {}
             self._memory = (now, int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
         _, used, limit = self._memory
         if limit and used >= limit * NEW_TURNS_UP_TO:
