@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-under-load lint faults bench worker clean
+.PHONY: setup run test test-under-load lint faults bench worker dashboard rq-info clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,15 @@ lint: setup
 
 worker: setup
 	$(PY) worker.py
+
+# rq-dashboard on 127.0.0.1:9181 against the app's Redis (embedded, or REDIS_URL), with the JSON serializer.
+DASHBOARD_PORT ?= 9181
+dashboard: setup
+	$(PY) dashboard.py --port $(DASHBOARD_PORT)
+
+# `rq info` against the same Redis, with the JSON serializer (RQ_INFO_ARGS="--interval 1" to follow it).
+rq-info: setup
+	$(PY) dashboard.py --rq-info $(RQ_INFO_ARGS)
 
 RUNS ?= 1000
 SEED ?= 1

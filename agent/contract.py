@@ -112,6 +112,7 @@ class Step(TypedDict):
     detail: NotRequired[str]  # why it failed, was skipped or waited
     arguments: NotRequired[str]  # tool runs: the call's arguments (cut)
     result: NotRequired[str]  # tool runs: the result the model got (cut)
+    call_id: NotRequired[str]  # tool runs: the id of the model's call it answers
     refused_calls: NotRequired[int]  # the record of a refusal: how many calls it answers for
     not_run_calls: NotRequired[int]  # the record of calls the deadline left unrun
 
@@ -128,6 +129,7 @@ class TurnSummary(TypedDict):
     job_timeout_at: float | None
     ended_at: float | None
     config: dict | None
+    trace_parent: NotRequired[str | None]  # the W3C traceparent of the turn's trace (tracing on)
 
 
 class TurnDoc(TypedDict, total=False):
@@ -144,6 +146,7 @@ class TurnDoc(TypedDict, total=False):
     current_step: CurrentStep | None
     ended_at: float
     updated_at: float
+    trace_parent: str | None  # the W3C traceparent of the turn's trace, when tracing is on (agent/tracing.py)
 
 
 class State(TypedDict):
@@ -166,18 +169,20 @@ class State(TypedDict):
     config: dict | None
     job_id: str | None
     turns: list[TurnSummary]
+    trace_parent: str | None
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
 CARRIED_FIELDS = ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at", "current_step",
-                  "config", "job_id")
+                  "config", "job_id", "trace_parent")
 LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
-def queued_doc(config: dict, job_id: str, enqueued_at: float) -> TurnDoc:
+def queued_doc(config: dict, job_id: str, enqueued_at: float, trace_parent: str | None = None) -> TurnDoc:
     """A turn's small fields when it is enqueued: nothing has run yet."""
     return TurnDoc(status=Status.QUEUED, error=None, config=config, job_id=job_id, enqueued_at=enqueued_at,
-                   deadline_at=None, job_timeout_at=None, started_at=None, current_step=None)
+                   deadline_at=None, job_timeout_at=None, started_at=None, current_step=None,
+                   trace_parent=trace_parent)
 
 
 def carried(state: State | TurnDoc) -> TurnDoc:
@@ -196,7 +201,7 @@ def turn_summary(turn_id: str, doc: TurnDoc | State, ended_at: float | None) -> 
     return TurnSummary(turn_id=turn_id, status=doc.get("status"), error=doc.get("error"),
                        enqueued_at=doc.get("enqueued_at"), started_at=doc.get("started_at"),
                        deadline_at=doc.get("deadline_at"), job_timeout_at=doc.get("job_timeout_at"),
-                       ended_at=ended_at, config=doc.get("config"))
+                       ended_at=ended_at, config=doc.get("config"), trace_parent=doc.get("trace_parent"))
 
 
 def live_summary(state: State) -> TurnSummary:
@@ -225,6 +230,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         config=doc.get("config"),
         job_id=doc.get("job_id"),
         turns=turns,
+        trace_parent=doc.get("trace_parent"),
     )
 
 

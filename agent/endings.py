@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from agent import tracing
 from agent.contract import Error, Role, carried, turn_summary
 from agent.store import Store, StoreError
 
@@ -44,4 +45,5 @@ def write_ending(
         )
     except StoreError:
         return False
+    tracing.turn_ended(store, conversation_id, turn_id)
     return True

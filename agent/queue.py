@@ -19,6 +19,7 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from agent import tracing
 from agent.contract import Role, queued_doc
 from agent.settings import TurnConfig
 from agent.store import Store
@@ -168,7 +169,8 @@ def submit_turn(
     text = clean_message(text)
     turn_id = turn_id or new_id()
     job_id = job_id_for(turn_id)
-    doc = queued_doc(config.to_dict(), job_id, time.time())
+    doc = queued_doc(config.to_dict(), job_id, time.time(), tracing.submit_span(conversation_id, turn_id,
+                                                                                  config.to_dict()))
     new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
                               ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist)
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job

@@ -22,7 +22,7 @@ from pathlib import Path
 import rq
 
 from agent.runtime.worker_process import DEFAULT_WORKER_CLASS
-from bench import cost, latency, load, page, report
+from bench import cost, latency, load, page, report, tracing_cost
 from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
@@ -102,6 +102,9 @@ METHOD = {
     "write seen by an event-driven client) / in-process (the same submit without the enqueue, then "
     "agent.turn.run_turn called in a warm thread of the bench process); both started together; median of "
     "the pair ratios. 2 workers per class; the headline uses the default class.",
+    "tracing_overhead": "The same three-tool turn (4 model calls at {latency} s) called in-process, tracing off "
+    "then on (the SDK's batch processor, OTLP/HTTP to a loopback collector), back to back, {pairs} pairs; ratio = "
+    "on / off per pair, median. spans_build_ms: building one turn's spans from its final state, alone.",
     "dispatch_latency_ms": "2 idle workers per class, one instant turn (demo@0) at a time, after warm-up. "
     "start_ms: submit to RQ's job.started_at (stamped in the process that runs the job, after any fork or "
     "spawn). first_call_ms: submit to the start of the turn's first model call (also the job's import, "
@@ -180,6 +183,8 @@ def run(plan: Plan, seed: int, started: float) -> dict:
             pairs = plan.overhead_pairs if kind == DEFAULT_WORKER_CLASS else plan.overhead_pairs_other
             overhead[kind] = latency.queue_overhead(lab, pool, pairs, plan.latency_s)
             if kind == DEFAULT_WORKER_CLASS:
+                progress(f"{kind} workers: tracing off and on", started)
+                results["tracing_overhead"] = tracing_cost.tracing_overhead(lab, pool, pairs, plan.latency_s)
                 progress(f"{kind} workers: first-step ratio", started)
                 results["first_step"] = latency.first_step(
                     lab, plan.first_step_repeats, plan.poll_interval_s, rng, plan.latency_s)
@@ -224,6 +229,7 @@ def judge(results: dict) -> dict:
     return goals | {
         "first_step_ratio": results["first_step_ratio"] <= 0.35,
         "queue_overhead_ratio": results["queue_overhead_ratio"] <= 1.02,
+        "tracing_overhead_ratio": results["tracing_overhead"]["ratio"] <= 1.02,
         "publish_to_observed_p50": results["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
         # O(1) poll and O(new messages) publish: 100x the history, (nearly) the same bytes.
         "cost_vs_history": results["poll_growth_1000_vs_10"] <= 1.1 and results["publish_growth_1000_vs_10"] <= 1.2,
@@ -258,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     results["goals"] = judge(results)
     results["default_worker_class"] = DEFAULT_WORKER_CLASS
     results["method"] = {
-        k: v.format(latency=plan.latency_s, n=plan.first_step_repeats, interval=plan.poll_interval_s,
-                    workers=plan.deadline_workers, clocks=json.dumps(plan.deadline_clocks), page_turns=plan.page_turns)
+        k: v.format(latency=plan.latency_s, pairs=plan.overhead_pairs, n=plan.first_step_repeats,
+                    interval=plan.poll_interval_s, workers=plan.deadline_workers,
+                    clocks=json.dumps(plan.deadline_clocks), page_turns=plan.page_turns)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -275,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
     }
     order = ("first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
-             "queue_overhead_ratio_by_class", "dispatch_latency_ms", "publish_to_observed_ms", "cost_vs_history",
+             "queue_overhead_ratio_by_class", "tracing_overhead", "dispatch_latency_ms", "publish_to_observed_ms",
+             "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy",
              "page_tick_growth", "page_tick_bytes_growth", "page", "goals", "default_worker_class", "first_step",
              "queue_overhead", "method", "meta")

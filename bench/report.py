@@ -32,6 +32,11 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     "<= 1.02", _check(goals.get("queue_overhead_ratio"))))
         for kind, ratio in results.get("queue_overhead_ratio_by_class", {}).items():
             out.append((f"  with {kind} workers", f"{ratio:.4f}", "", ""))
+    traced = results.get("tracing_overhead")
+    if traced:
+        out.append((f"tracing_overhead (on / off, {call} calls)", f"{traced['ratio']:.4f}", "<= 1.02",
+                    _check(goals.get("tracing_overhead_ratio"))))
+        out.append(("  building one turn's spans, p50/p95", _ms(traced["spans_build_ms"]), "", ""))
     for kind, stats in results.get("dispatch_latency_ms", {}).items():
         out.append((f"dispatch {kind}: enqueue->job start, p50/p95", _ms(stats["start_ms"]), "", ""))
         out.append((f"dispatch {kind}: enqueue->first model call", _ms(stats["first_call_ms"]), "", ""))

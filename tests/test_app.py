@@ -655,3 +655,24 @@ def test_a_provider_without_its_key_is_refused_in_the_sidebar_unless_its_server_
     assert_no_exception(local)
     assert not local.sidebar.error
     assert "API key: **not set** · base URL: `http://localhost:11434/v1`" in texts(local)
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_traced_turn_shows_its_trace_id_under_its_clocks(store, queue):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from agent import tracing
+    from agent.queue import new_id, submit_turn
+
+    tracing.use_provider(TracerProvider())  # spans go nowhere; the turn still carries its traceparent
+    try:
+        cid = new_id()
+        submit_turn(store, queue, cid, "What is 2+2?", FAST)
+    finally:
+        tracing.use_provider(None)
+    state = wait_done(store, cid)
+    trace_id = tracing.trace_id(state["trace_parent"])
+    assert trace_id
+    at = app(cid).run()
+    assert_no_exception(at)
+    assert f"OpenTelemetry trace `{trace_id}`" in texts(at)

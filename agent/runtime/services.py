@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from agent import tracing
 from agent.runtime import pool
 from agent.runtime.connection import describe, is_disk_error, queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, data_dir
@@ -81,6 +82,7 @@ def ensure(settings: Settings, *, workers: int | None = None, drain: bool = Fals
         if services is not None and services.owner_pid == os.getpid():
             return services
         services = _start(settings, settings.workers if workers is None else workers, drain)
+        tracing.setup()
         record["services"] = services
         atexit.register(shutdown)
         return services

@@ -13,6 +13,7 @@ from rq import SimpleWorker, SpawnWorker, Worker
 from rq.serializers import JSONSerializer
 
 import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
+from agent import tracing
 from agent.queue import QUEUE_NAME, SafeJob
 from agent.runtime.connection import queue_client, redis_problem, state_client
 from agent.runtime.with_parent import die_with_parent
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print("REDIS_URL: is required for a worker", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tracing.setup()
     worker = make_worker(url, args.kind, args.name)
     worker.bootstrap = tools_after(worker, url, jobs_in_process=args.kind in IN_PROCESS_CLASSES)
     try:

@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from agent import tracing
 from agent.contract import Error, ErrorKind, Message, Role, Status, TurnDoc
 from agent.deadline import Clock
 from agent.providers import make_provider
@@ -69,6 +70,7 @@ class Turn:
             return "closed"
         if leaving.reraise is None or self.publishing.writes_ending_when_killed:
             self.finish(leaving.ending)
+            tracing.turn_ended(self.writer.store, self.writer.conversation_id, self.writer.turn_id)
         if leaving.reraise is not None:
             raise leaving.reraise
         return leaving.ending.status

@@ -75,7 +75,7 @@ class ToolRuns:
         outcome = Outcome.STOPPED if result.stopped else Outcome.OK if result.ok else Outcome.ERROR
         self.writer.add_step(Kind.TOOL, call.name, started, outcome, timeout_s=round(timeout_s, 3),
                              remaining_s=round(remaining, 3), arguments=call.arguments[:RECORDED_CHARS],
-                             result=result.output[:RECORDED_CHARS])
+                             result=result.output[:RECORDED_CHARS], call_id=call.id)
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
             raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, f"Stopped at your request, while the {call.name} "
@@ -90,7 +90,8 @@ class ToolRuns:
         extra = {"refused_calls": item.refused_calls} if item.refused_calls else {}
         self.writer.add_step(Kind.TOOL, item.call.name, self.budget.now(),
                              Outcome.REFUSED if item.refused_calls else Outcome.ERROR,
-                             arguments=item.call.arguments[:RECORDED_CHARS], result=item.refusal, **extra)
+                             arguments=item.call.arguments[:RECORDED_CHARS], result=item.refusal,
+                             call_id=item.call.id, **extra)
 
     def skip(self, left: list[PlannedCall]) -> None:
         """The deadline has passed: answer every call left in one step, and end the turn."""

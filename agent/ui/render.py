@@ -6,6 +6,7 @@ import json
 
 import streamlit as st
 
+from agent import tracing
 from agent.contract import (
     CurrentStep,
     ErrorKind,
@@ -330,6 +331,10 @@ def _clock_charts(summary: TurnSummary, steps: list[Step]) -> None:
         if spec is not None:
             st.vega_lite_chart(spec, width="stretch")
     st.caption(clocks_caption(summary, steps))
+    trace_id = tracing.trace_id(summary.get("trace_parent"))
+    if trace_id:
+        st.caption(f"🔭 OpenTelemetry trace `{trace_id}`: the model calls, tool runs, tokens and clocks of this "
+                   "turn, in your trace viewer.")
 
 
 def budget_text(state: State, now: float) -> tuple[float, str]:
