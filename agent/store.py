@@ -244,12 +244,13 @@ class Store:
     def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""
         keys = Keys.of(conversation_id)
-        with self.redis.pipeline(transaction=True) as pipe:
+        def queue(pipe):
             pipe.hgetall(keys.meta)
             pipe.lrange(keys.history, 0, -1)
             pipe.lrange(keys.steps, 0, -1)
             pipe.lrange(keys.turns, 0, -1)
-            meta, history, steps, turns = pipe.execute()
+
+        meta, history, steps, turns = self._snapshot(queue)
         if not meta:
             return None
         return _state(conversation_id, meta, history, steps, turns)
@@ -264,12 +265,13 @@ class Store:
         keys = Keys.of(conversation_id)
         lists = (keys.history, keys.steps, keys.turns)
         have = [len(known[name]) for name in LIST_FIELDS]
-        with self.redis.pipeline(transaction=True) as pipe:
+        def queue(pipe):
             pipe.hgetall(keys.meta)
             for key, start in zip(lists, have, strict=True):
                 pipe.llen(key)
                 pipe.lrange(key, start, -1)
-            meta, n_history, history, n_steps, steps, n_turns, turns = pipe.execute()
+
+        meta, n_history, history, n_steps, steps, n_turns, turns = self._snapshot(queue)
         if not meta:
             return None
         if [n_history, n_steps, n_turns] != [a + len(b) for a, b in zip(have, (history, steps, turns), strict=True)]:
@@ -278,6 +280,21 @@ class Store:
         for name in LIST_FIELDS:
             fresh[name] = known[name] + fresh[name]
         return fresh
+
+    def _snapshot(self, queue) -> list:
+        """The replies to the reads `queue(pipe)` adds, in one transaction: a consistent view.
+
+        A Redis at its maxmemory refuses every command inside MULTI, reads too; then (and only then,
+        when it refuses the writes that could interleave anyway) the reads go as a plain pipeline, so
+        a full store can still be read, and a conversation opened to be downloaded or deleted."""
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                queue(pipe)
+                return pipe.execute()
+        except (redis.exceptions.OutOfMemoryError, redis.exceptions.ExecAbortError):
+            with self.redis.pipeline(transaction=False) as pipe:
+                queue(pipe)
+                return pipe.execute()
 
     def read_meta(self, conversation_id: str) -> State | None:
         """The small fields only (no history or steps)."""

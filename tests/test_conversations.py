@@ -289,3 +289,19 @@ def test_a_message_past_the_size_cap_is_refused_on_the_page_with_its_text_kept(r
     kind, text, unsent = session[ui.FLASH_KEY]
     assert "start a new chat" in text and "download" in text and unsent == "and one more question"
     assert len(store.read(cid)["history"]) == 2  # nothing was added
+
+
+def test_a_full_redis_can_still_be_read_and_a_conversation_deleted_to_make_room(private_redis):
+    store = private_redis.store
+    cid, tid = begin(store)
+    finish(store, cid, tid)
+    before = store.read(cid)
+    store.redis.config_set("maxmemory-policy", "noeviction")
+    store.redis.config_set("maxmemory", "1")  # every write that needs memory is refused
+    try:
+        assert store.read(cid) == before and store.read_since(cid, {**before, "history": before["history"][:1]})
+        assert list_conversations(store).conversations[0].conversation_id == cid
+        assert store.delete(cid)
+        assert store.read(cid) is None and store.redis.zscore(INDEX_KEY, cid) is None
+    finally:
+        store.redis.config_set("maxmemory", "0")

@@ -126,8 +126,12 @@ def _fatal(title: str, detail: str, hint: str) -> None:
 
 
 def _redis_down(exc: Exception) -> None:
-    st.error(f"**Redis is not answering** ({type(exc).__name__}). This page retries every few seconds; "
-             "nothing you sent is lost.", icon="🔌")
+    if is_full_error(exc):  # it answers, but refuses writes at its memory bound
+        st.error(f"**{redis_problem(exc)}.** This page retries every few seconds; nothing stored is lost.",
+                 icon="🔌")
+    else:
+        st.error(f"**Redis is not answering** ({type(exc).__name__}). This page retries every few seconds; "
+                 "nothing you sent is lost.", icon="🔌")
     st_autorefresh(interval=REDIS_RETRY_MS, key="redis-retry")
 
 
