@@ -90,8 +90,11 @@ def test_delete_asks_for_a_confirmation_then_deletes_and_starts_a_new_chat(store
 def test_deleting_a_conversation_in_flight_in_another_tab_ends_its_turn_cleanly_and_the_tab_says_so(
         store, queue, pool):
     cid = new_id()
-    submit_turn(store, queue, cid, "What is 17*23?", FAST.with_changes(model="demo@1.5"))
-    meta = wait_for(lambda: (m := store.read_meta(cid)) and m["status"] == "running" and m, 20, "the turn started")
+    # The `wait` tool for 30 s, on clocks that leave it 15 s: in flight for as long as the test needs.
+    submit_turn(store, queue, cid, "Please be slow 30 seconds.",
+                FAST.with_changes(model="demo:slow-tool", job_timeout_s=20, deadline_margin_s=5.0))
+    meta = wait_for(lambda: (m := store.read_meta(cid)) and (m["current_step"] or {}).get("kind") == "tool" and m, 30,
+                    "the turn runs its tool")
     watching, deleting = app(cid), app(cid)
     watching.run()
     assert autorefresh_present(watching)
@@ -190,3 +193,13 @@ def _walk(node):
     yield node
     for child in getattr(node, "children", {}).values():
         yield from _walk(child)
+
+
+def test_opening_another_conversation_keeps_a_message_that_was_not_sent(store):
+    first, second = done_conversation(store), done_conversation(store, "What is 3+3?", "3+3 = 6")
+    at = app(first)
+    at.run()
+    at.session_state["agent_flash"] = ("warning", "Not sent: this conversation has expired.", "my long question")
+    at.button(key=f"conv-{second}").click().run()
+    assert at.query_params["c"] == second
+    assert "my long question" in [c.value for c in at.code]

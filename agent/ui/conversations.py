@@ -110,8 +110,9 @@ def _export(store: Store, cid: str, fmt: str) -> str:
 
 
 def _open(cid: str) -> None:
-    ui.new_chat(st.session_state)
-    st.session_state.pop(CONFIRM_DELETE_KEY, None)
+    # A "Not sent" box stays, with its text: opening another conversation loses nothing typed.
+    for key in (ui.VIEW_KEY, ui.STOPPING_KEY, CONFIRM_DELETE_KEY):
+        st.session_state.pop(key, None)
     st.query_params[ui.CID_PARAM] = cid
 
 
