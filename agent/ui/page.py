@@ -143,11 +143,9 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     state = result.state
     in_flight = state is not None and not state["done"]
 
-    # First in the sidebar: a new chat, and the conversations to come back to; then the next turn's settings.
+    # First in the sidebar: a new chat and the conversations to come back to (filled after the input is
+    # drawn), then the next turn's settings.
     top = st.sidebar.container()
-    top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
-    conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
-                                          show_list=settings.show_conversations)
     st.sidebar.divider()
     config, config_error = sidebar.render_sidebar(settings.turn)
     tool_sources.render_tool_sources(be.store.redis)
@@ -160,6 +158,9 @@ def _page(settings: Settings, be: ui.Backend) -> None:
         on_submit=_on_send,
         args=(settings, be, cid),
     )
+    top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
+    conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
+                                          show_list=settings.show_conversations)
 
     st.title("⏱️ An agent that always finishes")
     st.markdown(LEAD)
