@@ -25,7 +25,8 @@ def conversation(store, question="What is 17*23?", answer="17*23 = 391") -> str:
 
 
 def test_list_prints_the_conversations_most_recent_first_as_text_and_json(store, env):
-    older = conversation(store, "What is 2+2?")
+    token = new_id()  # the session's Redis holds other tests' conversations too
+    older = conversation(store, f"What is 2+2? {token}")
     newer = conversation(store, "Bell \x07 and \x1b[2J escape")
     text = cli(env, "list")
     assert text.returncode == 0, text.stderr
@@ -35,8 +36,8 @@ def test_list_prints_the_conversations_most_recent_first_as_text_and_json(store,
     assert "\x1b" not in text.stdout.decode() and "\x07" not in text.stdout.decode()  # printed terminal-safe
     rows = [json.loads(line) for line in cli(env, "list", "--json").stdout.decode().splitlines()]
     row = next(r for r in rows if r["conversation_id"] == older)
-    assert row["title"] == "What is 2+2?" and row["turns"] == 1 and row["in_flight"] is False
-    filtered = cli(env, "list", "--json", "--filter", "what is 2+2")
+    assert row["title"] == f"What is 2+2? {token}" and row["turns"] == 1 and row["in_flight"] is False
+    filtered = cli(env, "list", "--json", "--filter", token.upper())
     assert [json.loads(line)["conversation_id"] for line in filtered.stdout.decode().splitlines()] == [older]
 
 
