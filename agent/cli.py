@@ -1,5 +1,6 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
-workers and state as the page, followed until `done`.
+workers and state as the page, followed until `done`. `list [--json]`, `show ID [--json]` and
+`export ID --format md|json` read the stored conversations (agent/conversations_cli.py).
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
@@ -28,14 +29,24 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
+from agent import conversations_cli
 from agent.contract import LIST_FIELDS, Kind, Live, Outcome, Role, State, Status
+from agent.conversations import retention_words
 from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime import services
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, SettingsError
-from agent.store import CONVERSATION_ID_RE, Store, TurnInFlight, is_conversation_id
+from agent.store import (
+    CONVERSATION_ID_RE,
+    ConversationFull,
+    ConversationGone,
+    Store,
+    StoreFull,
+    TurnInFlight,
+    is_conversation_id,
+)
 from agent.tools.registry import TOOL_NAME
 from agent.well_formed import UnreadableState
 
@@ -75,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--tools", type=_tool_names,
                      help="offer only these tools, comma-separated (default: every tool the workers have)")
     ask.add_argument("message")
+    conversations_cli.add_parsers(sub, _conversation_id)
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -83,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.tools is not None:
+    if getattr(args, "tools", None) is not None:
         settings = replace(settings, turn=settings.turn.with_changes(tools=args.tools))
     try:
+        if args.command != "ask":
+            return conversations_cli.run(args, settings)
         return ask_and_follow(settings, args.message, args.conversation, as_json=args.json)
     except services.ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -150,21 +164,27 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
         print(terminal_safe(f"error: {exc}; nothing was sent: leave out --conversation to start a new one"),
               file=sys.stderr)
         return EXIT_USAGE
+    continuing = conversation_id is not None
     if unknown:
         # As the page does: an unknown id is not quietly made a new conversation under that name.
-        print(f"error: conversation {conversation_id} was not found (conversations are kept for "
-              f"{settings.state_ttl_s:,} s after their last message); nothing was sent: leave out "
-              "--conversation to start a new one", file=sys.stderr)
+        print(_not_found(store, settings, conversation_id), file=sys.stderr)
         return EXIT_USAGE
     conversation_id = conversation_id or new_id()
     turn_id = new_id()  # the same id on a retry: a submit that landed is not sent twice
     while True:
         try:
-            submit_turn(store, queue, conversation_id, message, settings.turn, turn_id=turn_id)
+            submit_turn(store, queue, conversation_id, message, settings.turn, turn_id=turn_id,
+                        must_exist=continuing)
             break
         except BadMessage as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except ConversationGone:  # expired or deleted between the check above and the send
+            print(_not_found(store, settings, conversation_id), file=sys.stderr)
+            return EXIT_USAGE
+        except (ConversationFull, StoreFull) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ENDED_BADLY
         except TurnInFlight as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ENDED_BADLY
@@ -203,6 +223,15 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
         outage.clear()
         if ended is not None:
             return ended
+
+
+def _not_found(store: Store, settings: Settings, conversation_id: str) -> str:
+    if store.was_deleted(conversation_id):
+        return f"error: conversation {conversation_id} was deleted; nothing was sent: leave out --conversation " \
+               "to start a new one"
+    return (f"error: conversation {conversation_id} was not found (conversations are kept for "
+            f"{retention_words(settings.state_ttl_s)} after their last message); nothing was sent: leave out "
+            "--conversation to start a new one")
 
 
 @dataclass
@@ -281,7 +310,8 @@ class Follower:
             return None
         state = self.store.read_since(self.conversation_id, self.state)
         if state is None:
-            print("error: the conversation expired before the turn ended", file=sys.stderr)
+            how = "was deleted" if self.store.was_deleted(self.conversation_id) else "expired"
+            print(f"error: the conversation {how} before the turn ended", file=sys.stderr)
             return EXIT_ENDED_BADLY
         # Our turn's ending: the current state, or its summary if another turn has started since.
         ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(

@@ -132,6 +132,7 @@ class Step(TypedDict):
     attempt: NotRequired[int]  # model calls: 1 for the first try
     last_call: NotRequired[bool]  # model calls: the last one, sent without tools
     tool_calls: NotRequired[int]  # model calls: how many tools the reply asked for
+    turns_not_sent: NotRequired[int]  # model calls: earliest turns left out of what was sent (the history cap)
     detail: NotRequired[str]  # why it failed, was skipped or waited
     arguments: NotRequired[str]  # tool runs: the call's arguments (cut)
     result: NotRequired[str]  # tool runs: the result the model got (cut)

@@ -31,7 +31,7 @@ ALLOWED_FUNCTIONS = frozenset({JOB_FUNCTION})
 ALLOWED_CALLBACKS = frozenset({FAILURE_CALLBACK})
 FAILURE_CALLBACK_TIMEOUT_S = 10  # seconds
 RESULT_TTL_S = 600  # seconds a finished job's record is kept
-QUEUE_WAIT_S = 3600  # seconds a turn may wait for a worker (the state TTL, if longer); then RQ drops it
+QUEUE_WAIT_S = 3600  # seconds a turn may wait for a worker (the state TTL, if shorter); then RQ drops it
 KILL_MARGIN_S = 60  # seconds past its job timeout after which RQ's parent worker kills a work horse
 MAX_MESSAGE_CHARS = 8000  # longest user message accepted
 
@@ -124,8 +124,10 @@ def clean_message(text: str | None) -> str:
 
 
 def queue_wait_s(state_ttl_s: int) -> int:
-    """How long a turn may wait in the queue before its job is dropped, unrun."""
-    return max(state_ttl_s, QUEUE_WAIT_S)
+    """How long a turn may wait in the queue before its job is dropped, unrun.
+
+    Not the state's TTL, which now keeps a person's conversations for days: nobody waits days for a reply."""
+    return QUEUE_WAIT_S
 
 
 def queued_state_ttl_s(state_ttl_s: int, config: TurnConfig) -> int:
@@ -155,11 +157,14 @@ def submit_turn(
     config: TurnConfig,
     *,
     turn_id: str | None = None,
+    must_exist: bool = False,
 ) -> str:
     """Append the user's message, mark the turn queued, and enqueue it. Returns the turn id.
 
-    Raises BadMessage for bad input and TurnInFlight when a turn is still running; in both
-    cases nothing is enqueued. The same turn id twice (a double submit) enqueues once.
+    Raises BadMessage for bad input, TurnInFlight when a turn is still running, and (from the
+    store) ConversationGone, ConversationFull or StoreFull; in each case nothing is enqueued.
+    The same turn id twice (a double submit) enqueues once. `must_exist`: the sender continues a
+    conversation it has seen, so one that expired or was deleted meanwhile is not started afresh.
     """
     text = clean_message(text)
     turn_id = turn_id or new_id()
@@ -167,7 +172,7 @@ def submit_turn(
     doc = queued_doc(config.to_dict(), job_id, time.time(), tracing.submit_span(conversation_id, turn_id,
                                                                                   config.to_dict()))
     new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
-                              ttl_s=queued_state_ttl_s(store.ttl_s, config))
+                              ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist)
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
     # enqueued twice is harmless: only the first to claim the turn runs it.
     if new or not SafeJob.exists(job_id, connection=queue.connection):

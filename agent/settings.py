@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from agent.hosts import host_name
 from agent.providers import registry
 from agent.providers.spec import ProviderSpec
+from agent.store import DEFAULT_MAX_CONVERSATION_BYTES
 
 DEFAULT_JOB_TIMEOUT_S = 120  # seconds; RQ enforces whole seconds
 DEFAULT_DEADLINE_MARGIN_S = 20.0  # seconds
@@ -21,7 +22,15 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0  # seconds
 DEFAULT_MIN_CALL_S = 5.0  # seconds
 DEFAULT_MAX_STEPS = 8  # model round-trips per turn
 DEFAULT_TOOL_TIMEOUT_CAP_S = 60.0  # seconds: the most one tool run gets, like a model call's cap
-DEFAULT_STATE_TTL_S = 600  # seconds
+# A person's conversations, not a polling key: kept this long after their last write (AGENT_STATE_TTL).
+DEFAULT_STATE_TTL_S = 30 * 24 * 3600  # seconds (30 days)
+SHOW_CONVERSATIONS_VARIABLE = "AGENT_SHOW_CONVERSATIONS"  # 0: the page lists no conversations (a shared page)
+MAX_CONVERSATION_BYTES_VARIABLE = "AGENT_MAX_CONVERSATION_BYTES"
+# What one turn sends the model of its history: past it, the oldest turns are left out of what is sent
+# (never out of what is stored), and the model call's step says how many. ~125k tokens of English.
+DEFAULT_MAX_HISTORY_SENT_BYTES = 500_000  # bytes
+REDIS_MAXMEMORY_VARIABLE = "AGENT_REDIS_MAXMEMORY_MB"
+DEFAULT_REDIS_MAXMEMORY_MB = 1024  # megabytes the embedded Redis may hold (noeviction: then writes are refused)
 DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
 # A page run must finish well inside the interval, or every refresh cuts the one before short.
 MIN_POLL_INTERVAL_MS = 250  # milliseconds
@@ -63,6 +72,8 @@ class TurnConfig:
     # Tools: each run gets min(cap, time left); `tools` names the ones offered (None: all the worker has).
     tool_timeout_cap_s: float = DEFAULT_TOOL_TIMEOUT_CAP_S
     tools: tuple[str, ...] | None = None
+    # The most of the conversation's history one model call is sent (bytes of JSON); oldest turns go first.
+    max_history_sent_bytes: int = DEFAULT_MAX_HISTORY_SENT_BYTES
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,6 +100,8 @@ class Settings:
     workers: int
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S
+    show_conversations: bool = True
+    max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, bound_address: str | None = None) -> Settings:
@@ -109,9 +122,12 @@ class Settings:
             min_call_s=_seconds(env, "AGENT_MIN_CALL_SECONDS", DEFAULT_MIN_CALL_S),
             max_steps=_integer(env, "AGENT_MAX_STEPS", DEFAULT_MAX_STEPS, minimum=1),
             tool_timeout_cap_s=_seconds(env, "AGENT_TOOL_TIMEOUT_CAP", DEFAULT_TOOL_TIMEOUT_CAP_S),
+            max_history_sent_bytes=_integer(env, "AGENT_MAX_HISTORY_SENT_BYTES", DEFAULT_MAX_HISTORY_SENT_BYTES,
+                                            minimum=1000),
         )
         validate_clocks(turn)
         mcp_start_timeout_s(env)  # used by the workers, refused here at start like the other durations
+        redis_maxmemory_mb(env)  # used by the embedded Redis's config, refused here at start
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("REDIS_URL", "must start with redis://, rediss:// or unix://")
@@ -125,6 +141,9 @@ class Settings:
             workers=_integer(env, "AGENT_WORKERS", DEFAULT_WORKERS, minimum=0),
             allowed_hosts=allowed_hosts(env, bound_address),
             redis_wait_s=redis_wait_s(env),
+            show_conversations=_switch(env, SHOW_CONVERSATIONS_VARIABLE, default=True),
+            max_conversation_bytes=_integer(env, MAX_CONVERSATION_BYTES_VARIABLE, DEFAULT_MAX_CONVERSATION_BYTES,
+                                            minimum=0),
         )
 
 
@@ -195,6 +214,21 @@ def redis_wait_s(env: Mapping[str, str]) -> float:
     if value <= 0:
         raise SettingsError(REDIS_WAIT_VARIABLE, "must be more than 0")
     return value
+def redis_maxmemory_mb(env: Mapping[str, str] | None = None) -> int:
+    """Megabytes the embedded Redis may hold; 0 = no limit."""
+    return _integer(os.environ if env is None else env, REDIS_MAXMEMORY_VARIABLE, DEFAULT_REDIS_MAXMEMORY_MB,
+                    minimum=0)
+
+
+def _switch(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(name, f"must be 1 or 0, not {raw!r}")
 
 
 def _raw(env: Mapping[str, str], name: str) -> str | None:

@@ -11,11 +11,19 @@ Layout per conversation (all keys share one TTL, refreshed on every write):
                              block until the version moves instead of sleeping a poll interval
     agent:conv:{id}:live     string: the text a model call is writing now (UTF-8), grown by APPEND;
                              its head (turn, message index, attempt, status, seq) is `live` in meta
+    agent:conversations      sorted set: every conversation id, scored by its last write (epoch s):
+                             the sidebar's and `list`'s index (agent/conversations.py), never a key scan
+    agent:deleted:{id}       a marker that the conversation was deleted (not expired), for a while
 
 The live text is append-only while the same text (same seq) continues, so a reader that has its
 first N bytes fetches only the rest (GETRANGE from N). The publish that appends the completed
 message, or records the cut call's step, clears it in the same script; `live_ended` in meta is the
 last seq cleared, so a late live write for a text already ended is refused.
+
+The meta hash also holds the conversation's summary for the list: `title` (its first message,
+cut; renamable), `turns` (turns begun) and `bytes` (what its lists hold, for the size cap).
+The index is kept by the same scripts that write, so it never disagrees with a write; an entry
+whose keys expired is dropped by the next listing (see agent/conversations.py).
 
 A poll that finds no change is one HGET of `version`; a publish appends only what is new.
 Every write goes through a Lua script that refuses it when the turn is not the current one,
@@ -41,46 +49,67 @@ from agent.surrogates import scrub
 from agent.well_formed import UnreadableState
 
 KEY_PREFIX = "agent:"
+INDEX_KEY = f"{KEY_PREFIX}conversations"
+DELETED_MARKER_TTL_S = 7 * 24 * 3600  # seconds an open tab can still learn that its conversation was deleted
+TITLE_CHARS = 80  # characters of the first message kept as a conversation's title
+# The most one conversation keeps (messages, steps and turn summaries, as stored JSON): past it, the
+# next message is refused (ConversationFull). A turn in flight is never cut short by it, so a
+# conversation can pass it by at most one turn's worth.
+DEFAULT_MAX_CONVERSATION_BYTES = 8 * 1024 * 1024  # bytes
+# Of Redis's maxmemory: past this, new turns are refused (StoreFull), so the last part is left for the
+# turns already in flight to finish and write their endings (with noeviction, a full Redis refuses writes).
+NEW_TURNS_UP_TO = 0.9
+MEMORY_CHECK_EVERY_S = 1.0  # seconds an INFO memory reading is reused by the same store
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _BEGIN = """
-local meta, history, turns, steps, events, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, history, turns, steps, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version')
+local conversation_id, updated_at, title = ARGV[5], ARGV[6], ARGV[7]
+local must_exist, max_bytes = ARGV[8] == '1', tonumber(ARGV[9])
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version', 'bytes')
 -- A version that is not a whole number would fail HINCRBY below, after the message was appended.
 if current[3] and not string.match(current[3], '^%d+$') then return {'unreadable', ''} end
 if current[1] then
   if current[1] == turn_id then return {'same', current[3]} end
   if current[2] == '0' then return {'busy', current[1]} end
+  if max_bytes > 0 and tonumber(current[4] or '0') >= max_bytes then return {'full', current[4]} end
+elseif must_exist then
+  return {'gone', ''}
 end
 redis.call('RPUSH', history, message)
 local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc)
 redis.call('HDEL', meta, 'live', 'live_seq', 'live_ended')
 redis.call('DEL', live)
+redis.call('HSETNX', meta, 'title', title)
+redis.call('HINCRBY', meta, 'turns', 1)
+redis.call('HINCRBY', meta, 'bytes', #message)
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs({meta, history, turns, steps, events}) do redis.call('EXPIRE', key, ttl) end
+redis.call('ZADD', index, updated_at, conversation_id)
 return {'ok', tostring(version)}
 """
 
 _PUBLISH = """
-local meta, history, steps, turns, events, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, history, steps, turns, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
-local summary, end_live = ARGV[8], tonumber(ARGV[9])
+local summary, conversation_id, updated_at, end_live = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
 local current = redis.call('HMGET', meta, 'turn_id', 'done')
-if not current[1] then return redis.error_reply('GONE the conversation has expired') end
+if not current[1] then return redis.error_reply('GONE the conversation has expired or was deleted') end
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
 if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
   return redis.error_reply('CONFLICT the history moved')
 end
-local i = 10
-for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); i = i + 1 end
-for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); i = i + 1 end
+local i, added = 12, #summary
+for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
+for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
 if summary ~= '' then redis.call('RPUSH', turns, summary) end
+redis.call('HINCRBY', meta, 'bytes', added)
 local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('HSET', meta, 'done', done, 'doc', doc)
 if end_live > 0 then
@@ -94,6 +123,7 @@ if done == '1' or (live_seq > 0 and live_seq <= end_live) then
 end
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs({meta, history, steps, turns, events, live}) do redis.call('EXPIRE', key, ttl) end
+redis.call('ZADD', index, updated_at, conversation_id)
 return version
 """
 
@@ -121,6 +151,21 @@ local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
 return {'ok', version}
+"""
+
+# Delete a conversation: its keys, its index entry, and a marker that says it was deleted.
+_DELETE = """
+local existed = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('SET', KEYS[8], '1', 'EX', tonumber(ARGV[2]))
+return existed
+"""
+
+# Rename: only a conversation that exists (a rename never creates one); its TTL and place are kept.
+_RENAME = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'title', ARGV[1])
+return 1
 """
 
 
@@ -158,6 +203,41 @@ class TurnInFlight(Exception):
         self.turn_id = turn_id
 
 
+class ConversationGone(Exception):
+    """A message meant for an existing conversation found none: it expired or was deleted."""
+
+    def __init__(self, conversation_id: str, deleted: bool):
+        how = "was deleted" if deleted else "has expired"
+        super().__init__(f"this conversation {how}, so your message was not sent")
+        self.conversation_id = conversation_id
+        self.deleted = deleted
+
+
+class StoreFull(Exception):
+    """Redis is close to its memory limit: new turns are refused so that the turns in flight can finish."""
+
+    def __init__(self, used_bytes: int, max_bytes: int):
+        super().__init__(
+            f"the conversation store is full ({used_bytes / 1_048_576:.0f} of {max_bytes / 1_048_576:.0f} MiB, "
+            "AGENT_REDIS_MAXMEMORY_MB): nothing was sent. Delete conversations you no longer need (download "
+            "them first to keep them), or raise the limit")
+        self.used_bytes = used_bytes
+        self.max_bytes = max_bytes
+
+
+class ConversationFull(Exception):
+    """The conversation holds as much as one conversation may keep; a new message is refused."""
+
+    def __init__(self, conversation_id: str, size_bytes: int, max_bytes: int):
+        super().__init__(
+            f"this conversation holds {size_bytes / 1_048_576:.1f} MiB, the most one conversation keeps "
+            f"({max_bytes / 1_048_576:.1f} MiB, AGENT_MAX_CONVERSATION_BYTES): start a new chat, or download "
+            "this one first to keep it")
+        self.conversation_id = conversation_id
+        self.size_bytes = size_bytes
+        self.max_bytes = max_bytes
+
+
 @dataclass(frozen=True)
 class Keys:
     meta: str
@@ -172,6 +252,21 @@ class Keys:
         base = f"{KEY_PREFIX}conv:{conversation_id}:"
         return cls(base + "meta", base + "history", base + "steps", base + "turns", base + "events", base + "live")
 
+    @property
+    def all(self) -> list[str]:
+        return [self.meta, self.history, self.steps, self.turns, self.events, self.live]
+
+
+def deleted_marker(conversation_id: str) -> str:
+    return f"{KEY_PREFIX}deleted:{conversation_id}"
+
+
+def make_title(text) -> str:
+    """A conversation's title from untrusted text: control characters dropped, whitespace collapsed, cut."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(text or ""))
+    text = " ".join(text.split())
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1].rstrip() + "…"
+
 
 def _dumps(value) -> str:
     # A lone surrogate that got this far (a tool's output, a quoted error) would make Redis's
@@ -180,12 +275,17 @@ def _dumps(value) -> str:
 
 
 class Store:
-    def __init__(self, client: redis.Redis, ttl_s: int):
+    def __init__(self, client: redis.Redis, ttl_s: int, *,
+                 max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES):
         self.redis = client
         self.ttl_s = ttl_s
+        self.max_conversation_bytes = max_conversation_bytes  # 0: no cap
         self._begin = client.register_script(_BEGIN)
         self._publish = client.register_script(_PUBLISH)
         self._live = client.register_script(_LIVE)
+        self._delete = client.register_script(_DELETE)
+        self._rename = client.register_script(_RENAME)
+        self._memory: tuple[float, int, int] | None = None  # (monotonic time, used, maxmemory) last read
 
     # -- readers ---------------------------------------------------------------------------
 
@@ -210,13 +310,15 @@ class Store:
     def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""
         keys = Keys.of(conversation_id)
-        with _readable(conversation_id), self.redis.pipeline(transaction=True) as pipe:
+        def queue(pipe):
             pipe.hgetall(keys.meta)
             pipe.lrange(keys.history, 0, -1)
             pipe.lrange(keys.steps, 0, -1)
             pipe.lrange(keys.turns, 0, -1)
             pipe.get(keys.live)
-            meta, history, steps, turns, live_text = pipe.execute()
+
+        with _readable(conversation_id):
+            meta, history, steps, turns, live_text = self._snapshot(queue)
         if not meta:
             return None
         return _state(conversation_id, meta, history, steps, turns, live_text)
@@ -234,14 +336,17 @@ class Store:
         have = [len(known[name]) for name in LIST_FIELDS]
         known_live = known.get("live")
         have_bytes = len(known_live["text"].encode()) if known_live else 0
-        with _readable(conversation_id), self.redis.pipeline(transaction=True) as pipe:
+
+        def queue(pipe):
             pipe.hgetall(keys.meta)
             for key, start in zip(lists, have, strict=True):
                 pipe.llen(key)
                 pipe.lrange(key, start, -1)
             pipe.strlen(keys.live)
             pipe.getrange(keys.live, have_bytes, -1)
-            meta, n_history, history, n_steps, steps, n_turns, turns, n_live, live_tail = pipe.execute()
+
+        with _readable(conversation_id):
+            meta, n_history, history, n_steps, steps, n_turns, turns, n_live, live_tail = self._snapshot(queue)
         if not meta:
             return None
         if [n_history, n_steps, n_turns] != [a + len(b) for a, b in zip(have, (history, steps, turns), strict=True)]:
@@ -257,6 +362,21 @@ class Store:
             fresh[name] = known[name] + fresh[name]
         return fresh
 
+    def _snapshot(self, queue) -> list:
+        """The replies to the reads `queue(pipe)` adds, in one transaction: a consistent view.
+
+        A Redis at its maxmemory refuses every command inside MULTI, reads too; then (and only then,
+        when it refuses the writes that could interleave anyway) the reads go as a plain pipeline, so
+        a full store can still be read, and a conversation opened to be downloaded or deleted."""
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                queue(pipe)
+                return pipe.execute()
+        except (redis.exceptions.OutOfMemoryError, redis.exceptions.ExecAbortError):
+            with self.redis.pipeline(transaction=False) as pipe:
+                queue(pipe)
+                return pipe.execute()
+
     def read_meta(self, conversation_id: str) -> State | None:
         """The small fields only (no history, steps or live text)."""
         with _readable(conversation_id):
@@ -270,22 +390,30 @@ class Store:
     # -- writers ---------------------------------------------------------------------------
 
     def begin_turn(
-        self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *, ttl_s: int | None = None
+        self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *, ttl_s: int | None = None,
+        must_exist: bool = False,
     ) -> tuple[bool, int]:
         """Append the user's message and mark the turn queued. Returns (new, version).
 
         `ttl_s` (default: the store's) is the conversation's TTL while the turn waits for a worker.
+        `must_exist`: the sender believes the conversation exists (an open tab, `--conversation`);
+        if it has expired or was deleted meanwhile, ConversationGone is raised instead of quietly
+        starting a new conversation under the same id.
 
         The same turn id again (a double submit) is not a new turn; a different one while a
-        turn is in flight raises TurnInFlight; a conversation whose version is not a number raises
-        UnreadableState, and nothing is written.
+        turn is in flight raises TurnInFlight; one past the size cap raises ConversationFull; a
+        conversation whose version is not a number raises UnreadableState, and nothing is written.
         """
+        self.check_room()
         keys = Keys.of(conversation_id)
-        doc = {**doc, "updated_at": time.time()}
+        now = time.time()
+        doc = {**doc, "updated_at": now}
         with _readable(conversation_id):
             outcome, value = self._begin(
-                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, keys.live],
-                args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s or self.ttl_s],
+                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live],
+                args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s or self.ttl_s, conversation_id, repr(now),
+                      make_title(user_message.get("content")), "1" if must_exist else "0",
+                      self.max_conversation_bytes],
             )
         outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
         value = value.decode() if isinstance(value, bytes) else value
@@ -293,7 +421,44 @@ class Store:
             raise TurnInFlight(conversation_id, value)
         if outcome == "unreadable":
             raise UnreadableState(conversation_id, "its version is not a whole number")
+        if outcome == "gone":
+            raise ConversationGone(conversation_id, self.was_deleted(conversation_id))
+        if outcome == "full":
+            raise ConversationFull(conversation_id, int(value), self.max_conversation_bytes)
         return outcome == "ok", int(value)
+
+    def check_room(self) -> None:
+        """Raise StoreFull when Redis has a memory limit and is past NEW_TURNS_UP_TO of it."""
+        now = time.monotonic()
+        if self._memory is None or now - self._memory[0] > MEMORY_CHECK_EVERY_S:
+            try:
+                info = self.redis.info("memory")
+            except redis.ResponseError:  # a Redis whose ACL refuses INFO: its own refusals still say "full"
+                info = {}
+            self._memory = (now, int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+        _, used, limit = self._memory
+        if limit and used >= limit * NEW_TURNS_UP_TO:
+            self._memory = None  # look again next time: a deletion may have made room
+            raise StoreFull(used, limit)
+
+    def was_deleted(self, conversation_id: str) -> bool:
+        """True when the conversation was deleted (recently), rather than expired or never there."""
+        return bool(self.redis.exists(deleted_marker(conversation_id)))
+
+    def delete(self, conversation_id: str) -> bool:
+        """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
+        refused (GONE), so its job ends without a word. False when there was nothing to delete."""
+        keys = Keys.of(conversation_id)
+        turn_id, done = self.redis.hmget(keys.meta, "turn_id", "done")
+        if turn_id is not None and done != b"1":
+            self.request_cancel(_text(turn_id), DELETED_MARKER_TTL_S)
+        existed = self._delete(keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id)],
+                               args=[conversation_id, DELETED_MARKER_TTL_S])
+        return int(existed) > 0
+
+    def rename(self, conversation_id: str, title: str) -> bool:
+        """Give a conversation a new title (cleaned and cut like any title); False when it does not exist."""
+        return bool(self._rename(keys=[Keys.of(conversation_id).meta], args=[make_title(title)]))
 
     def publish(
         self,
@@ -323,12 +488,15 @@ class Store:
             len(new_messages),
             len(new_steps),
             _dumps(summary) if summary else "",
+            conversation_id,
+            repr(doc["updated_at"]),
             end_live,
             *(_dumps(m) for m in new_messages),
             *(_dumps(s) for s in new_steps),
         ]
         try:
-            return int(self._publish(keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, keys.live],
+            return int(self._publish(keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY,
+                                           keys.live],
                                      args=args))
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc

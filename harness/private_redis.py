@@ -16,7 +16,7 @@ from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.store import Store
 
-DEFAULT_STATE_TTL_S = 600  # seconds; the product's default AGENT_STATE_TTL
+DEFAULT_STATE_TTL_S = 600  # seconds; long enough for any test (the product keeps conversations 30 days)
 
 
 class PrivateRedis:

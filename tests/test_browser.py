@@ -242,7 +242,7 @@ def test_a_hostile_reply_is_shown_inert_and_no_key_reaches_the_page(server, page
              "detail": image % "provider-error", "attempt": 1},
         ]
         open_finished_turn(page, server, "say something nasty", hostile, steps, now)
-        page.get_by_text("say something nasty").first.wait_for(timeout=20000)
+        page.get_by_text("say something nasty", exact=True).first.wait_for(timeout=20000)
         page.get_by_text("tracking pixel").first.wait_for(timeout=10000)  # the image became its alt text
         page.wait_for_timeout(1500)
         assert page.evaluate("() => window.__pwned") is None

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from agent.runtime.connection import describe, state_client
+from agent.runtime.connection import describe, is_memory_error, redis_problem, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, redis_binary
 from agent.runtime.services import ServiceError, check_redis
+from harness.private_redis import PrivateRedis
 from harness.processes import alive, processes_running
 from tests.conftest import ROOT
 
@@ -327,3 +328,16 @@ def test_a_stale_pid_file_naming_another_process_is_never_signalled(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_embedded_redis_holds_at_most_its_maxmemory_and_evicts_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_REDIS_MAXMEMORY_MB", "64")
+    with PrivateRedis(tmp_path / "redis") as server:
+        assert server.client.config_get("maxmemory")["maxmemory"] == str(64 * 1024 * 1024)
+        assert server.client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        server.client.config_set("maxmemory", "1")  # full: a write is refused, in words a person can act on
+        for write in (lambda: server.client.set("k", "v"),  # a plain write, and one inside a script
+                      lambda: server.client.eval("return redis.call('SET', KEYS[1], 'v')", 1, "k")):
+            with pytest.raises(redis.ResponseError) as refused:
+                write()
+            assert is_memory_error(refused.value) and "Redis is full" in redis_problem(refused.value)

@@ -18,9 +18,12 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
     assert s.turn.connect_timeout_s == 10
     assert s.turn.min_call_s == 5
     assert s.turn.max_steps == 8
-    assert s.state_ttl_s == 600
+    assert s.state_ttl_s == 30 * 24 * 3600  # conversations are kept 30 days after their last write
     assert s.poll_interval_ms == 1000
     assert s.workers == 2
+    assert s.show_conversations is True
+    assert s.max_conversation_bytes == 8 * 1024 * 1024
+    assert s.turn.max_history_sent_bytes == 500_000
 
 
 @pytest.mark.parametrize(
@@ -51,6 +54,10 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
         ({"AGENT_MCP_START_TIMEOUT": "0"}, "AGENT_MCP_START_TIMEOUT"),
         ({"AGENT_MCP_START_TIMEOUT": "soon"}, "AGENT_MCP_START_TIMEOUT"),
         ({"AGENT_MCP_START_TIMEOUT": "inf"}, "AGENT_MCP_START_TIMEOUT"),
+        ({"AGENT_SHOW_CONVERSATIONS": "maybe"}, "AGENT_SHOW_CONVERSATIONS"),
+        ({"AGENT_MAX_CONVERSATION_BYTES": "-1"}, "AGENT_MAX_CONVERSATION_BYTES"),
+        ({"AGENT_MAX_HISTORY_SENT_BYTES": "10"}, "AGENT_MAX_HISTORY_SENT_BYTES"),
+        ({"AGENT_REDIS_MAXMEMORY_MB": "lots"}, "AGENT_REDIS_MAXMEMORY_MB"),
     ],
 )
 def test_bad_value_is_refused_in_one_line_naming_the_variable(env, variable):
@@ -114,3 +121,8 @@ def test_a_malformed_allowed_host_is_refused_at_start_naming_the_variable():
         with pytest.raises(SettingsError, match="AGENT_ALLOWED_HOSTS"):
             Settings.from_env({"AGENT_ALLOWED_HOSTS": raw})
     assert Settings.from_env({}).allowed_hosts == ("127.0.0.1", "localhost", "::1")
+
+
+@pytest.mark.parametrize(("raw", "shown"), [("0", False), ("off", False), ("1", True), ("yes", True)])
+def test_the_conversations_list_can_be_hidden(raw, shown):
+    assert Settings.from_env({"AGENT_SHOW_CONVERSATIONS": raw}).show_conversations is shown

@@ -45,7 +45,7 @@ def is_memory_error(exc: BaseException) -> bool:
     """Redis refused a write because its memory is full (used memory over `maxmemory`, nothing it may
     evict): redis-py raises OutOfMemoryError, or, from inside a Lua script, a ResponseError quoting `-OOM`."""
     return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
-        isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
+        isinstance(exc, redis.ResponseError) and "command not allowed when used memory" in str(exc))
 
 
 def redis_problem(exc: BaseException) -> str:
@@ -53,8 +53,9 @@ def redis_problem(exc: BaseException) -> str:
     error ("Error running script ... -MISCONF ..."): it is said plainly, with the first sentence of Redis's reason."""
     text = str(exc) or type(exc).__name__
     if is_memory_error(exc):
-        return ("Redis is out of memory (OOM: its used memory is over its maxmemory setting, with nothing it may "
-                "evict); it refuses writes until memory is freed or maxmemory is raised")
+        return ("Redis is full: out of memory (OOM: it holds its maxmemory, AGENT_REDIS_MAXMEMORY_MB for the "
+                "embedded one, with nothing it may evict) and refuses writes until memory is freed: delete "
+                "conversations you no longer need, or raise the limit")
     if not is_disk_error(exc):
         return text
     reason = text.split("MISCONF ", 1)[1].split(". ", 1)[0].rstrip(".")

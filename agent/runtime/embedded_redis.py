@@ -33,6 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agent import PROJECT_ROOT
+from agent.settings import redis_maxmemory_mb
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,10 @@ class EmbeddedRedis:
 
 
 def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path, password: str) -> str:
+    # A bound on what it holds (AGENT_REDIS_MAXMEMORY_MB, checked at start with the other settings). At
+    # the bound nothing is evicted: writes are refused, and the store refuses new turns a little before
+    # (agent/store.py), so the turns in flight still end.
+    maxmemory_mb = redis_maxmemory_mb()
     return "\n".join(
         [
             "port 0",  # no TCP listener at all: the unix socket is the only way in
@@ -279,6 +284,8 @@ def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path
             "save 60 1",
             f"logfile {log_file}",
             f"requirepass {password}",
+            f"maxmemory {maxmemory_mb}mb",
+            "maxmemory-policy noeviction",
             "",
         ]
     )

@@ -46,7 +46,8 @@ class Services:
     owner_pid: int = field(default_factory=os.getpid)
 
     def store(self, settings: Settings) -> Store:
-        return Store(state_client(self.redis_url), settings.state_ttl_s)
+        return Store(state_client(self.redis_url), settings.state_ttl_s,
+                     max_conversation_bytes=settings.max_conversation_bytes)
 
     def queue_connection(self) -> redis.Redis:
         return queue_client(self.redis_url)

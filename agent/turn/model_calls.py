@@ -17,6 +17,7 @@ from agent.providers.base import Completion, Provider, ProviderError
 from agent.providers.demo import DEMO
 from agent.settings import TurnConfig
 from agent.turn.exits import TurnEnded
+from agent.turn.history_window import latest_turns
 from agent.turn.policies import Clocks, Publishing
 from agent.turn.stop_watch import StopRequests
 from agent.turn.writer import StateWriter
@@ -50,7 +51,10 @@ class ModelCalls:
     def complete(self, history: list[Message], *, last_call: bool) -> Completion:
         """The model's reply; the last call goes out without tools, asking for an answer now."""
         tools = [] if last_call else tool_registry.schemas(self.config.tools)
-        messages = history + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else [])
+        # A long conversation is sent from its latest turns, up to the cap; the stored history stays whole.
+        sent, not_sent = latest_turns(history, self.config.max_history_sent_bytes)
+        left_out = {"turns_not_sent": not_sent} if not_sent else {}
+        messages = sent + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else [])
         for attempt in range(1, MAX_ATTEMPTS_PER_CALL + 1):
             remaining = self.budget.remaining_s()
             timeout = self.budget.call_timeout()
@@ -67,7 +71,7 @@ class ModelCalls:
                 partial, arrived = self.writer.end_live()
                 outcome = {"stopped": Outcome.STOPPED, "timeout": Outcome.TIMEOUT}.get(exc.kind, Outcome.ERROR)
                 self.record(started, outcome, timeout, remaining, attempt=attempt, detail=exc.message,
-                            last_call=last_call, **partial_fields(partial, arrived))
+                            last_call=last_call, **partial_fields(partial, arrived), **left_out)
                 if outcome == Outcome.STOPPED:
                     waited_s = self.budget.now() - started
                     raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
@@ -79,7 +83,7 @@ class ModelCalls:
             self.writer.set_current(None)
             usage = usage_of(completion)
             self.record(started, Outcome.OK, timeout, remaining, attempt=attempt, last_call=last_call,
-                        tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}))
+                        tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **left_out)
             return completion
         raise TurnEnded(Status.FAILED, ErrorKind.RETRIES,
                         f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")

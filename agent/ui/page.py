@@ -20,6 +20,7 @@ from streamlit_autorefresh import st_autorefresh
 from agent.contract import Status
 from agent.hosts import host_allowed
 from agent.runtime import services
+from agent.runtime.connection import is_memory_error, redis_problem
 from agent.settings import (
     ALLOWED_HOSTS_VARIABLE,
     DEFAULT_ALLOWED_HOSTS,
@@ -28,6 +29,7 @@ from agent.settings import (
     SettingsError,
     allowed_hosts,
 )
+from agent.ui import conversations as conversations_ui
 from agent.ui import render, sidebar, tool_sources
 from agent.ui import state as ui
 from agent.ui.guard import drawn_or_said
@@ -137,8 +139,12 @@ def _fatal(title: str, detail: str, hint: str) -> None:
 
 
 def _redis_down(exc: Exception) -> None:
-    st.error(f"**Redis is not answering** ({type(exc).__name__}). This page retries every few seconds; "
-             "nothing you sent is lost.", icon="🔌")
+    if is_memory_error(exc):  # it answers, but refuses writes at its memory bound
+        st.error(f"**{redis_problem(exc)}.** This page retries every few seconds; nothing stored is lost.",
+                 icon="🔌")
+    else:
+        st.error(f"**Redis is not answering** ({type(exc).__name__}). This page retries every few seconds; "
+                 "nothing you sent is lost.", icon="🔌")
     st_autorefresh(interval=REDIS_RETRY_MS, key="redis-retry")
 
 
@@ -150,10 +156,12 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     state = result.state
     in_flight = state is not None and not state["done"]
 
+    # First in the sidebar: a new chat and the conversations to come back to (filled after the input is
+    # drawn), then the next turn's settings.
+    top = st.sidebar.container()
+    st.sidebar.divider()
     config, config_error = sidebar.render_sidebar(settings.turn)
     tool_sources.render_tool_sources(be.store.redis)
-    st.sidebar.divider()
-    st.sidebar.button("🗨️ New chat", on_click=_new_chat, width="stretch")
     # The input is drawn early (Streamlit pins it to the bottom wherever it is called), so a run that
     # starts a turn disables it at once, not after the whole conversation has been drawn.
     st.chat_input(
@@ -163,6 +171,9 @@ def _page(settings: Settings, be: ui.Backend) -> None:
         on_submit=_on_send,
         args=(settings, be, cid),
     )
+    top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
+    conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
+                                          show_list=settings.show_conversations)
 
     st.title("⏱️ An agent that always finishes")
     st.markdown(LEAD)
@@ -335,7 +346,8 @@ def _send_text(settings: Settings, be: ui.Backend, cid: str, text: str | None) -
     try:
         ui.send(be.store, be.queue, st.session_state, cid, text, config, error)
     except redis.RedisError as exc:
-        st.session_state[ui.FLASH_KEY] = ("error", f"Not sent: Redis is not answering ({type(exc).__name__}).", text)
+        why = redis_problem(exc) if is_memory_error(exc) else f"Redis is not answering ({type(exc).__name__})"
+        st.session_state[ui.FLASH_KEY] = ("error", f"Not sent: {why}.", text)
 
 
 def _on_stop(settings: Settings, be: ui.Backend) -> None:

@@ -14,6 +14,7 @@ import redis
 from rq import Queue
 
 from agent.contract import ErrorKind, State, Status
+from agent.conversations import retention_words
 from agent.endings import write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import (
@@ -28,7 +29,7 @@ from agent.queue import (
 )
 from agent.runtime import services
 from agent.settings import Settings, TurnConfig
-from agent.store import Store, TurnInFlight, is_conversation_id
+from agent.store import ConversationFull, ConversationGone, Store, StoreFull, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert
 from agent.well_formed import UnreadableState
 
@@ -71,7 +72,8 @@ class Conversation:
 
 
 def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int) -> Conversation:
-    """The URL's conversation when it exists; otherwise this tab's draft id (a fresh chat)."""
+    """The URL's conversation when it exists; otherwise this tab's draft id (a fresh chat), with a
+    notice that says why: deleted, expired while this tab showed it, or never found."""
     if url_cid:
         try:
             if is_conversation_id(url_cid) and store.version(url_cid) is not None:
@@ -79,11 +81,19 @@ def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int)
         except UnreadableState as exc:
             return _unreadable(url_cid, session, exc)
         session.pop(DRAFT_KEY, None)
-        notice = (
-            f"The conversation in this link ({inert(url_cid[:24])}) was not found: conversations are kept for "
-            f"{_minutes(ttl_s)} after their last message. This is a new chat."
-        )
-        return Conversation(_draft(session), in_url=False, notice=notice)
+        seen = (session.get(VIEW_KEY) or {}).get("cid") == url_cid
+        session.pop(VIEW_KEY, None)
+        kept = f"conversations are kept for {retention_words(ttl_s)} after their last message"
+        if is_conversation_id(url_cid) and store.was_deleted(url_cid):
+            what = ("The conversation this tab was showing" if seen
+                    else f"The conversation in this link ({inert(url_cid)})")
+            notice = f"{what} was deleted (here or in another tab)."
+        elif seen:
+            notice = f"The conversation this tab was showing has expired: {kept}."
+        else:
+            notice = f"The conversation in this link ({inert(url_cid[:24])}) was not found: {kept}."
+        return Conversation(_draft(session), in_url=False,
+                            notice=notice + " Nothing you had not sent is lost: this is a new chat.")
     return Conversation(_draft(session), in_url=False)
 
 
@@ -123,10 +133,6 @@ def _draft(session) -> str:
 def new_chat(session) -> None:
     for key in (DRAFT_KEY, VIEW_KEY, FLASH_KEY, STOPPING_KEY):
         session.pop(key, None)
-
-
-def _minutes(seconds: int) -> str:
-    return f"{seconds // 60} minutes" if seconds >= 120 else f"{seconds} seconds"
 
 
 @dataclass
@@ -194,12 +200,15 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     if config is None:
         session[FLASH_KEY] = ("error", f"Nothing was sent: {config_error or 'fix the settings in the sidebar'}.", text)
         return None
+    # A conversation this tab has shown is continued, never started afresh under the same id: if it
+    # expired or was deleted meanwhile, the message is refused and kept on screen.
+    seen = (session.get(VIEW_KEY) or {}).get("cid") == cid
     try:
-        turn_id = submit_turn(store, queue, cid, text, config)
+        turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen)
     except BadMessage as exc:
         session[FLASH_KEY] = ("error", str(exc), text)
         return None
-    except TurnInFlight as exc:
+    except (TurnInFlight, ConversationGone, ConversationFull, StoreFull) as exc:
         session[FLASH_KEY] = ("warning", f"Not sent: {exc}.", text)
         return None
     session.pop(STOPPING_KEY, None)

@@ -1,0 +1,117 @@
+"""`python -m agent list [--json]`, `show ID [--json]` and `export ID --format md|json [--output FILE]`.
+
+They read what the page and `ask` stored, through the same Redis (the embedded one is started,
+without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage or an id that names no
+conversation (one line on stderr), as `ask`. Titles and messages are untrusted text: on a terminal,
+what it would act on is printed as an escape; an export to a file is written as stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from agent import export
+from agent.contract import Role
+from agent.conversations import DEFAULT_PAGE, info, list_conversations, retention_words
+from agent.plain_text import plain_text, terminal_safe
+from agent.runtime import services
+from agent.settings import Settings
+from agent.store import Store
+
+EXIT_OK, EXIT_USAGE = 0, 2
+MAX_LIST = 10_000  # the most `list --limit` prints
+
+
+def add_parsers(sub, conversation_id_type) -> None:
+    listing = sub.add_parser("list", help="the stored conversations, most recent first")
+    listing.add_argument("--json", action="store_true", help="one JSON object a line, one per conversation")
+    listing.add_argument("--limit", type=_limit, default=DEFAULT_PAGE, help=f"how many (default {DEFAULT_PAGE})")
+    listing.add_argument("--filter", default=None, help="only those whose title contains this text")
+    show = sub.add_parser("show", help="one conversation, as text (or its stored state with --json)")
+    show.add_argument("conversation", type=conversation_id_type)
+    show.add_argument("--json", action="store_true", help="the stored state object")
+    exporting = sub.add_parser("export", help="one conversation as a Markdown or JSON file")
+    exporting.add_argument("conversation", type=conversation_id_type)
+    exporting.add_argument("--format", choices=export.FORMATS, required=True)
+    exporting.add_argument("--output", type=Path, default=None, help="write to this file (default: stdout)")
+
+
+def _limit(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value[:40]!r}") from None
+    if not 1 <= number <= MAX_LIST:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_LIST:,}")
+    return number
+
+
+def run(args, settings: Settings) -> int:
+    store = services.ensure(settings, workers=0).store(settings)
+    if args.command == "list":
+        return _list(store, args)
+    state = store.read(args.conversation)
+    if state is None:
+        how = "was deleted" if store.was_deleted(args.conversation) else (
+            f"was not found (conversations are kept for {retention_words(settings.state_ttl_s)} after their last "
+            "message)")
+        print(f"error: conversation {args.conversation} {how}", file=sys.stderr)
+        return EXIT_USAGE
+    row = info(store, args.conversation)
+    title = row.title if row else None
+    if args.command == "show":
+        if args.json:
+            _out(json.dumps(state, ensure_ascii=False), escape=True)
+        else:
+            _show(state, title)
+        return EXIT_OK
+    text = export.to_json(state) if args.format == "json" else export.to_markdown(state, title)
+    if args.output is not None:
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        _out(text.rstrip("\n"), escape=sys.stdout.isatty())
+    return EXIT_OK
+
+
+def _list(store: Store, args) -> int:
+    listing = list_conversations(store, limit=args.limit, text=args.filter)
+    for row in listing.conversations:
+        if args.json:
+            _out(json.dumps(row.to_dict(), ensure_ascii=False), escape=True)
+        else:
+            flight = " [in flight]" if row.in_flight else ""
+            _out(f"{row.conversation_id}  {_when(row.updated_at)}  {row.turns} turn{'s' * (row.turns != 1)}"
+                 f"{flight}  {row.title}", escape=True)
+    if not args.json and not listing.conversations:
+        print("no conversations" + (" match that filter" if args.filter else ""), file=sys.stderr)
+    return EXIT_OK
+
+
+def _show(state, title: str | None) -> None:
+    _out(f"# {title or state['conversation_id']}  ({state['conversation_id']})", escape=True)
+    for messages, summary in export.turns_of(state):
+        for message in messages:
+            role = message.get("role")
+            if role == Role.USER:
+                _out(f"\nyou: {message.get('content') or ''}", escape=True)
+            elif role == Role.TOOL:
+                _out(f"  [tool] {message.get('content') or ''}", escape=True)
+            else:
+                for call in message.get("tool_calls") or []:
+                    function = call.get("function") or {}
+                    _out(f"  [calls {function.get('name')}] {function.get('arguments')}", escape=True)
+                if message.get("content"):
+                    _out(plain_text(message["content"]), escape=True)
+        _out(f"[{(summary or {}).get('status')}]", escape=True)
+
+
+def _out(text: str, *, escape: bool) -> None:
+    print(terminal_safe(text) if escape else text, flush=True)
+
+
+def _when(epoch_s: float) -> str:
+    return dt.datetime.fromtimestamp(epoch_s).strftime("%Y-%m-%d %H:%M")

@@ -1,0 +1,119 @@
+"""A conversation as a file: JSON (the stored state object, steps and clocks included, exactly as
+`ask --json` and the page read it) or Markdown (for a person: messages, tool calls and results, and
+how each turn ended). Pure: no I/O.
+
+Messages are untrusted text. In the Markdown they are quoted as the page shows them (images as their
+alt text, links only to web pages and mail addresses: a Markdown viewer opening the file fetches
+nothing); tool arguments and results go in fenced blocks whose fence is longer than any backtick run
+inside, so no content can end one. The JSON is the data as stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from agent.contract import Role, State, Status, TurnSummary
+from agent.ui.markdown import safe_markdown
+
+ENDINGS = {
+    Status.DONE: "answered",
+    Status.FAILED: "failed",
+    Status.TIMED_OUT: "ran out of time",
+    Status.CANCELLED: "stopped",
+    Status.QUEUED: "still waiting for a worker when exported",
+    Status.RUNNING: "still running when exported",
+}
+FORMATS = ("md", "json")
+
+
+def to_json(state: State) -> str:
+    """The stored state object, as one JSON document."""
+    return json.dumps(state, ensure_ascii=False, indent=2) + "\n"
+
+
+def to_markdown(state: State, title: str | None = None) -> str:
+    """The conversation for a person to read."""
+    lines = [f"# {_one_line(title) or 'Conversation'}", "",
+             f"Conversation `{state['conversation_id']}`, exported {_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
+    for number, (messages, summary) in enumerate(turns_of(state), start=1):
+        lines += [f"## Turn {number}", ""]
+        for message in messages:
+            lines += _message(message)
+        lines += [_ending(summary), ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def turns_of(state: State) -> list[tuple[list[dict], TurnSummary | None]]:
+    """The history cut at each user message, each turn with its summary (the latest from the state)."""
+    segments: list[list[dict]] = []
+    for message in state.get("history") or []:
+        if message.get("role") == Role.USER or not segments:
+            segments.append([])
+        segments[-1].append(message)
+    summaries = list(state.get("turns") or [])
+    out = []
+    for index, messages in enumerate(segments):
+        summary = summaries[index] if index < len(summaries) else {
+            "turn_id": state.get("turn_id"), "status": state.get("status"), "error": state.get("error"),
+            "ended_at": None if not state.get("done") else state.get("updated_at")}
+        out.append((messages, summary))
+    return out
+
+
+def _message(message: dict) -> list[str]:
+    role = message.get("role")
+    content = message.get("content")
+    if role == Role.USER:
+        return ["**You:**", "", _quoted(content), ""]
+    if role == Role.TOOL:
+        return ["**Tool result:**", "", *_fenced(content), ""]
+    lines = []
+    if content:
+        lines += ["**Assistant:**", "", _quoted(content), ""]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        lines += [f"**Tool call:** `{_code_span(function.get('name'))}`", "", *_fenced(function.get("arguments"),
+                                                                                       "json"), ""]
+    return lines
+
+
+def _ending(summary: TurnSummary | None) -> str:
+    summary = summary or {}
+    status = summary.get("status") or ""
+    words = ENDINGS.get(status, status)
+    ended = f" at {_when(summary['ended_at'])}" if summary.get("ended_at") else ""
+    error = summary.get("error") or {}
+    reason = f" ({_one_line(error.get('kind'))})" if error.get("kind") else ""
+    return f"*Ending: {words}{reason}{ended}.*"
+
+
+def _quoted(text) -> str:
+    """Quoted line for line, so it reads as the message and nothing else; made inert as on the page."""
+    return "\n".join("> " + line for line in safe_markdown(str(text if text is not None else "")).split("\n"))
+
+
+def _fenced(text, language: str = "") -> list[str]:
+    body = str(text if text is not None else "")
+    fence = "`" * max(3, _longest_run(body, "`") + 1)
+    return [fence + language, body, fence]
+
+
+def _code_span(text) -> str:
+    return _one_line(text).replace("`", "'")
+
+
+def _longest_run(text: str, char: str) -> int:
+    longest = run = 0
+    for ch in text:
+        run = run + 1 if ch == char else 0
+        longest = max(longest, run)
+    return longest
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text or "").split())
+
+
+def _when(epoch_s: float) -> str:
+    return dt.datetime.fromtimestamp(epoch_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
