@@ -65,10 +65,20 @@ def texts(at: AppTest) -> str:
     return re.sub(r"\\(.)", r"\1", "\n".join(parts))
 
 
+def autorefreshes(at: AppTest) -> list[dict]:
+    """The arguments of each streamlit-autorefresh component (AppTest shows one as an unknown element)."""
+    found = []
+    for node in _walk(at._tree):
+        proto = getattr(node, "proto", None)
+        if "autorefresh" in str(getattr(proto, "component_name", "")):
+            found.append(json.loads(proto.json_args))
+    return found
+
+
 def autorefresh_present(at: AppTest) -> bool:
-    """streamlit-autorefresh is a custom component: AppTest shows it as an unknown element."""
-    return any(getattr(node, "type", "") == "component_instance" or "autorefresh" in repr(getattr(node, "proto", ""))
-               for node in _walk(at._tree))
+    """The net that keeps a turn in flight followed: an autorefresh with no limit. (A full run also arms
+    a one-shot kick, limit 2, that starts its follower; it fires once and never polls.)"""
+    return any(args.get("limit") is None for args in autorefreshes(at))
 
 
 def _walk(node):
@@ -282,7 +292,8 @@ def test_stop_on_a_running_turn_asks_the_worker(store):
     at.run()
     at.button(key="stop").click().run()
     assert store.cancel_requested(turn_id)
-    assert "Stop requested" in texts(at)
+    assert "Stopping…" in texts(at)
+    assert "stop" not in [b.key for b in at.button], "the click is answered in place of the button"
     assert autorefresh_present(at), "it keeps polling until the worker writes the ending"
 
 

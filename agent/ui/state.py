@@ -32,10 +32,6 @@ from agent.store import Store, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
-# Of the poll interval: a tick blocks this long for the next write, so a step (or the ending) shows
-# within milliseconds of its write rather than up to a whole interval later. A click on Stop waits
-# at most this long, since a fragment rerun never pre-empts the one in progress.
-POLL_WAIT_FRACTION = 0.8
 TICK_COST_FACTOR = 4  # the refresh interval is at least this many times what the last tick cost
 MAX_POLL_INTERVAL_MS = 10_000  # milliseconds: however slow a tick, the page still looks every 10 s
 
@@ -143,8 +139,18 @@ def _read(store: Store, session, cid: str) -> State | None:
     return state
 
 
-def poll_wait_ms(poll_interval_ms: int) -> int:
-    return int(poll_interval_ms * POLL_WAIT_FRACTION)
+def text_only_change(old: State, new: State) -> bool:
+    """Only the text being written moved between two reads of one turn: the page redraws that text
+    alone, not the turn around it."""
+    same = all(old.get(name) == new.get(name) for name in ("turn_id", "status", "done", "current_step", "error"))
+    lists = all(len(old.get(name) or []) == len(new.get(name) or []) for name in ("history", "steps"))
+    return same and lists and _live_key(old) == _live_key(new)
+
+
+def _live_key(state: State) -> tuple | None:
+    """Which message and try the live text belongs to: a new one (or none) redraws the turn."""
+    live = state.get("live")
+    return None if not live else (live.get("turn_id"), live.get("message_index"), live.get("attempt"))
 
 
 def adaptive_interval_ms(poll_interval_ms: int, last_tick_s: float | None) -> int:
