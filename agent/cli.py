@@ -5,12 +5,14 @@ Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or 
 Redis went away (or refused writes) for longer than the turn's clocks; 2 for bad usage or
 configuration (one line on stderr).
 
-Output: each version prints only what it added. Text: the turn's new messages, Markdown emphasis
-dropped. `--json`: one JSON object a line; every line but the last is a delta (`"delta": true`:
-the small fields of the state, and the history, steps and turn summaries appended since the line
-before, as `new_history` from index `history_from`, and so on); the last line is the whole stored
-state object (`"delta": false`). A turn of thousands of steps prints kilobytes per step, not the
-whole state again on every version.
+Output: each version prints only what it added. Text: the reply's text as it is written, then the
+turn's new messages, Markdown emphasis dropped; a text cut off or stopped mid-way is marked so, and
+each model call's tokens go to stderr. `--json`: one JSON object a line; every line but the last is
+a delta (`"delta": true`: the small fields of the state, and the history, steps and turn summaries
+appended since the line before, as `new_history` from index `history_from`, and so on; the live
+text as `live` without its text, and `live_delta`, its characters from index `live_from`); the last
+line is the whole stored state object (`"delta": false`). A turn of thousands of steps prints
+kilobytes per step, not the whole state again on every version.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
-from agent.contract import LIST_FIELDS, Role, State, Status
+from agent.contract import LIST_FIELDS, Kind, Live, Outcome, Role, State, Status
 from agent.lost_worker import lost_worker_check
-from agent.plain_text import TERMINAL_ACTIVE, plain_text, terminal_safe
+from agent.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime import services
 from agent.runtime.connection import describe, is_disk_error, redis_problem
@@ -45,6 +47,9 @@ REDIS_RETRY_PAUSE_S = 0.5  # seconds between attempts while Redis is away
 # just started takes a moment to register its workers.
 WORKER_HINT_AFTER_S = 5.0
 SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
+# How a text that never became a message is marked, by its model step's outcome.
+CUT_MARKS = {Outcome.TIMEOUT: "cut off: the call timed out", Outcome.STOPPED: "stopped at your request",
+             Outcome.ERROR: "cut off: the call failed"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -230,6 +235,10 @@ class Follower:
     printed: dict = field(default_factory=lambda: dict.fromkeys(LIST_FIELDS, 0))  # items printed, per list
     hinted: bool = False
     started: float = field(default_factory=time.monotonic)
+    live_id: tuple | None = None  # (message_index, attempt) of the live text printed last
+    live_chars: int = 0  # --json: its characters printed so far
+    stream: PlainTextStream | None = None  # text: the live text being printed, until its message lands
+    tokens: list = field(default_factory=lambda: [0, 0, 0])  # text: input, output tokens, calls that reported
 
     def step(self) -> int | None:
         """One wait for a new version; the exit status once our turn has ended, else None."""
@@ -261,6 +270,9 @@ class Follower:
         if ended is None:
             return None
         if not self.as_json:
+            if self.tokens[2]:
+                print(f"[tokens this turn: {self.tokens[0]:,} in, {self.tokens[1]:,} out, over {self.tokens[2]} "
+                      f"model call{'s' if self.tokens[2] > 1 else ''}]", file=sys.stderr, flush=True)
             print(f"[{ended}]", file=sys.stderr, flush=True)
         return EXIT_DONE if ended == Status.DONE else EXIT_ENDED_BADLY
 
@@ -273,9 +285,21 @@ class Follower:
             for name in LIST_FIELDS:
                 line[f"{name}_from"] = self.printed[name]
                 line[f"new_{name}"] = state[name][self.printed[name]:]
+            line.update(self.live_json(state["live"]))
         # What a terminal acts on is escaped (\uXXXX is valid JSON anywhere a string holds it).
         print(json.dumps(line, ensure_ascii=False).translate(_JSON_SAFE), flush=True)
         self.printed = {name: len(state[name]) for name in LIST_FIELDS}
+
+    def live_json(self, live: Live | None) -> dict:
+        """The live text as a delta: its head, and the characters added since the line before."""
+        if live is None or live["turn_id"] != self.turn_id:
+            self.live_id, self.live_chars = None, 0
+            return {"live": None}
+        live_id = (live["message_index"], live["attempt"])
+        start = self.live_chars if live_id == self.live_id else 0  # a fresh text (a retry) starts at 0
+        self.live_id, self.live_chars = live_id, len(live["text"])
+        return {"live": {k: v for k, v in live.items() if k != "text"}, "live_from": start,
+                "live_delta": live["text"][start:]}
 
     def print_text(self, state: State) -> None:
         history = state["history"]
@@ -283,8 +307,16 @@ class Follower:
             # An earlier conversation is not printed again: this turn starts at its user message.
             users = [i for i, m in enumerate(history) if m.get("role") == Role.USER]
             self.printed["history"] = users[-1] if users else 0
-        for message in history[self.printed["history"]:]:
+        for step in state["steps"][self.printed["steps"]:]:
+            self.print_model_step(step)  # this turn's only
+        self.printed["steps"] = len(state["steps"])
+        for index in range(self.printed["history"], len(history)):
+            message = history[index]
             role = message.get("role")
+            streamed = self.stream if self.live_id and self.live_id[0] == index else None
+            if streamed is not None:  # its text was printed as it was written: the rest of it
+                print(terminal_safe(streamed.finish(message.get("content") or "")), flush=True)
+                self.stream, self.live_id = None, None
             if role == Role.USER:
                 continue
             if role == Role.TOOL:
@@ -293,6 +325,42 @@ class Follower:
                 for call in message["tool_calls"]:
                     fn = call.get("function", {})
                     print(terminal_safe(f"  [calls {fn.get('name')}] {fn.get('arguments')}"), flush=True)
-            else:
+            elif streamed is None:
                 print(terminal_safe(plain_text(message.get("content"))), flush=True)
         self.printed["history"] = len(history)
+        self.print_live(state["live"])
+
+    def print_live(self, live: Live | None) -> None:
+        """The reply's text as it is written: each settled piece once, on one line with the next."""
+        if live is None or live["turn_id"] != self.turn_id:
+            return
+        live_id = (live["message_index"], live["attempt"])
+        if live_id != self.live_id:
+            if self.live_id is not None and self.stream is not None and self.stream.done:
+                print(flush=True)  # the text before was cut: what follows starts on a line of its own
+            if live["attempt"] > 1:
+                print(f"[attempt {live['attempt']}: the reply starts again]", file=sys.stderr, flush=True)
+            self.live_id, self.stream = live_id, PlainTextStream()
+        piece = self.stream.feed(live["text"])
+        if piece:
+            print(terminal_safe(piece), end="", flush=True)
+
+    def print_model_step(self, step: dict) -> None:
+        """A model call's tokens (stderr); a text it cut off or stopped is marked where it ends."""
+        if step.get("kind") != Kind.MODEL or step.get("turn_id") != self.turn_id:
+            return
+        usage = step.get("usage")
+        if usage:
+            tokens_in, tokens_out = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
+            self.tokens = [self.tokens[0] + tokens_in, self.tokens[1] + tokens_out, self.tokens[2] + 1]
+            print(f"[model call {step.get('index')}: {tokens_in:,} tokens in, {tokens_out:,} out]", file=sys.stderr,
+                  flush=True)
+        if "partial_text" in step:
+            if self.stream is not None:
+                # What arrived but was not printed yet (the last words), then the mark.
+                rest = self.stream.finish(step["partial_text"]) if len(step["partial_text"]) == step.get(
+                    "partial_chars") else ""
+                print(terminal_safe(rest), flush=True)
+                self.stream, self.live_id = None, None
+            mark = CUT_MARKS.get(step.get("outcome"), "cut off")
+            print(f"  [{mark}: {step['partial_chars']:,} characters had arrived]", flush=True)

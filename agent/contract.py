@@ -27,6 +27,13 @@ class Status:
 ENDED_STATUSES = (Status.DONE, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED)
 
 
+class LiveStatus:
+    """Where the text being written (`live`) is. A cut, failed or stopped text is not live any more:
+    it is cleared, and its model step keeps it as `partial_text` with the outcome saying why."""
+
+    WRITING = "writing"
+
+
 class Kind:
     """What a step was."""
 
@@ -92,6 +99,23 @@ class CurrentStep(TypedDict):
     timeout_s: float | None
 
 
+class Usage(TypedDict):
+    """Tokens one model call used, as its provider reported them."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+class Live(TypedDict):
+    """The text a model call is writing now, beside the history (which gets it when the call completes)."""
+
+    turn_id: str
+    message_index: int  # where the message will land in `history`
+    attempt: int  # 1 for the first try of this model call; a retry starts a fresh text
+    text: str  # the text so far
+    status: str  # a LiveStatus
+
+
 class Step(TypedDict):
     """One model call, tool run, retry wait or skipped call. Times are epoch seconds."""
 
@@ -113,6 +137,9 @@ class Step(TypedDict):
     result: NotRequired[str]  # tool runs: the result the model got (cut)
     refused_calls: NotRequired[int]  # the record of a refusal: how many calls it answers for
     not_run_calls: NotRequired[int]  # the record of calls the deadline left unrun
+    usage: NotRequired[Usage]  # model calls: the tokens the provider reported
+    partial_text: NotRequired[str]  # model calls cut, failed or stopped mid-stream: the text that arrived (cut)
+    partial_chars: NotRequired[int]  # ... and how many characters had arrived
 
 
 class TurnSummary(TypedDict):
@@ -165,6 +192,7 @@ class State(TypedDict):
     config: dict | None
     job_id: str | None
     turns: list[TurnSummary]
+    live: Live | None  # the text being written now; None between model calls and once the turn ends
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
@@ -204,7 +232,7 @@ def live_summary(state: State) -> TurnSummary:
 
 
 def make_state(conversation_id: str, turn_id: str | None, version: int, done: bool, doc: TurnDoc,
-               history: list[Message], steps: list[Step], turns: list[TurnSummary]) -> State:
+               history: list[Message], steps: list[Step], turns: list[TurnSummary], live: Live | None = None) -> State:
     return State(
         conversation_id=conversation_id,
         turn_id=turn_id,
@@ -224,6 +252,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         config=doc.get("config"),
         job_id=doc.get("job_id"),
         turns=turns,
+        live=live,
     )
 
 

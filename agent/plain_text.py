@@ -123,6 +123,37 @@ def _pair(runs: list[_Run]) -> None:
             stack.append(run)
 
 
+_MARKER_RE = re.compile(r"[*_`\\]")
+
+
+class PlainTextStream:
+    """A reply's plain text while it is written: `feed` the text so far, print what it returns.
+
+    Only settled text is given out, so nothing printed has to be taken back: whole lines, and the
+    words before the first emphasis or code marker still unprinted (a marker may pair with one that
+    has not arrived yet). Each piece starts after a space or a line break, so its emphasis reads as
+    it would in the whole text. `finish` gives the rest."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.done = 0  # characters of `text` already given out
+
+    def feed(self, text: str) -> str:
+        self.text = text
+        pending = text[self.done:]
+        marker = _MARKER_RE.search(pending)
+        before = pending[: marker.start()] if marker else pending
+        cut = max(pending.rfind("\n"), before.rfind(" "), before.rfind("\t")) + 1
+        self.done += cut
+        return plain_text(pending[:cut])
+
+    def finish(self, text: str) -> str:
+        """The rest of the whole text; all of it again, after a line break, if it is not what was fed."""
+        if not text.startswith(self.text[: self.done]):
+            return "\n" + plain_text(text)
+        return plain_text(text[self.done:])
+
+
 # Characters a terminal acts on instead of showing: every control character but newline and tab
 # (ESC starts a sequence that can retitle the window, rewrite the screen or, in some terminals, set
 # the clipboard; C1's CSI does the same in one byte) and the bidirectional overrides, which make

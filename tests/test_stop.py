@@ -160,7 +160,7 @@ class _Once:
     def __init__(self, completion):
         self.completion = completion
 
-    def complete(self, messages, tools, timeout, stop=None):
+    def complete(self, messages, tools, timeout, stop=None, on_text=None):
         return self.completion
 
 

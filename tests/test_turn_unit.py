@@ -26,7 +26,7 @@ class ScriptedModel:
         self.outputs = list(outputs)
         self.calls = []
 
-    def complete(self, messages, tools, timeout, stop=None):
+    def complete(self, messages, tools, timeout, stop=None, on_text=None):
         self.calls.append({"messages": list(messages), "tools": tools, "timeout": timeout})
         output = self.outputs.pop(0)
         if isinstance(output, BaseException):

@@ -1,6 +1,8 @@
 """One model round-trip: the call under the time that remains, and its retries inside the same budget.
 
-Each attempt, each wait before a retry, and a call not started for lack of time is a step.
+Each attempt, each wait before a retry, and a call not started for lack of time is a step. The
+reply's text goes to the live text as it arrives (safeguards on); a call cut by its timeout, failed
+or stopped mid-stream never puts that text in the history: its step keeps it as `partial_text`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from agent import tools as tool_registry
-from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
+from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status, Usage
 from agent.deadline import CallTimeout, retry_wait_s
 from agent.providers.base import Completion, Provider, ProviderError
 from agent.providers.demo import DEMO
@@ -22,6 +24,7 @@ from agent.turn.writer import StateWriter
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS_PER_CALL = 5  # one model round-trip: the first try and up to four retries
+PARTIAL_TEXT_CHARS = 20_000  # characters of a cut call's text kept in its step
 LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
     "Do not call any tools."
@@ -56,22 +59,27 @@ class ModelCalls:
             started = self.budget.now()
             self.writer.set_current(Kind.MODEL, self.name, timeout.total_s)
             self.publishing.publish(self.writer)
+            on_text = self.publishing.live_text(self.writer, attempt)
             try:
-                completion = self.provider.complete(messages, tools, timeout, stop=self.stops.event)
+                completion = self.provider.complete(messages, tools, timeout, stop=self.stops.event, on_text=on_text)
             except ProviderError as exc:
                 self.writer.set_current(None)
+                partial = self.writer.end_live()
                 outcome = {"stopped": Outcome.STOPPED, "timeout": Outcome.TIMEOUT}.get(exc.kind, Outcome.ERROR)
                 self.record(started, outcome, timeout, remaining, attempt=attempt, detail=exc.message,
-                            last_call=last_call)
+                            last_call=last_call, **partial_fields(partial))
                 if outcome == Outcome.STOPPED:
                     waited_s = self.budget.now() - started
                     raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
                                     f"for the model's reply ({waited_s:.1f} s into the call).") from None
                 self.retry_or_end(exc, attempt)
                 continue
+            finally:
+                self.writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
             self.writer.set_current(None)
+            usage = usage_of(completion)
             self.record(started, Outcome.OK, timeout, remaining, attempt=attempt, last_call=last_call,
-                        tool_calls=len(completion.tool_calls))
+                        tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}))
             return completion
         raise TurnEnded(Status.FAILED, ErrorKind.RETRIES,
                         f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")
@@ -123,3 +131,18 @@ class ModelCalls:
         after = f" (Retry-After {exc.retry_after_s:g} s)" if exc.retry_after_s is not None else ""
         self.writer.add_step(Kind.RETRY, retry, started, Outcome.OK, timeout_s=round(wait_s, 3),
                              remaining_s=round(self.budget.remaining_s(), 3), detail=f"after {exc.kind}{after}")
+
+
+def partial_fields(text: str) -> dict:
+    """What a cut call's step keeps of the text that arrived before the cut: nothing if none did."""
+    if not text:
+        return {}
+    return {"partial_text": text[:PARTIAL_TEXT_CHARS], "partial_chars": len(text)}
+
+
+def usage_of(completion: Completion) -> Usage | None:
+    """The tokens the provider reported for the call, if it did."""
+    usage = getattr(completion, "usage", None)
+    if usage is None:
+        return None
+    return Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)

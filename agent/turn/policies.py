@@ -2,13 +2,15 @@
 
 Clocks: the real `Budget` (agent/deadline.py), or `Unbounded`, the same interface with no
 deadline of its own: every call and tool gets NAIVE_TIMEOUT_S, and only the queue's job timeout
-stops the turn. Publishing: `PublishEveryStep` (the page follows along), or `WriteAtEnd`, the
-naive loop that writes once when it ends, and nothing at all when the queue kills it.
+stops the turn. Publishing: `PublishEveryStep` (the page follows along, the reply's text
+as it is written too), or `WriteAtEnd`, the naive loop that writes once when it ends, and nothing
+at all when the queue kills it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.deadline import Budget, CallTimeout, Clock
@@ -68,6 +70,10 @@ class PublishEveryStep:
     def publish(self, writer: StateWriter) -> None:
         writer.flush()
 
+    def live_text(self, writer: StateWriter, attempt: int) -> Callable[[str], None] | None:
+        """The page follows the text as it is written: the call's `on_text` feeds the live text."""
+        return writer.start_live(attempt)
+
     def tool_landed(self, writer: StateWriter, index: int, count: int) -> None:
         """The first few tools one by one, then in batches: a flood of quick tools is not a flood of writes."""
         if index < EAGER_PUBLISHED_TOOLS or index == count - 1 or writer.since_last_write_s() >= PUBLISH_INTERVAL_S:
@@ -86,6 +92,10 @@ class WriteAtEnd:
 
     def publish(self, writer: StateWriter) -> None:
         pass
+
+    def live_text(self, writer: StateWriter, attempt: int) -> Callable[[str], None] | None:
+        """No live text: nothing shows until the end, the contrast with safeguards on."""
+        return None
 
     def tool_landed(self, writer: StateWriter, index: int, count: int) -> None:
         pass

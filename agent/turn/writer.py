@@ -5,27 +5,140 @@ A Redis hiccup mid-turn keeps the messages and steps pending for the next write.
 timed out may still have landed (Redis paused past the socket timeout runs it when it resumes):
 the next write then finds the history longer than expected, and if the new tail is this turn's
 own pending messages, the write counts as done. The final write is retried within the margin.
+
+The text a model call is writing (`live`) goes out from a side thread, at most once per
+LIVE_WRITE_INTERVAL_S: the turn's thread only adds to a buffer, so a fast model is not a Redis write
+per token, and a stalled Redis never holds a call past its clocks. A live write that fails is
+dropped; the next one carries the whole text. The write that appends the completed message (or
+records the cut call's step) clears it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 import redis
 
-from agent.contract import CurrentStep, Error, Message, Step, TurnDoc, make_step, turn_summary
+from agent.contract import CurrentStep, Error, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
 from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem
-from agent.store import Store, StoreError
+from agent.store import LiveHead, Store, StoreError
+from agent.surrogates import scrub
 from agent.turn.exits import TurnClosed
+from agent.turn.response_limits import MAX_CONTENT_CHARS
 
 log = logging.getLogger(__name__)
 
 FINAL_WRITE_RESERVE_S = 1.0  # seconds before the job timeout when final-write retries give up
 WORST_STATE_WRITE_S = STATE_SOCKET_TIMEOUT_S * (STATE_RETRIES + 1)  # one write against a stalled Redis
 FINAL_RETRY_FIRST_S, FINAL_RETRY_MAX_S = 0.1, 1.0  # seconds between final-write attempts, doubling
+LIVE_WRITE_INTERVAL_S = 0.1  # seconds: a turn writes its live text at most this often
+MAX_LIVE_CHARS = MAX_CONTENT_CHARS  # characters of live text written: no more than the history will keep
+
+
+class LiveText:
+    """One turn's live text: `start` a text, `add` deltas (the turn's thread), `end` it; a side thread
+    per text writes it at most once per `interval_s`. `writes` counts the live writes that landed."""
+
+    def __init__(self, store: Store, conversation_id: str, turn_id: str, interval_s: float = LIVE_WRITE_INTERVAL_S,
+                 max_chars: int = MAX_LIVE_CHARS):
+        self.store = store
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+        self.interval_s = interval_s
+        self.max_chars = max_chars
+        self.writes = 0
+        self.seq = 0  # the current (or last) text's seq: 1, 2, ... per turn
+        self._lock = threading.Lock()
+        self._head: LiveHead | None = None  # None: no text is being written
+        self._sent: list[str] = []  # the text's parts already handed to a write
+        self._unsent: list[str] = []  # parts added since
+        self._chars = 0
+        self._landed_bytes: int | None = None  # bytes of this text that Redis holds (None: unknown)
+        self._wake = threading.Event()
+        self._last_write = 0.0  # time.monotonic() of the last live write, for every text of the turn
+        self._refused = False  # the turn was ended elsewhere: no more live writes
+
+    def start(self, message_index: int, attempt: int) -> Callable[[str], None]:
+        """A fresh text for the message at `message_index`; returns the `on_text` that adds to it."""
+        with self._lock:
+            self.seq += 1
+            self._head = LiveHead(turn_id=self.turn_id, message_index=message_index, attempt=attempt,
+                                  status=LiveStatus.WRITING, seq=self.seq)
+            self._sent, self._unsent, self._chars, self._landed_bytes = [], [], 0, None
+            self._wake = threading.Event()
+        threading.Thread(target=self._write_loop, args=(self.seq, self._wake), name="live-text", daemon=True).start()
+        return self.add
+
+    def add(self, delta: str) -> None:
+        """A text delta, as the provider passes it (whole characters)."""
+        if not delta:
+            return
+        with self._lock:
+            if self._head is None or self._chars >= self.max_chars:
+                return
+            delta = scrub(delta[: self.max_chars - self._chars])
+            self._unsent.append(delta)
+            self._chars += len(delta)
+        self._wake.set()
+
+    def end(self) -> tuple[int, str]:
+        """Stop writing the text; returns its seq (0: none was started) and the whole text that arrived."""
+        with self._lock:
+            if self._head is None:
+                return 0, ""
+            self._head = None
+            text = "".join(self._sent) + "".join(self._unsent)
+            self._sent, self._unsent = [], []
+            wake = self._wake
+        wake.set()  # its thread sees the text ended and leaves
+        return self.seq, text
+
+    def _write_loop(self, seq: int, wake: threading.Event) -> None:
+        while True:
+            wake.wait()
+            wait_s = self._last_write + self.interval_s - time.monotonic()
+            if wait_s > 0:
+                time.sleep(wait_s)  # coalesce: what arrives meanwhile goes out in this write
+            with self._lock:
+                wake.clear()
+                if self._head is None or self._head["seq"] != seq or self._refused:
+                    return
+                head, landed = self._head, self._landed_bytes
+                delta = "".join(self._unsent)
+                self._sent.append(delta)
+                self._unsent = []
+                text = delta if landed is not None else "".join(self._sent)
+            self._last_write = time.monotonic()
+            self._write(seq, head, text, landed)
+
+    def _write(self, seq: int, head: LiveHead, text: str, landed: int | None) -> None:
+        try:
+            outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, from_bytes=landed)
+            if outcome == "lag":  # an earlier write was lost: the whole text instead
+                with self._lock:
+                    text = "".join(self._sent)
+                outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text)
+                landed = None
+        except StoreError:
+            self._refused = True  # ended elsewhere: the turn's next publish says so
+            return
+        except redis.RedisError as exc:
+            log.info("turn %s: live write dropped, the next one carries the whole text: %s", self.turn_id,
+                     redis_problem(exc))
+            with self._lock:
+                if self.seq == seq:
+                    self._landed_bytes = None
+            return
+        if outcome != "ok":
+            return
+        self.writes += 1
+        with self._lock:
+            if self.seq == seq:
+                self._landed_bytes = (landed or 0) + len(text.encode())
 
 
 class StateWriter:
@@ -44,6 +157,8 @@ class StateWriter:
         self.step_index = 0  # steps recorded by this turn
         self.unconfirmed: list[tuple[int, int]] = []  # (messages, steps) held by writes that failed
         self.last_write_at = 0.0  # clock time of the last write that landed
+        self.live = LiveText(store, conversation_id, turn_id)
+        self.live_to_clear = 0  # the seq of an ended live text the next write clears (0: none)
 
     def add_message(self, message: Message) -> None:
         self.pending_messages.append(message)
@@ -58,6 +173,17 @@ class StateWriter:
         current = CurrentStep(kind=kind, name=name, started_at=self.clock(), timeout_s=timeout_s)
         self.doc["current_step"] = None if kind is None else current
 
+    def start_live(self, attempt: int) -> Callable[[str], None]:
+        """A fresh live text for the message the call will add; returns the call's `on_text`."""
+        return self.live.start(self.persisted_len + len(self.pending_messages), attempt)
+
+    def end_live(self) -> str:
+        """The call is over: its live text stops, is cleared by the next write, and is returned."""
+        seq, text = self.live.end()
+        if seq:
+            self.live_to_clear = seq
+        return text
+
     def since_last_write_s(self) -> float:
         return self.clock() - self.last_write_at
 
@@ -71,7 +197,8 @@ class StateWriter:
         try:
             self.store.publish(self.conversation_id, self.turn_id, self.doc, done=done,
                                new_messages=self.pending_messages, new_steps=self.pending_steps,
-                               expected_history_len=self.persisted_len, summary=summary)
+                               expected_history_len=self.persisted_len, summary=summary,
+                               end_live=self.live_to_clear)
         except StoreError as exc:
             if exc.reason == "CONFLICT" and not reconciled and self._landed_already():
                 self.flush(done=done, summary=summary, reconciled=True)
@@ -88,6 +215,7 @@ class StateWriter:
         self.pending_messages = []
         self.pending_steps = []
         self.unconfirmed = []
+        self.live_to_clear = 0
         self.last_write_at = self.clock()
 
     def _landed_already(self) -> bool:
