@@ -18,6 +18,7 @@ from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.runtime import services
 from agent.store import Store
 from agent.ui import render, timeline
+from agent.ui import state as ui
 from agent.ui.markdown import safe_markdown
 from tests.conftest import FAST, ROOT, wait_done
 
@@ -666,3 +667,114 @@ def test_a_provider_without_its_key_is_refused_in_the_sidebar_unless_its_server_
     assert_no_exception(local)
     assert not local.sidebar.error
     assert "API key: **not set** · base URL: `http://localhost:11434/v1`" in texts(local)
+
+
+# -- the text being written (the contract's `live`) and following in real time --------------------
+
+
+def write_live(store: Store, cid: str, turn_id: str, text: str, *, attempt: int = 1, seq: int = 1,
+               from_bytes: int | None = None) -> None:
+    head = {"turn_id": turn_id, "message_index": len(store.read(cid)["history"]), "attempt": attempt,
+            "status": "writing", "seq": seq}
+    assert store.write_live(cid, turn_id, head, text, from_bytes=from_bytes) == "ok"
+
+
+def test_the_text_being_written_shows_in_the_turn_in_flight_and_grows(store):
+    cid, turn_id = make_status(store, "running")
+    write_live(store, cid, turn_id, "The answer *so far* is")
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    assert "The answer so far is" in texts(at).replace("*", "")
+    assert "Writing…" in texts(at)
+    write_live(store, cid, turn_id, " 391", from_bytes=len("The answer *so far* is"))
+    at.run()
+    assert "The answer so far is 391" in texts(at).replace("*", "")
+
+
+def test_the_text_being_written_is_untrusted_like_any_reply(store):
+    cid, turn_id = make_status(store, "running")
+    write_live(store, cid, turn_id, "look ![pixel](http://127.0.0.1:9/p.png) <script>x()</script>")
+    at = app(cid)
+    at.run()
+    shown = "\n".join(str(m.value) for m in at.markdown)
+    assert "](http://127.0.0.1:9/p.png)" not in shown.replace("\\", "")
+    assert "<script>" not in shown
+
+
+def test_a_retry_shows_only_its_own_text_and_says_it_is_a_new_try(store):
+    cid, turn_id = make_status(store, "running")
+    write_live(store, cid, turn_id, "first try words")
+    write_live(store, cid, turn_id, "second", attempt=2, seq=2)
+    at = app(cid)
+    at.run()
+    assert "second" in texts(at) and "first try words" not in texts(at)
+    assert "try 2" in texts(at)
+
+
+def test_a_stopped_calls_partial_text_shows_on_its_step_and_never_as_the_reply(store):
+    cid, turn_id = begin(store)
+    doc = running_doc(store, cid)
+    doc.update(status="cancelled", current_step=None, ended_at=time.time(),
+               error={"kind": "cancelled", "message": "Stopped at your request."})
+    store.publish(cid, turn_id, doc, done=True,
+                  new_steps=[step(turn_id, 1, "model", "demo", doc["started_at"], attempt=1, outcome="stopped",
+                                  partial_text="Half a sente")],
+                  summary=turn_summary(turn_id, doc, doc["ended_at"]))
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    page = texts(at)
+    assert "Half a sente" in page and "cut off" in page
+    assert "Stopped" in page
+
+
+def test_only_the_text_moving_redraws_the_text_alone():
+    base = {"turn_id": "t", "status": "running", "done": False, "current_step": {"kind": "model"}, "error": None,
+            "history": [{}], "steps": [{}], "live": {"turn_id": "t", "message_index": 1, "attempt": 1, "text": "a"}}
+    grown = {**base, "live": {**base["live"], "text": "ab"}}
+    assert ui.text_only_change(base, grown)
+    assert not ui.text_only_change(base, {**grown, "steps": [{}, {}]}), "a step landed"
+    assert not ui.text_only_change(base, {**grown, "live": None, "history": [{}, {}]}), "the message completed"
+    assert not ui.text_only_change(base, {**grown, "live": {**grown["live"], "attempt": 2}}), "a retry"
+    assert not ui.text_only_change({**base, "live": None}, grown), "the first text of a call"
+    assert not ui.text_only_change(base, {**grown, "current_step": {"kind": "tool"}})
+
+
+def test_a_live_text_of_another_turn_is_not_drawn():
+    state = {"turn_id": "now", "done": False, "live": {"turn_id": "before", "text": "old"}}
+    assert render.live_text(state) is None
+    assert render.live_text({**state, "live": {"turn_id": "now", "text": "new"}})["text"] == "new"
+    assert render.live_text({**state, "done": True, "live": {"turn_id": "now", "text": "new"}}) is None
+
+
+def test_a_full_run_arms_a_one_shot_start_for_its_follower_in_flight_and_idle(store):
+    for status in ("running", "done"):
+        cid, _ = make_status(store, status)
+        at = app(cid)
+        at.run()
+        kicks = [a for a in autorefreshes(at) if a.get("limit") is not None]
+        assert [k["limit"] for k in kicks] == [2], "it fires once, then never polls"
+        assert autorefresh_present(at) is (status == "running"), "the net only while a turn is in flight"
+
+
+def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_idle(store):
+    from agent.store import MAX_BLOCK_MS
+    from agent.ui.watch import VersionWatch
+
+    cid, turn_id = make_status(store, "running")
+    version = store.version(cid)
+    before = store.redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0)
+    watch = VersionWatch(store, cid, version)
+    try:
+        idle_s = 3.0
+        started = time.monotonic()
+        assert not watch.wait(idle_s), "nothing was written"
+        idle_reads = store.redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0) - before
+        elapsed = time.monotonic() - started
+        assert idle_reads <= elapsed / (MAX_BLOCK_MS / 1000) + 1, f"{idle_reads} reads in {elapsed:.1f} s"
+        write_ending(store, cid, turn_id, "cancelled", "cancelled", "Stopped.")
+        assert watch.wait(5.0), "the ending woke it"
+        assert watch.error is None
+    finally:
+        watch.close()
