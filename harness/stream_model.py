@@ -59,6 +59,12 @@ class StreamModel:
     _next: int = 1
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def next_word(self) -> int:
+        """The number of the next reply's first word."""
+        with self._lock:
+            return self._next
+
     def reply_words(self) -> list[str]:
         with self._lock:
             first, self._next = self._next, self._next + self.words
