@@ -89,7 +89,8 @@ def test_openai_completion_parses_a_tool_call_and_sends_the_request_as_chat_comp
     [request] = server.requests
     assert request.method == "POST"
     assert request.path == "/v1/chat/completions"
-    assert request.json == {"model": "test-model", "messages": MESSAGES, "tools": [CALCULATOR]}
+    assert request.json == {"model": "test-model", "messages": MESSAGES, "tools": [CALCULATOR], "stream": True,
+                            "stream_options": {"include_usage": True}}
 
 
 def test_tools_are_omitted_when_there_are_none(server, openai):

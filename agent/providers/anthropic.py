@@ -1,4 +1,4 @@
-"""The Anthropic Messages API with tools; the history stays in OpenAI chat format and is mapped per call."""
+"""The Anthropic Messages API with tools, streamed; the history stays in OpenAI chat format and is mapped per call."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import threading
 from typing import Any
 
 from agent.deadline import CallTimeout
-from agent.providers.base import Completion, RemoteModel, ToolCall
-from agent.providers.http import check_status, post_json
+from agent.providers import streaming
+from agent.providers.base import Completion, RemoteModel, TextListener, ToolCall, Usage
+from agent.providers.http import raise_stream_error, redact
 from agent.providers.openai import decode_json, malformed
 from agent.providers.spec import ProviderSpec
+from agent.providers.sse import DEFAULT_EVENT, Event
+from agent.surrogates import scrub_json
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024  # tokens per response
@@ -21,12 +24,20 @@ _IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # reasoning the history doe
 
 
 class AnthropicProvider(RemoteModel):
+    # Set once a server refuses to stream: later calls of this client ask it plainly.
+    _plain_only = False
+
     def __init__(self, base_url: str, model: str, api_key: str | None, max_tokens: int = DEFAULT_MAX_TOKENS):
         super().__init__(base_url, model, api_key)
         self.max_tokens = max_tokens
 
     def complete(
-        self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        timeout: CallTimeout,
+        stop: threading.Event | None = None,
+        on_text: TextListener | None = None,
     ) -> Completion:
         system, mapped = to_anthropic_messages(messages)
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": mapped}
@@ -34,13 +45,167 @@ class AnthropicProvider(RemoteModel):
             body["system"] = system
         if tools:
             body["tools"] = to_anthropic_tools(tools)
-        headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION,
+                   "accept": "text/event-stream, application/json"}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        reply = post_json(f"{self.base_url}/v1/messages", headers=headers, body=body, timeout=timeout, stop=stop,
-                          secret=self._api_key)
-        check_status(reply, secret=self._api_key)
-        return parse_message(decode_json(reply.body, secret=self._api_key))
+        completion, refused = streaming.complete(
+            f"{self.base_url}/v1/messages", headers=headers, body=body, stream_fields={"stream": True},
+            timeout=timeout, stop=stop, secret=self._api_key,
+            assembler=None if self._plain_only else MessageStream(on_text, self._api_key),
+            parse_plain=lambda data: parse_message(decode_json(data, secret=self._api_key)), on_text=on_text,
+        )
+        if refused:
+            self._plain_only = True
+        return completion
+
+
+class MessageStream:
+    """The Messages event stream -> one Completion: `message_start`, then per content block
+    `content_block_start`, its `text_delta`s or `input_json_delta`s and `content_block_stop`, then
+    `message_delta` (usage) and `message_stop` (the end); `ping` and unknown events are skipped, as
+    Anthropic's versioning asks; an `error` event is the error it names. Validated like parse_message."""
+
+    def __init__(self, on_text: TextListener | None, secret: str | None):
+        self._secret = secret
+        self._text = streaming.TextRelay(on_text, secret)
+        self._blocks: dict[int, _Block] = {}
+        self._started = False
+        self._stopped = False
+        self._input_tokens: int | None = None
+        self._output_tokens: int | None = None
+
+    def take(self, events: list[Event]) -> bool:
+        for event in events:
+            if self._stopped:
+                break
+            self._event(event)
+        self._text.flush()
+        return self._stopped
+
+    def result(self) -> Completion:
+        if not self._stopped:
+            raise streaming.cut_off("message_stop")
+        calls = [block.tool_call(self._secret) for _, block in sorted(self._blocks.items()) if block.kind == "tool_use"]
+        content: str | None = self._text.finish()
+        if not content and calls:
+            content = None
+        usage = Usage(self._input_tokens, self._output_tokens)
+        return Completion(content=content, tool_calls=calls, usage=None if usage == Usage() else usage)
+
+    def _event(self, event: Event) -> None:
+        data = decode_json(event.data, secret=self._secret)
+        if not isinstance(data, dict):
+            raise malformed(f"the {event.name} event is not a JSON object")
+        kind = data.get("type") if event.name == DEFAULT_EVENT else event.name
+        if kind == "error":
+            raise_stream_error(data, secret=self._secret)
+        elif kind == "message_start":
+            message = data.get("message")
+            if not isinstance(message, dict) or message.get("type", "message") != "message":
+                raise malformed("message_start carries no message object")
+            if message.get("role", "assistant") != "assistant":
+                raise malformed("the message role is not 'assistant'")
+            self._count(message.get("usage"))
+            self._started = True
+        elif kind == "content_block_start":
+            self._block_start(data)
+        elif kind == "content_block_delta":
+            self._block_delta(data)
+        elif kind == "content_block_stop":
+            self._block(data).closed = True
+        elif kind == "message_delta":
+            self._count(data.get("usage"))
+        elif kind == "message_stop":
+            if not self._started:
+                raise malformed("message_stop came without a message_start")
+            self._stopped = True
+        # ping, and event types added after this client was written, carry nothing it keeps
+
+    def _count(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        # message_delta's output count is the running total, so the latest one wins.
+        input_tokens = streaming.token_count(usage.get("input_tokens"))
+        output_tokens = streaming.token_count(usage.get("output_tokens"))
+        self._input_tokens = self._input_tokens if input_tokens is None else input_tokens
+        self._output_tokens = self._output_tokens if output_tokens is None else output_tokens
+
+    def _index(self, data: dict) -> int:
+        index = data.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise malformed("a content block event's 'index' is not a whole number")
+        return index
+
+    def _block(self, data: dict) -> _Block:
+        block = self._blocks.get(self._index(data))
+        if block is None or block.closed:
+            raise malformed("a content block event names a block that is not open")
+        return block
+
+    def _block_start(self, data: dict) -> None:
+        index = self._index(data)
+        if index in self._blocks:
+            raise malformed(f"content block {index} started twice")
+        raw = data.get("content_block")
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind == "text":
+            if not isinstance(raw.get("text", ""), str):
+                raise malformed(f"content[{index}].text is not text")
+            self._text.add(raw.get("text", ""))
+            self._blocks[index] = _Block("text")
+        elif kind == "tool_use":
+            if not isinstance(raw.get("id"), str) or not isinstance(raw.get("name"), str) or not raw["name"]:
+                raise malformed(f"content[{index}] has no tool id or name")
+            if not isinstance(raw.get("input", {}), dict):
+                raise malformed(f"content[{index}].input is not an object")
+            self._blocks[index] = _Block("tool_use", raw["id"], raw["name"], raw.get("input", {}))
+        elif kind in _IGNORED_BLOCKS:
+            self._blocks[index] = _Block(kind)
+        else:
+            raise malformed(f"content[{index}] has an unexpected type")
+
+    def _block_delta(self, data: dict) -> None:
+        block = self._block(data)
+        delta = data.get("delta")
+        kind = delta.get("type") if isinstance(delta, dict) else None
+        if kind == "text_delta" and block.kind == "text":
+            if not isinstance(delta.get("text"), str):
+                raise malformed("a text_delta's text is not text")
+            self._text.add(delta["text"])
+        elif kind == "input_json_delta" and block.kind == "tool_use":
+            if not isinstance(delta.get("partial_json"), str):
+                raise malformed("an input_json_delta's partial_json is not text")
+            block.json_parts.append(delta["partial_json"])
+        elif block.kind in _IGNORED_BLOCKS:
+            return  # thinking_delta, signature_delta: reasoning the history does not keep
+        else:
+            raise malformed(f"a {kind!r} delta does not fit a {block.kind} block")
+
+
+class _Block:
+    """One content block as it streams in."""
+
+    def __init__(self, kind: str, tool_id: str = "", name: str = "", tool_input: dict | None = None):
+        self.kind = kind
+        self.tool_id = tool_id
+        self.name = name
+        self.tool_input = tool_input or {}
+        self.json_parts: list[str] = []
+        self.closed = False
+
+    def tool_call(self, secret: str | None) -> ToolCall:
+        text = "".join(self.json_parts)
+        tool_input: Any = self.tool_input
+        if text.strip():
+            try:
+                tool_input = json.loads(redact(text, secret))
+            except (ValueError, RecursionError) as exc:
+                raise malformed(f"the input of tool call {self.name!r} is not JSON") from exc
+        if not isinstance(tool_input, dict):
+            raise malformed(f"the input of tool call {self.name!r} is not an object")
+        return ToolCall(id=redact(self.tool_id, secret), name=redact(self.name, secret),
+                        arguments=redact(json.dumps(scrub_json(tool_input)), secret))
 
 
 ANTHROPIC = ProviderSpec(name="anthropic", client=AnthropicProvider, default_model="claude-sonnet-4-5",
@@ -197,4 +362,5 @@ def parse_message(data: Any) -> Completion:
     content: str | None = "".join(texts)
     if not content and calls:
         content = None
-    return Completion(content=content, tool_calls=calls)
+    return Completion(content=content, tool_calls=calls,
+                      usage=streaming.usage_of(data.get("usage"), "input_tokens", "output_tokens"))

@@ -6,6 +6,7 @@ Nothing above agent/providers/ imports httpx: transport errors become ProviderEr
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,11 +23,20 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens a call used, as the provider reported them (None: it did not say)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class Completion:
     """One validated model response."""
 
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
 
     def as_message(self) -> dict:
         """The assistant message in OpenAI chat format, for the history."""
@@ -64,12 +74,25 @@ class ProviderError(Exception):
         return self.kind in ("connection", "timeout")
 
 
+TextListener = Callable[[str], None]  # receives each piece of an answer's text as it arrives
+
+
 class Provider(Protocol):
     def complete(
-        self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        timeout: CallTimeout,
+        stop: threading.Event | None = None,
+        on_text: TextListener | None = None,
     ) -> Completion:
         """One model call, bounded as a whole by `timeout.total_s`, and ended at once when `stop`
-        is set (from another thread). Raises ProviderError."""
+        is set (from another thread). Raises ProviderError.
+
+        `on_text` is called, from the caller's thread and in order, with the answer's text as it
+        arrives: whole characters, one call per network read at most (tool calls never reach it).
+        The pieces joined are the Completion's content. A streamed reply that ends before its end
+        marker is a "connection" error (cut off), never a shorter answer."""
         ...
 
 

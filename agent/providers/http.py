@@ -1,4 +1,5 @@
-"""One bounded HTTP POST, and the mapping of HTTP statuses to ProviderError.
+"""One bounded HTTP POST (a JSON reply, or a server-sent event stream), and the mapping of HTTP
+statuses to ProviderError.
 
 The only module that touches httpx. `timeout.total_s` bounds the whole call (connect,
 send, headers and the full body): httpx's read timeout is per socket read (httpx#1450),
@@ -12,6 +13,7 @@ No signals (RQ owns SIGALRM) and no threads (a thread would keep streaming after
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import json
@@ -21,6 +23,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ from rq.timeouts import JobTimeoutException
 from agent import job_alarm
 from agent.deadline import CallTimeout
 from agent.providers.base import ProviderError
+from agent.providers.sse import Event, EventStreamParser
 from agent.surrogates import scrub
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,11 @@ class HTTPReply:
     status: int
     headers: dict[str, str]  # names lowercased
     body: bytes
+    streamed: bool = False  # the body was an event stream, handed to the listener as it came; `body` is empty
+
+
+# The events one network read completed -> True once the stream's end marker is among them.
+EventsListener = Callable[[list[Event]], bool]
 
 
 class _Session:
@@ -123,10 +132,35 @@ def post_json(
     """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
     `stop` is set (ProviderError "stopped"). Raises ProviderError, with `secret` (the key sent)
     redacted from its message (by `_quote`): a transport error can quote what the server sent."""
+    return _run(_exchange(_session().client, url, headers, body, timeout, secret, None), stop)
+
+
+def post_stream(
+    url: str,
+    *,
+    headers: dict,
+    body: dict,
+    timeout: CallTimeout,
+    on_events: EventsListener,
+    stop: threading.Event | None = None,
+    secret: str | None = None,
+) -> HTTPReply:
+    """POST `body` as JSON and read a server-sent event stream as it arrives, under the same bounds
+    as post_json (the whole stream within `timeout.total_s`; `stop` ends it at once).
+
+    A 2xx `text/event-stream` reply is handed to `on_events`, once per network read with the events
+    that read completed, in this thread; when it returns True (the stream's end marker) reading stops.
+    The reply then has `streamed` set and no body; whether the stream reached its end marker is the
+    listener's to know. Any other reply (an error status, a plain JSON answer from a server that does
+    not stream) is read whole, bounded, and returned as post_json would."""
+    return _run(_exchange(_session().client, url, headers, body, timeout, secret, on_events), stop)
+
+
+def _run(call: Coroutine[Any, Any, HTTPReply], stop: threading.Event | None) -> HTTPReply:
+    """Run one call on this thread's loop, raced against `stop` and the job timeout."""
     session = _session()
     try:
-        reply = session.loop.run_until_complete(
-            _post_unless_stopped(session.client, url, headers, body, timeout, stop, secret))
+        reply = session.loop.run_until_complete(_unless_stopped(call, stop))
     except ProviderError:
         # A job timeout that fired inside a socket callback reaches here as a failed connection.
         job_alarm.raise_if_fired()
@@ -142,16 +176,14 @@ def post_json(
     return reply
 
 
-async def _post_unless_stopped(
-    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout,
-    stop: threading.Event | None, secret: str | None,
-) -> HTTPReply:
-    """The POST, raced against `stop` (set from another thread) and against the job timeout (which
+async def _unless_stopped(call: Coroutine[Any, Any, HTTPReply], stop: threading.Event | None) -> HTTPReply:
+    """The call, raced against `stop` (set from another thread) and against the job timeout (which
     asyncio may have caught on the way, see job_alarm): cancelling it closes its socket."""
     stop = stop if stop is not None else threading.Event()
     if stop.is_set():
+        call.close()  # never started
         raise _stopped()
-    post = asyncio.ensure_future(_post(client, url, headers, body, timeout, secret))
+    post = asyncio.ensure_future(call)
     while not post.done():
         if job_alarm.fired():
             post.cancel()
@@ -168,8 +200,9 @@ async def _post_unless_stopped(
     return post.result()
 
 
-async def _post(
-    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout, secret: str | None
+async def _exchange(
+    client: httpx.AsyncClient, url: str, headers: dict, body: dict, timeout: CallTimeout, secret: str | None,
+    on_events: EventsListener | None,
 ) -> HTTPReply:
     try:
         async with asyncio.timeout(timeout.total_s):
@@ -183,18 +216,13 @@ async def _post(
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
                     raise _too_large()
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():  # decoded, so a gzip bomb is bounded too
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise _too_large()
-                    chunks.append(chunk)
-                return HTTPReply(
-                    status=response.status_code,
-                    headers={name.lower(): value for name, value in response.headers.items()},
-                    body=b"".join(chunks),
-                )
+                reply_headers = {name.lower(): value for name, value in response.headers.items()}
+                if on_events is not None and 200 <= response.status_code < 300 and _is_event_stream(reply_headers):
+                    await _read_events(response, on_events)
+                    return HTTPReply(status=response.status_code, headers=reply_headers, body=b"", streamed=True)
+                async with contextlib.aclosing(_decoded_chunks(response, MAX_RESPONSE_BYTES)) as chunks:
+                    body_bytes = b"".join([chunk async for chunk in chunks])
+                return HTTPReply(status=response.status_code, headers=reply_headers, body=body_bytes)
     except TimeoutError as exc:
         raise _timed_out(timeout) from exc
     except httpx.ConnectTimeout as exc:
@@ -211,6 +239,32 @@ async def _post(
         # Reset, closed mid-body, protocol errors: the connection failed after it was made.
         reason = _quote(exc, secret) or type(exc).__name__
         raise ProviderError("connection", f"the connection to the provider failed: {reason}") from exc
+
+
+async def _read_events(response: httpx.Response, on_events: EventsListener) -> None:
+    """Parse the event stream read by read; stop at the end of the body or when `on_events` says it ended."""
+    parser = EventStreamParser()
+    async with contextlib.aclosing(_decoded_chunks(response, MAX_RESPONSE_BYTES)) as chunks:
+        async for chunk in chunks:
+            events = parser.feed(chunk)
+            if events and on_events(events):
+                return  # its end marker: whatever follows (a server holding the connection) is not waited for
+    parser.close()
+
+
+async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIterator[bytes]:
+    """Every byte of a reply's body passes here: decoded (gzip, deflate), and refused past `limit_bytes`
+    in total, so a compressed bomb is bounded too."""
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise _too_large()
+        yield chunk
+
+
+def _is_event_stream(headers: dict[str, str]) -> bool:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
 def _timed_out(timeout: CallTimeout) -> ProviderError:
@@ -274,6 +328,41 @@ def check_status(reply: HTTPReply, *, secret: str | None = None) -> None:
     if 400 <= status < 500:
         raise ProviderError("bad_request", f"the provider refused the request (HTTP {status}){suffix}", status=status)
     raise ProviderError("malformed", f"the provider sent a malformed response: unexpected HTTP {status}", status=status)
+
+
+# An error reported inside a stream (after a 200) -> the HTTP status the same error has as a reply:
+# Anthropic's error types and OpenAI's (type or code). Anything else is the server failing mid-answer.
+STREAM_ERROR_STATUSES = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "requests": 429,
+    "tokens": 429,
+    "api_error": 500,
+    "server_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+STREAM_ERROR_DEFAULT_STATUS = 500
+
+
+def raise_stream_error(data: Any, *, secret: str | None = None) -> None:
+    """Raise the ProviderError an error event means (its `error.type` or `error.code`), as check_status
+    would for an HTTP reply carrying that error."""
+    error = data.get("error") if isinstance(data, dict) else None
+    status = STREAM_ERROR_DEFAULT_STATUS
+    if isinstance(error, dict):
+        for name in (error.get("type"), error.get("code")):
+            if isinstance(name, str) and name in STREAM_ERROR_STATUSES:
+                status = STREAM_ERROR_STATUSES[name]
+                break
+    body = json.dumps(data if isinstance(data, dict) else {}).encode()
+    check_status(HTTPReply(status=status, headers={}, body=body), secret=secret)
+    raise ProviderError("server", "the provider reported an error mid-stream", status=status)  # not reached: 2xx
 
 
 def error_text(body: bytes, *, secret: str | None = None) -> str:

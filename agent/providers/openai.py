@@ -1,4 +1,5 @@
-"""Chat Completions with tools, for any OpenAI-compatible server (OpenAI, Ollama, vLLM, llama.cpp, the demo)."""
+"""Chat Completions with tools, for any OpenAI-compatible server (OpenAI, Ollama, vLLM, llama.cpp, the demo),
+streamed (server-sent events) unless the server refuses to stream."""
 
 from __future__ import annotations
 
@@ -7,27 +8,160 @@ import threading
 from typing import Any
 
 from agent.deadline import CallTimeout
-from agent.providers.base import Completion, ProviderError, RemoteModel, ToolCall
-from agent.providers.http import check_status, post_json, redact_json
+from agent.providers import streaming
+from agent.providers.base import Completion, ProviderError, RemoteModel, TextListener, ToolCall, Usage
+from agent.providers.http import raise_stream_error, redact, redact_json
 from agent.providers.spec import ProviderSpec
+from agent.providers.sse import Event
 from agent.surrogates import scrub_json
+
+STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}  # usage comes in a last chunk
+DONE_MARKER = "[DONE]"
 
 
 class OpenAIProvider(RemoteModel):
+    # Set once a server refuses to stream: later calls of this client ask it plainly.
+    _plain_only = False
 
     def complete(
-        self, messages: list[dict], tools: list[dict], timeout: CallTimeout, stop: threading.Event | None = None
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        timeout: CallTimeout,
+        stop: threading.Event | None = None,
+        on_text: TextListener | None = None,
     ) -> Completion:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             body["tools"] = tools
-        headers = {"content-type": "application/json", "accept": "application/json"}
+        headers = {"content-type": "application/json", "accept": "text/event-stream, application/json"}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        reply = post_json(f"{self.base_url}/chat/completions", headers=headers, body=body, timeout=timeout, stop=stop,
-                          secret=self._api_key)
-        check_status(reply, secret=self._api_key)
-        return parse_completion(decode_json(reply.body, secret=self._api_key))
+        completion, refused = streaming.complete(
+            f"{self.base_url}/chat/completions", headers=headers, body=body, stream_fields=STREAM_FIELDS,
+            timeout=timeout, stop=stop, secret=self._api_key,
+            assembler=None if self._plain_only else ChatStream(on_text, self._api_key),
+            parse_plain=lambda data: parse_completion(decode_json(data, secret=self._api_key)), on_text=on_text,
+        )
+        if refused:
+            self._plain_only = True
+        return completion
+
+
+class ChatStream:
+    """Chat Completions chunks -> one Completion: text deltas handed on as they come, tool-call deltas
+    assembled by `index` (the id and name in a first delta, the arguments split anywhere, several
+    calls interleaved), usage from the last chunk, `[DONE]` the end. Validated like parse_completion."""
+
+    def __init__(self, on_text: TextListener | None, secret: str | None):
+        self._secret = secret
+        self._text = streaming.TextRelay(on_text, secret)
+        self._calls: dict[int, _CallParts] = {}
+        self._usage: Usage | None = None
+        self._done = False
+
+    def take(self, events: list[Event]) -> bool:
+        for event in events:
+            if self._done:
+                break  # nothing after [DONE] counts
+            if event.data.strip() == DONE_MARKER:
+                self._done = True
+            elif event.data.strip():  # an empty data line is a keep-alive some servers send
+                self._chunk(event)
+        self._text.flush()
+        return self._done
+
+    def result(self) -> Completion:
+        if not self._done:
+            raise streaming.cut_off(DONE_MARKER)
+        calls = [self._calls[index].tool_call(index, self._secret) for index in sorted(self._calls)]
+        content: str | None = self._text.finish()
+        if not content and calls:
+            content = None
+        return Completion(content=content, tool_calls=calls, usage=self._usage)
+
+    def _chunk(self, event: Event) -> None:
+        data = decode_json(event.data, secret=self._secret)
+        if not isinstance(data, dict):
+            raise malformed("a stream chunk is not a JSON object")
+        if event.name == "error" or data.get("error") is not None:
+            raise_stream_error(data, secret=self._secret)
+        if "usage" in data:
+            self._usage = streaming.usage_of(data["usage"], "prompt_tokens", "completion_tokens") or self._usage
+        choices = data.get("choices")
+        if choices is None and "usage" in data:
+            return  # a usage chunk from a server that leaves out the empty choices
+        if not isinstance(choices, list):
+            raise malformed("a stream chunk's 'choices' is missing or not a list")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise malformed("a stream chunk's choice is not an object")
+            if choice.get("index", 0) != 0:
+                continue  # another choice than the one answer asked for
+            delta = choice.get("delta", {})
+            if delta is None:
+                delta = {}
+            if not isinstance(delta, dict):
+                raise malformed("a stream chunk's 'delta' is not an object")
+            self._delta(delta)
+
+    def _delta(self, delta: dict) -> None:
+        if delta.get("role") not in (None, "assistant"):
+            raise malformed("the message role is not 'assistant'")
+        content = delta.get("content")
+        if content is not None and not isinstance(content, str):
+            raise malformed("a delta's 'content' is neither text nor null")
+        if content:
+            self._text.add(content)
+        raw_calls = delta.get("tool_calls")
+        if raw_calls is None:
+            return
+        if not isinstance(raw_calls, list):
+            raise malformed("a delta's 'tool_calls' is not a list")
+        for position, raw in enumerate(raw_calls):
+            if not isinstance(raw, dict):
+                raise malformed("a tool-call delta is not an object")
+            index = raw.get("index", position)  # some servers leave it out when calls come whole
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                raise malformed("a tool-call delta's 'index' is not a whole number")
+            self._calls.setdefault(index, _CallParts()).add(raw)
+
+
+class _CallParts:
+    """One tool call's pieces, in the order they came."""
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+    def add(self, raw: dict) -> None:
+        call_id = raw.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise malformed("a tool-call delta's id is not text")
+        if call_id and not self.id:
+            self.id = call_id
+        if raw.get("type") not in (None, "function"):
+            raise malformed("a tool-call delta's type is not 'function'")
+        function = raw.get("function")
+        if function is None:
+            return
+        if not isinstance(function, dict):
+            raise malformed("a tool-call delta's function is not an object")
+        for name, parts in (("name", self.name), ("arguments", self.arguments)):
+            piece = function.get(name)
+            if piece is not None and not isinstance(piece, str):
+                raise malformed(f"a tool-call delta's function.{name} is not text")
+            if piece:
+                parts.append(piece)
+
+    def tool_call(self, index: int, secret: str | None) -> ToolCall:
+        name = "".join(self.name)
+        if not self.id or not name:
+            raise malformed(f"the streamed tool call {index} has no id or no name")
+        # Each piece was redacted as it came; a key split across pieces is only whole here.
+        arguments = "".join(self.arguments) or "{}"  # a call without arguments may send none
+        return ToolCall(id=redact(self.id, secret), name=redact(name, secret), arguments=redact(arguments, secret))
 
 
 OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4o-mini", url_variable="OPENAI_BASE_URL",
@@ -71,7 +205,8 @@ def parse_completion(data: Any) -> Completion:
     calls = [_tool_call(raw, index) for index, raw in enumerate(raw_calls)]
     if content is None and not calls:
         content = ""
-    return Completion(content=content, tool_calls=calls)
+    return Completion(content=content, tool_calls=calls,
+                      usage=streaming.usage_of(data.get("usage"), "prompt_tokens", "completion_tokens"))
 
 
 def _tool_call(raw: Any, index: int) -> ToolCall:

@@ -1,0 +1,105 @@
+"""Server-sent events, parsed as the bytes arrive (the WHATWG event-stream format).
+
+Bytes are decoded with an incremental UTF-8 decoder, so a character split across network reads
+comes out whole; lines may end in LF, CRLF or CR, and a CR at the end of one read may meet its LF
+in the next. Pure logic: no I/O, no httpx.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+from agent.providers.base import ProviderError
+
+DEFAULT_EVENT = "message"  # an event with no `event:` field
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    data: str
+
+
+class EventStreamParser:
+    """feed(bytes) -> the events those bytes complete; close() -> raises on invalid UTF-8 left over."""
+
+    def __init__(self) -> None:
+        # utf-8-sig drops the byte order mark the format allows at the start of the stream.
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="strict")
+        self._pending: list[str] = []  # text after the last complete line
+        self._after_cr = False  # the last line ended in CR: an LF starting the next text belongs to it
+        self._name = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        try:
+            text = self._decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8() from exc
+        return self._lines(text)
+
+    def close(self) -> list[Event]:
+        """The end of the stream: an unfinished character is an error; an undispatched event is dropped,
+        as the format says (an event ends with a blank line)."""
+        try:
+            self._decoder.decode(b"", final=True)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8() from exc
+        return []
+
+    def _lines(self, text: str) -> list[Event]:
+        # Only the new text is searched for line ends: a long line arriving in many small reads
+        # costs time in proportion to its length, not its square.
+        if self._after_cr and text.startswith("\n"):
+            text = text[1:]
+        if text:
+            self._after_cr = False
+        events: list[Event] = []
+        start = 0
+        length = len(text)
+        while start < length:
+            cr = text.find("\r", start)
+            lf = text.find("\n", start)
+            if cr < 0 and lf < 0:
+                break
+            end = lf if cr < 0 or 0 <= lf < cr else cr
+            line = text[start:end]
+            if self._pending:
+                line = "".join(self._pending) + line
+                self._pending = []
+            if text[end] == "\r" and end + 1 < length and text[end + 1] == "\n":
+                start = end + 2
+            else:
+                start = end + 1
+                self._after_cr = text[end] == "\r" and start == length  # its LF may come with the next read
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        if start < length:
+            self._pending.append(text[start:])
+        return events
+
+    def _line(self, line: str) -> Event | None:
+        if not line:
+            if not self._data:  # no data lines: nothing to dispatch, as the format says
+                self._name = ""
+                return None
+            event = Event(self._name or DEFAULT_EVENT, "\n".join(self._data))
+            self._name, self._data = "", []
+            return event
+        if line.startswith(":"):
+            return None  # a comment: servers send them to keep the connection alive
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "event":
+            self._name = value
+        elif field == "data":
+            self._data.append(value)
+        # `id` and `retry` serve reconnection, which a model call never does; other fields are ignored.
+        return None
+
+
+def _not_utf8() -> ProviderError:
+    return ProviderError("malformed", "the provider sent a malformed response: the event stream is not UTF-8")

@@ -1,0 +1,147 @@
+"""What both streamed formats share: handing text on as it arrives, usage counts, and the fallback
+to a plain call for a server that refuses to stream.
+
+A streamed call asks for an event stream; a server that answers plain JSON instead is read as a
+plain reply; one that refuses the request because of streaming (an error status whose text mentions
+"stream") gets the same request without streaming, from what is left of the same call timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from agent.deadline import CallTimeout
+from agent.providers.base import Completion, ProviderError, TextListener, Usage
+from agent.providers.http import HTTPReply, check_status, error_text, post_json, post_stream, redact
+from agent.providers.sse import Event
+
+MIN_FALLBACK_S = 0.5  # seconds; with less left after a refusal, the refusal is the answer
+REFUSAL_STATUSES = frozenset({400, 415, 422, 501})  # how servers say "not with these parameters"
+
+
+class Assembler(Protocol):
+    """Builds one Completion from a format's events."""
+
+    def take(self, events: list[Event]) -> bool:
+        """Take the events of one network read; True once the stream's end marker was seen."""
+
+    def result(self) -> Completion:
+        """The completion; ProviderError("connection") if the stream never reached its end marker."""
+
+
+def complete(
+    url: str,
+    *,
+    headers: dict,
+    body: dict,
+    stream_fields: dict,
+    timeout: CallTimeout,
+    stop: threading.Event | None,
+    secret: str | None,
+    assembler: Assembler | None,
+    parse_plain: Callable[[bytes], Completion],
+    on_text: TextListener | None,
+) -> tuple[Completion, bool]:
+    """One call, streamed when `assembler` is given. Returns the completion and whether the server
+    refused to stream (the caller then need not ask again)."""
+    if assembler is not None:
+        started = time.monotonic()
+        reply = post_stream(url, headers=headers, body={**body, **stream_fields}, timeout=timeout,
+                            on_events=assembler.take, stop=stop, secret=secret)
+        if reply.streamed:
+            return assembler.result(), False
+        if not refuses_streaming(reply, secret):
+            return _plain(reply, parse_plain, on_text, secret), False
+        left_s = timeout.total_s - (time.monotonic() - started)
+        if left_s < MIN_FALLBACK_S:
+            check_status(reply, secret=secret)  # the refusal, since no time is left to ask again
+        timeout = CallTimeout(total_s=left_s, connect_s=min(timeout.connect_s, left_s))
+        reply = post_json(url, headers=headers, body=body, timeout=timeout, stop=stop, secret=secret)
+        return _plain(reply, parse_plain, on_text, secret), True
+    reply = post_json(url, headers=headers, body=body, timeout=timeout, stop=stop, secret=secret)
+    return _plain(reply, parse_plain, on_text, secret), False
+
+
+def refuses_streaming(reply: HTTPReply, secret: str | None) -> bool:
+    """An error status that names streaming: the request would have worked without it."""
+    return reply.status in REFUSAL_STATUSES and "stream" in error_text(reply.body, secret=secret).lower()
+
+
+def _plain(reply: HTTPReply, parse_plain: Callable[[bytes], Completion], on_text: TextListener | None,
+           secret: str | None) -> Completion:
+    check_status(reply, secret=secret)
+    completion = parse_plain(reply.body)
+    if on_text is not None and completion.content:
+        on_text(completion.content)  # all at once: the listener still sees the whole answer
+    return completion
+
+
+class TextRelay:
+    """Collects an answer's text and hands it on, batched per network read, with the API key
+    redacted even when a server splits it across deltas: the longest tail that could begin the key
+    is held back until the next text shows whether it does."""
+
+    def __init__(self, on_text: TextListener | None, secret: str | None):
+        self._on_text = on_text
+        self._secret = secret
+        self._parts: list[str] = []  # what has been handed on (redacted)
+        self._pending = ""
+
+    def add(self, text: str) -> None:
+        self._pending += text
+
+    def flush(self) -> None:
+        """Hand on what has arrived, except a tail that might be the start of the key."""
+        if not self._pending:
+            return
+        text = redact(self._pending, self._secret)
+        keep = _key_prefix_tail(text, self._secret)
+        self._pending = text[len(text) - keep:] if keep else ""
+        self._emit(text[: len(text) - keep])
+
+    def finish(self) -> str:
+        """Hand on the rest; the whole text."""
+        self._emit(redact(self._pending, self._secret))
+        self._pending = ""
+        return "".join(self._parts)
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self._parts.append(text)
+            if self._on_text is not None:
+                self._on_text(text)
+
+
+def _key_prefix_tail(text: str, secret: str | None) -> int:
+    """The length of the longest end of `text` that a key could continue (a proper prefix of it)."""
+    if not secret:
+        return 0
+    lowered, key = text.lower(), secret.lower()
+    for length in range(min(len(key) - 1, len(text)), 0, -1):
+        if key.startswith(lowered[len(text) - length:]):
+            return length
+    return 0
+
+
+def token_count(value: Any) -> int | None:
+    """A token count as reported, or None when it is not a non-negative whole number (usage is for
+    display: an odd count is dropped, the answer is kept)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def usage_of(raw: Any, input_name: str, output_name: str) -> Usage | None:
+    """Usage from a reply's `usage` object, named the provider's way; None when it has none."""
+    if not isinstance(raw, dict):
+        return None
+    usage = Usage(input_tokens=token_count(raw.get(input_name)), output_tokens=token_count(raw.get(output_name)))
+    return None if usage == Usage() else usage
+
+
+def cut_off(marker: str) -> ProviderError:
+    """A stream that ended before its end marker: the answer is incomplete, so no answer at all."""
+    return ProviderError("connection", f"the provider's stream ended before {marker}: the answer was cut off")
