@@ -163,6 +163,12 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     if in_flight:
         with stop_box:
             _stop_control(settings, be, state)
+    # Then the turn in flight (or, when it has ended, its frame emptied), before the rest of the page.
+    if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
+        session[HANDOFF_KEY] = state
+        session[FULL_RUNS_KEY] = session.get(FULL_RUNS_KEY, 0) + 1
+        with live_box:
+            _follow(settings, be, cid, state["turn_id"], in_flight)
 
     config, config_error = sidebar.render_sidebar(settings.turn)
     tool_sources.render_tool_sources(be.store.redis)
@@ -194,11 +200,6 @@ def _page(settings: Settings, be: ui.Backend) -> None:
                    "Press **Stop** to end it early.")
     elif config is None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
-    if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
-        session[HANDOFF_KEY] = state
-        session[FULL_RUNS_KEY] = session.get(FULL_RUNS_KEY, 0) + 1
-        with live_box:
-            _follow(settings, be, cid, state["turn_id"], in_flight)
 
 
 def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
@@ -221,11 +222,18 @@ def _finished_turns(cid: str, turns: list[dict]) -> None:
 
 @dataclass
 class _Live:
-    """The placeholders of the turn in flight, redrawn as writes arrive."""
+    """The placeholders of the turn in flight, redrawn as writes arrive, each only when it changed."""
 
     body: DeltaGenerator  # the turn: messages and steps
     text: DeltaGenerator | None  # the text being written, inside the body
-    status: DeltaGenerator  # the budget bar, the step running now, the chart
+    status: DeltaGenerator  # the budget bar and the step running now (its clock moves every second)
+    chart: DeltaGenerator  # the timeline (Altair takes a while: drawn when a step starts or ends)
+
+
+def _live_places() -> _Live:
+    """One frame holds them all, so a full run that finds the turn ended empties it with one element."""
+    with st.empty().container():
+        return _Live(st.empty(), None, st.empty(), st.empty())
 
 
 @st.fragment
@@ -248,11 +256,13 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_fligh
         if _turn_moved(state, turn_id, in_flight):
             st.rerun(scope="app")
     live = None
-    if in_flight:
+    if not in_flight:
+        st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
+    else:
         started = time.perf_counter()
-        live = _Live(st.empty(), None, st.empty())
+        live = _live_places()
         _draw_turn(live, state)
-        _draw_status(settings, be, live, state)
+        _draw_status(settings, be, live, state, chart=True)
         session[TICK_COST_KEY] = time.perf_counter() - started
         net_ms = ui.adaptive_interval_ms(settings.poll_interval_ms * NET_INTERVALS, session.get(TICK_COST_KEY))
         st_autorefresh(interval=net_ms, key=f"net-{cid}")
@@ -292,6 +302,7 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
                 state = fresh
                 continue
             text_only = ui.text_only_change(state, fresh)
+            steps_moved = ui.steps_moved(state, fresh)
             if fresh["version"] != state["version"]:
                 if text_only and live.text is not None:
                     render.render_live_text(live.text, render.live_text(fresh))
@@ -299,7 +310,7 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
                     _draw_turn(live, fresh)
             state = fresh
             if stale or not text_only:
-                _draw_status(settings, be, live, state)
+                _draw_status(settings, be, live, state, chart=steps_moved)
                 next_status = time.monotonic() + STATUS_REDRAW_S
     except redis.RedisError as exc:
         log.warning("redis failed while following a conversation: %s", exc)
@@ -339,9 +350,14 @@ def _draw_turn(live: _Live, state: dict) -> None:
         live.text = render.render_turn(render.current_turn(state), latest=True)
 
 
-def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict) -> None:
+def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict, *, chart: bool) -> None:
+    turn = render.current_turn(state)
     with live.status.container():
-        _in_flight(settings, be, state, render.current_turn(state))
+        _in_flight(settings, be, state)
+    if chart and state["status"] != Status.QUEUED:
+        figure = timeline_chart(turn["steps"], turn["summary"], now=ui.now(), current=state.get("current_step"))
+        if figure is not None:
+            live.chart.altair_chart(figure, width="stretch")
 
 
 def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
@@ -350,7 +366,7 @@ def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
         st.button(example, key=f"example-{index}", on_click=_send_text, args=(settings, be, cid, example))
 
 
-def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> None:
+def _in_flight(settings: Settings, be: ui.Backend, state: dict) -> None:
     now = ui.now()
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
@@ -381,9 +397,6 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> N
             st.progress(fill, text=f"⏱️ {text}")
             current = render.current_step_text(state.get("current_step"), now)
             st.markdown(f"**{render.STATUS_LABELS['running']}** · {current or 'writing the result'}")
-            chart = timeline_chart(turn["steps"], turn["summary"], now=now, current=state.get("current_step"))
-            if chart is not None:
-                st.altair_chart(chart, width="stretch")
 
 
 # -- callbacks (they run before the next script run, so the page draws their outcome at once) --------
