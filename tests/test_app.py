@@ -202,8 +202,20 @@ def test_every_status_renders_and_only_a_turn_in_flight_polls(store, status):
         assert render.STATUS_LABELS[status].split(" ", 1)[1] in page
 
 
-def test_polling_stops_on_the_run_that_sees_done(store):
+def started_job(queue, cid: str, turn_id: str) -> None:
+    """The turn's job, recorded as started (as a worker would), so no poll takes the worker for lost
+    however long the test's runs take on a busy machine."""
+    from rq.job import JobStatus
+
+    job = SafeJob.create(JOB_FUNCTION, args=(cid, turn_id), id=f"turn-{turn_id}", connection=queue.connection,
+                         serializer=JSONSerializer)
+    job.save()
+    job.set_status(JobStatus.STARTED)
+
+
+def test_polling_stops_on_the_run_that_sees_done(store, queue):
     cid, turn_id = make_status(store, "running")
+    started_job(queue, cid, turn_id)
     at = app(cid)
     at.run()
     assert autorefresh_present(at)
@@ -287,8 +299,9 @@ def test_stop_on_a_queued_turn_ends_it_cancelled(store):
     assert not autorefresh_present(at)
 
 
-def test_stop_on_a_running_turn_asks_the_worker(store):
+def test_stop_on_a_running_turn_asks_the_worker(store, queue):
     cid, turn_id = make_status(store, "running")
+    started_job(queue, cid, turn_id)
     at = app(cid)
     at.run()
     at.button(key="stop").click().run()
@@ -778,3 +791,17 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
         assert watch.error is None
     finally:
         watch.close()
+
+
+def test_the_follower_reads_which_fragment_reruns_wait_from_streamlits_own_request_queue():
+    from streamlit.runtime.scriptrunner_utils.script_requests import RerunData, ScriptRequests
+
+    from agent.ui.page import waiting_fragment_ids
+
+    requests = ScriptRequests()
+    assert waiting_fragment_ids(requests) == []
+    requests.request_rerun(RerunData(fragment_id="stop"))  # a click in another fragment, while one runs
+    requests.request_rerun(RerunData(fragment_id="follow"))
+    assert waiting_fragment_ids(requests) == ["stop", "follow"]
+    requests.request_rerun(RerunData())  # a full run pre-empts anyway: no fragment to let through
+    assert waiting_fragment_ids(requests) == []

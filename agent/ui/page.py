@@ -3,11 +3,13 @@
 A full run draws the finished turns once. What changes afterwards lives in `_follow`, an
 `st.fragment` that follows the conversation's event stream within its own run: it draws each write
 as it arrives (the text being written grows in a placeholder of its own), waiting in slices short
-enough that a click outside it (Stop, a message, the sidebar) cuts it short at once. When a turn
-starts or ends it asks for one full run. Its run restarts itself now and then; while a turn is in
-flight a streamlit-autorefresh component is the net that restarts it should a run end otherwise.
-A fragment rerun never pre-empts a full run (Streamlit queues it), so nothing can livelock the page.
-Stop is drawn by the full run, outside the fragment, and first: its click is answered at once.
+enough that whatever waits is let through at once: a click that reruns the app (a message, the
+sidebar) cuts it short, and another fragment's rerun (Stop, which is a fragment of its own, or a
+toggle in an earlier turn) goes first, the follower after it. When a turn starts or ends it asks for
+one full run. Its run restarts itself now and then; a full run starts it with a one-shot
+streamlit-autorefresh kick, and while a turn is in flight another, slower one is the net that
+restarts it should a run end otherwise. A fragment rerun never pre-empts a full run (Streamlit
+queues it), so nothing can livelock the page.
 """
 
 from __future__ import annotations
@@ -157,8 +159,8 @@ def _page(settings: Settings, be: ui.Backend) -> None:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
         st.toast("That conversation was not found: this is a new chat.", icon="🔎")
-    # The conversation's places, in the order they show, filled out of order: Stop (or its
-    # "Stopping…") first, so a click is answered before the rest of the page is drawn again.
+    # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
+    # in flight, then the rest of the page.
     turns_box, live_box, stop_box = st.container(), st.container(), st.container()
     if in_flight:
         with stop_box:
@@ -202,7 +204,10 @@ def _page(settings: Settings, be: ui.Backend) -> None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
 
 
+@st.fragment
 def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
+    """Stop, in a fragment of its own: its click reruns this alone (the follower gives way to it within
+    SLICE_S), so "Stopping…" shows at once, with no full run of the page in between."""
     if st.session_state.get(ui.STOPPING_KEY) == state["turn_id"]:
         st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
     else:
@@ -329,11 +334,10 @@ def _give_way() -> None:
         st.rerun(scope="fragment")
 
 
-def _fragment_run_waiting_ids() -> list[str]:
-    """The fragments whose reruns wait for this run to end. Streamlit has no public way to ask, so this
-    reads its request queue; if that ever changes, it says none wait and a run simply lasts HOLD_S."""
-    ctx = get_script_run_ctx()
-    requests = getattr(ctx, "script_requests", None)
+def waiting_fragment_ids(requests) -> list[str]:
+    """The fragments whose reruns wait for the running one to end. Streamlit has no public way to ask, so
+    this reads its request queue (tests/test_app.py checks it against Streamlit's own ScriptRequests); if
+    that ever changes, it says none wait, and a follower's run simply lasts HOLD_S."""
     if getattr(requests, "_state", None) != ScriptRequestType.RERUN:
         return []
     return list(getattr(getattr(requests, "_rerun_data", None), "fragment_id_queue", None) or [])
@@ -342,7 +346,7 @@ def _fragment_run_waiting_ids() -> list[str]:
 def _fragment_rerun_waiting() -> bool:
     ctx = get_script_run_ctx()
     own = getattr(ctx, "current_fragment_id", None)
-    return any(fragment_id != own for fragment_id in _fragment_run_waiting_ids())
+    return any(fragment_id != own for fragment_id in waiting_fragment_ids(getattr(ctx, "script_requests", None)))
 
 
 def _draw_turn(live: _Live, state: dict) -> None:
