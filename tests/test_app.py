@@ -77,9 +77,11 @@ def autorefreshes(at: AppTest) -> list[dict]:
 
 
 def autorefresh_present(at: AppTest) -> bool:
-    """The net that keeps a turn in flight followed: an autorefresh with no limit. (A full run also arms
-    a one-shot kick, limit 2, that starts its follower; it fires once and never polls.)"""
-    return any(args.get("limit") is None for args in autorefreshes(at))
+    """The page ticks at the in-flight cadence. (An idle page on a conversation keeps its component at
+    IDLE_TICK_MS: a tick that only restarts its follower, which meanwhile waits on Redis.)"""
+    from agent.ui.page import IDLE_TICK_MS
+
+    return any(args.get("interval") != IDLE_TICK_MS for args in autorefreshes(at))
 
 
 def _walk(node):
@@ -761,14 +763,16 @@ def test_a_live_text_of_another_turn_is_not_drawn():
     assert render.live_text({**state, "done": True, "live": {"turn_id": "now", "text": "new"}}) is None
 
 
-def test_a_full_run_arms_a_one_shot_start_for_its_follower_in_flight_and_idle(store):
+def test_a_page_on_a_conversation_keeps_one_follower_component_ticking_slowly_once_idle(store):
+    from agent.ui.page import IDLE_TICK_MS
+
     for status in ("running", "done"):
         cid, _ = make_status(store, status)
         at = app(cid)
         at.run()
-        kicks = [a for a in autorefreshes(at) if a.get("limit") is not None]
-        assert [k["limit"] for k in kicks] == [2], "it fires once, then never polls"
-        assert autorefresh_present(at) is (status == "running"), "the net only while a turn is in flight"
+        ticks = autorefreshes(at)
+        assert [t["key"] for t in ticks] == [f"follow-{cid}"], "one component per conversation, kept by the browser"
+        assert (ticks[0]["interval"] == IDLE_TICK_MS) is (status == "done")
 
 
 def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_idle(store):

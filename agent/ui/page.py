@@ -6,10 +6,10 @@ as it arrives (the text being written grows in a placeholder of its own), waitin
 enough that whatever waits is let through at once: a click that reruns the app (a message, the
 sidebar) cuts it short, and another fragment's rerun (Stop, which is a fragment of its own, or a
 toggle in an earlier turn) goes first, the follower after it. When a turn starts or ends it asks for
-one full run. Its run restarts itself now and then; a full run starts it with a one-shot
-streamlit-autorefresh kick, and while a turn is in flight another, slower one is the net that
-restarts it should a run end otherwise. A fragment rerun never pre-empts a full run (Streamlit
-queues it), so nothing can livelock the page.
+one full run. Its run restarts itself now and then; its streamlit-autorefresh component is the net
+that starts it after a full run, or restarts it should a run end otherwise (ticks that come while
+it holds only queue one rerun). A fragment rerun never pre-empts a full run (Streamlit queues it),
+so nothing can livelock the page.
 """
 
 from __future__ import annotations
@@ -47,13 +47,11 @@ INPUT_KEY = "chat_input"
 REDIS_RETRY_MS = 3000  # milliseconds between retries while Redis does not answer
 HANDOFF_KEY = "agent_follow_handoff"  # the state a full run read, handed to the fragment it draws
 TICK_COST_KEY = "agent_tick_cost_s"  # how long the fragment's last drawing took, for the net's interval
-FULL_RUNS_KEY = "agent_full_runs"  # counts full runs: each arms a fresh one-shot kick
 SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns the user asked to see
 SLICE_S = 0.1  # seconds the follower waits at a time: a click outside it is answered within this
-HOLD_S = 10.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
+HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
 STATUS_REDRAW_S = 1.0  # seconds between redraws of the budget bar and the lost-worker check, in flight
-KICK_MS = 100  # milliseconds after a full run before its follower starts following
-NET_INTERVALS = 5  # the net ticks every this many poll intervals (it restarts a follower that stopped)
+IDLE_TICK_MS = 3000  # milliseconds between the idle page's ticks (each a message, not a run, while it holds)
 EXAMPLES = (
     "What is 17*23, and what time is it in Tokyo?",
     "How does the deadline work?",
@@ -168,7 +166,6 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     # Then the turn in flight (or, when it has ended, its frame emptied), before the rest of the page.
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[HANDOFF_KEY] = state
-        session[FULL_RUNS_KEY] = session.get(FULL_RUNS_KEY, 0) + 1
         with live_box:
             _follow(settings, be, cid, state["turn_id"], in_flight)
 
@@ -245,9 +242,11 @@ def _live_places() -> _Live:
 def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_flight: bool) -> None:
     """The turn in flight (or nothing, when the conversation is idle), kept up to date within this run.
 
-    In a full run it draws what the run read and arms a one-shot kick; the fragment run that kick
-    starts follows the event stream for up to HOLD_S, drawing each write as it lands, then restarts
-    itself. When a turn starts or ends it asks for one full run, which draws the page around it."""
+    In a full run it draws what the run read. Its streamlit-autorefresh component (one per
+    conversation, so the browser keeps the same one) starts a fragment run after a full run; that run
+    follows the event stream for up to HOLD_S, drawing each write as it lands, then restarts itself.
+    Ticks that come meanwhile only queue one rerun, which restarts a run that ended any other way.
+    When a turn starts or ends it asks for one full run, which draws the page around it."""
     session = st.session_state
     state = session.pop(HANDOFF_KEY, None)
     full_run = state is not None
@@ -269,13 +268,11 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_fligh
         _draw_turn(live, state)
         _draw_status(settings, be, live, state, chart=True)
         session[TICK_COST_KEY] = time.perf_counter() - started
-        net_ms = ui.adaptive_interval_ms(settings.poll_interval_ms * NET_INTERVALS, session.get(TICK_COST_KEY))
-        st_autorefresh(interval=net_ms, key=f"net-{cid}")
-    if full_run:
-        # A fragment-scoped rerun cannot be asked for from a full run: the browser starts it.
-        st_autorefresh(interval=KICK_MS, limit=2, key=f"kick-{session.get(FULL_RUNS_KEY)}")
-        return
-    _hold(settings, be, cid, state, live)
+    tick_ms = ui.adaptive_interval_ms(settings.poll_interval_ms, session.get(TICK_COST_KEY)) if in_flight \
+        else IDLE_TICK_MS
+    st_autorefresh(interval=tick_ms, key=f"follow-{cid}")
+    if not full_run:  # a full run cannot ask for a fragment rerun, nor hold: the next tick starts one
+        _hold(settings, be, cid, state, live)
 
 
 def _turn_moved(state: dict | None, turn_id: str, in_flight: bool) -> bool:
