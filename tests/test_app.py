@@ -462,19 +462,6 @@ def test_the_turn_in_flight_is_found_from_the_end_without_walking_the_conversati
     assert turn["in_flight"]
 
 
-@pytest.mark.parametrize(("base_ms", "tick_s", "expected_ms"), [
-    (1000, None, 1000),  # no tick measured yet
-    (1000, 0.05, 1000),  # a cheap tick keeps the configured interval
-    (1000, 0.5, 2000),  # a slow tick: at least four times its cost
-    (250, 0.2, 800),
-    (1000, 30.0, 10_000),  # however slow, the page still looks every 10 s
-])
-def test_the_refresh_interval_is_never_shorter_than_a_few_times_what_a_tick_costs(base_ms, tick_s, expected_ms):
-    from agent.ui.state import adaptive_interval_ms
-
-    assert adaptive_interval_ms(base_ms, tick_s) == expected_ms
-
-
 def test_a_started_turn_with_safeguards_on_is_not_said_to_run_with_safeguards_off(store, queue):
     # Before: any turn whose job had started but not yet written was described as "safeguards off".
     from rq.job import JobStatus

@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 INPUT_KEY = "chat_input"
 REDIS_RETRY_MS = 3000  # milliseconds between retries while Redis does not answer
 HANDOFF_KEY = "agent_follow_handoff"  # the state a full run read, handed to the fragment it draws
-TICK_COST_KEY = "agent_tick_cost_s"  # how long the fragment's last drawing took, for the net's interval
 SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns the user asked to see
 SLICE_S = 0.1  # seconds the follower waits at a time: a click outside it is answered within this
 HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
@@ -263,14 +262,12 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_fligh
     if not in_flight:
         st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
     else:
-        started = time.perf_counter()
         live = _live_places()
         _draw_turn(live, state)
         _draw_status(settings, be, live, state, chart=True)
-        session[TICK_COST_KEY] = time.perf_counter() - started
-    tick_ms = ui.adaptive_interval_ms(settings.poll_interval_ms, session.get(TICK_COST_KEY)) if in_flight \
-        else IDLE_TICK_MS
-    st_autorefresh(interval=tick_ms, key=f"follow-{cid}")
+    # A tick costs no run while the follower holds (Streamlit queues it behind the run), so the
+    # interval is only how soon a follower starts after a full run: short in flight, longer idle.
+    st_autorefresh(interval=settings.poll_interval_ms if in_flight else IDLE_TICK_MS, key=f"follow-{cid}")
     if not full_run:  # a full run cannot ask for a fragment rerun, nor hold: the next tick starts one
         _hold(settings, be, cid, state, live)
 
@@ -341,9 +338,11 @@ def waiting_fragment_ids(requests) -> list[str]:
 
 
 def _fragment_rerun_waiting() -> bool:
+    """Another fragment's rerun waits (this run's own ticks only queue its next run, which can wait)."""
     ctx = get_script_run_ctx()
-    own = getattr(ctx, "current_fragment_id", None)
-    return any(fragment_id != own for fragment_id in waiting_fragment_ids(getattr(ctx, "script_requests", None)))
+    running = set(getattr(ctx, "fragment_ids_this_run", None) or ())
+    waiting = waiting_fragment_ids(getattr(ctx, "script_requests", None))
+    return any(fragment_id not in running for fragment_id in waiting)
 
 
 def _draw_turn(live: _Live, state: dict) -> None:

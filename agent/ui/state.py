@@ -6,7 +6,6 @@ its version moved), sending, stopping, the queue, and the never-stuck check.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -32,8 +31,6 @@ from agent.store import Store, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
-TICK_COST_FACTOR = 4  # the refresh interval is at least this many times what the last tick cost
-MAX_POLL_INTERVAL_MS = 10_000  # milliseconds: however slow a tick, the page still looks every 10 s
 
 VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
 DRAFT_KEY = "agent_draft_cid"  # this tab's id for a chat that has no message yet (not in the URL yet)
@@ -157,14 +154,6 @@ def _live_key(state: State) -> tuple | None:
     """Which message and try the live text belongs to: a new one (or none) redraws the turn."""
     live = state.get("live")
     return None if not live else (live.get("turn_id"), live.get("message_index"), live.get("attempt"))
-
-
-def adaptive_interval_ms(poll_interval_ms: int, last_tick_s: float | None) -> int:
-    """The refresh interval: the configured one, lengthened to a few times what a tick costs, so the
-    page spends most of its time idle however slow the machine is."""
-    if not last_tick_s or last_tick_s <= 0:
-        return poll_interval_ms
-    return min(max(poll_interval_ms, math.ceil(last_tick_s * 1000 * TICK_COST_FACTOR)), MAX_POLL_INTERVAL_MS)
 
 
 def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,
