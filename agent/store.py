@@ -101,7 +101,8 @@ local current = redis.call('HMGET', meta, 'turn_id', 'done', 'live_seq', 'live_e
 if not current[1] then return redis.error_reply('GONE the conversation has expired') end
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
-if seq <= tonumber(current[4] or '0') then return {'ended', 0} end
+-- Ended, or older than the text Redis holds (a write that stalled while a retry started a fresh text).
+if seq <= tonumber(current[4] or '0') or seq < tonumber(current[3] or '0') then return {'ended', 0} end
 if mode == 'append' then
   if tonumber(current[3] or '0') ~= seq or redis.call('STRLEN', live) ~= from then return {'lag', 0} end
   redis.call('APPEND', live, text)
@@ -248,11 +249,13 @@ class Store:
         return fresh
 
     def read_meta(self, conversation_id: str) -> State | None:
-        """The small fields only (no history or steps)."""
+        """The small fields only (no history, steps or live text)."""
         meta = self.redis.hgetall(Keys.of(conversation_id).meta)
         if not meta:
             return None
-        return _state(conversation_id, meta, [], [], [])
+        state = _state(conversation_id, meta, [], [], [])
+        state["live"] = None
+        return state
 
     # -- writers ---------------------------------------------------------------------------
 

@@ -104,7 +104,7 @@ METHOD = {
     "write seen by an event-driven client) / in-process (the same submit without the enqueue, then "
     "agent.turn.run_turn called in a warm thread of the bench process); both started together; median of "
     "the pair ratios. 2 workers per class; the headline uses the default class.",
-    "dispatch_latency_ms": "2 idle workers per class, one instant turn (demo@0) at a time, after warm-up. "
+    "dispatch_latency_ms": "2 idle workers per class, one instant turn (demo@0~0) at a time, after warm-up. "
     "start_ms: submit to RQ's job.started_at (stamped in the process that runs the job, after any fork or "
     "spawn). first_call_ms: submit to the start of the turn's first model call (also the job's import, "
     "state read and first write).",
@@ -121,7 +121,7 @@ METHOD = {
     "whole-state "
     "rewrite (one SET of the state JSON, what a single-key layout would send per write). Bytes: Redis's own "
     "total_net_input/output_bytes counters, both directions, per operation. Time: client-side, per call.",
-    "throughput": "N one-call turns (demo@{latency}: 1 model call each) submitted at once to a pool of W "
+    "throughput": "N one-call turns (demo@{latency}~0: 1 model call each) submitted at once to a pool of W "
     "workers after a warm-up; turns/s = N / (last final write - first submit); latency = final write - submit; "
     "memory = peak of the mean RSS per worker process (plus its work horse, for fork) during the run. "
     "ideal = turns / (ceil(turns / W) rounds x {latency} s).",

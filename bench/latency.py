@@ -15,7 +15,7 @@ from bench.lab import ONE_CALL_MESSAGE, THREE_TOOL_MESSAGE, Lab, NoQueue, PoolPr
 from harness.follow import Follower, follow
 from harness.stats import summary
 
-INSTANT = TurnConfig(model="demo@0")  # a provider that answers at once: what is left is our own cost
+INSTANT = TurnConfig(model="demo@0~0")  # a provider that answers at once: what is left is our own cost
 
 
 def dispatch_latency(lab: Lab, pool: PoolProcess, turns: int, warmup: int) -> dict:
@@ -67,7 +67,7 @@ def queue_overhead(lab: Lab, pool: PoolProcess, pairs: int, latency_s: float = 1
     """
     os.environ["REDIS_URL"] = lab.url
     os.environ["AGENT_DEMO_URL"] = pool.demo_url
-    config = TurnConfig(model=f"demo@{latency_s:g}")
+    config = TurnConfig(model=f"demo@{latency_s:g}~0")
     queued, direct, ratios = [], [], []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="in-process") as baseline:
         baseline.submit(_in_process_turn, lab, INSTANT, ONE_CALL_MESSAGE).result(30)  # warm, like the workers
@@ -95,8 +95,8 @@ def first_step(lab: Lab, repeats: int, interval_s: float, rng, latency_s: float 
     plain poll every `interval_s` with a random phase. Ratio = (first tool step visible) /
     (final answer visible), both from submit.
     """
-    as_you_go = TurnConfig(model=f"demo@{latency_s:g}")
-    naive = TurnConfig(model=f"demo@{latency_s:g}", safeguards=False)
+    as_you_go = TurnConfig(model=f"demo@{latency_s:g}~0")
+    naive = TurnConfig(model=f"demo@{latency_s:g}~0", safeguards=False)
     rows = {"publish_as_you_go": [], "write_at_end": []}
     for _ in range(repeats):
         runs = []

@@ -35,13 +35,13 @@ def warm_up(lab: Lab, workers: int) -> None:
     """One instant turn per worker (roughly), so imports and connections are not in the figures."""
     cids = [new_id() for _ in range(workers * 2)]
     for cid in cids:
-        submit(lab, cid, ONE_CALL_MESSAGE, TurnConfig(model="demo@0"))
+        submit(lab, cid, ONE_CALL_MESSAGE, TurnConfig(model="demo@0~0"))
     wait_all_done(lab.client, cids, timeout_s=60)
 
 
 def throughput(lab: Lab, pool: PoolProcess, turns: int, latency_s: float = 1.0) -> dict:
     """`turns` one-call turns (`latency_s` per call) submitted at once to `pool`; timings from the stored state."""
-    config = TurnConfig(model=f"demo@{latency_s:g}")
+    config = TurnConfig(model=f"demo@{latency_s:g}~0")
     warm_up(lab, pool.workers)
     sampler = _RssSampler(pool)
     sampler.start()

@@ -84,7 +84,7 @@ def _condition(lengths: tuple[int, ...], turns_per_length: int, stops: int, hog_
             open_chat(page, server.url)
             url = server.redis_url()
             store, queue = Store(state_client(url), STATE_TTL_S), get_queue(queue_client(url))
-            instant = Settings.from_env({}).turn.with_changes(provider="demo", model="demo")
+            instant = Settings.from_env({}).turn.with_changes(provider="demo", model="demo@0.05~0")
             cid, made = None, 0
             with cpu_hogs(hog_count):
                 for length in lengths:

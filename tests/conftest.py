@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ["AGENT_MCP_CONFIG"] = "off"  # no MCP servers unless a test names its own (tests/test_mcp.py)
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4680"  # must never be seen in Redis, the page or logs
 
-# The clocks scaled down: a 6 s job timeout and a 2 s margin give a 4 s deadline.
+# The clocks scaled down: a 6 s job timeout and a 2 s margin give a 4 s deadline. The demo model
+# answers at once (a 0.05 s latency, its answer in one piece), not at the pace a person reads.
+FAST_DEMO = "demo@0.05~0"
 FAST = TurnConfig(
     provider="demo",
-    model="demo",
+    model=FAST_DEMO,
     job_timeout_s=6,
     deadline_margin_s=2.0,
     call_timeout_cap_s=3.0,

@@ -26,7 +26,7 @@ APP = str(ROOT / "app.py")
 RUN_TIMEOUT_S = 15
 ENV = {
     "AGENT_PROVIDER": "demo",
-    "AGENT_MODEL": "demo",
+    "AGENT_MODEL": FAST.model,
     "AGENT_WORKERS": "0",  # the session's `pool` fixture runs the turns
     "AGENT_POLL_INTERVAL_MS": "250",
     "AGENT_JOB_TIMEOUT": str(FAST.job_timeout_s),
@@ -502,9 +502,10 @@ def test_the_next_turns_settings_survive_a_reload():
     at.run()
     at.selectbox(key="sb_scenario").set_value("hang").run()
     at.number_input(key="sb_job_timeout_s").set_value(20).run()
+    at.number_input(key="sb_stream_cps").set_value(25.0).run()
     assert_no_exception(at)
     params = {name: at.query_params[name] for name in at.query_params}
-    assert params["scenario"] == "hang" and params["job_timeout"] == "20"
+    assert params["scenario"] == "hang" and params["job_timeout"] == "20" and params["writing"] == "25"
     reloaded = AppTest.from_file(APP, default_timeout=RUN_TIMEOUT_S)
     for name, value in params.items():
         reloaded.query_params[name] = value
@@ -512,12 +513,13 @@ def test_the_next_turns_settings_survive_a_reload():
     assert_no_exception(reloaded)
     assert reloaded.selectbox(key="sb_scenario").value == "hang"
     assert reloaded.number_input(key="sb_job_timeout_s").value == 20
+    assert reloaded.number_input(key="sb_stream_cps").value == 25.0
 
 
 def test_settings_in_the_url_that_are_not_valid_are_ignored():
     at = app()
     for name, value in {"scenario": "rm -rf", "job_timeout": "-5", "margin": "nan", "latency": "1e9",
-                        "provider": "evil", "safeguards": "maybe", "model": "x" * 500}.items():
+                        "provider": "evil", "safeguards": "maybe", "model": "x" * 500, "writing": "-1"}.items():
         at.query_params[name] = value
     at.run()
     assert_no_exception(at)

@@ -27,7 +27,7 @@ FAST_CLOCKS = {
 @pytest.fixture
 def cli_env(base_env, redis_url, pool):
     """The session's Redis and workers (the pool), none started by the CLI itself."""
-    return {**base_env, **FAST_CLOCKS, "REDIS_URL": redis_url, "AGENT_WORKERS": "0"}
+    return {**base_env, **FAST_CLOCKS, "AGENT_MODEL": FAST.model, "REDIS_URL": redis_url, "AGENT_WORKERS": "0"}
 
 
 def cli(env: dict, *args: str | bytes) -> subprocess.CompletedProcess:
@@ -329,7 +329,7 @@ def test_json_lines_are_deltas_that_rebuild_the_final_state(cli_env):
     final = lines[-1]
     for name in rebuilt:
         assert final[name][: len(rebuilt[name])] == rebuilt[name]
-    assert {k for k in lines[0] if not k.startswith(("new_", "history_", "steps_", "turns_"))} <= set(final)
+    assert {k for k in lines[0] if not k.startswith(("new_", "history_", "steps_", "turns_", "live_"))} <= set(final)
 
 
 SHORT_ROUNDS, LONG_ROUNDS = 3, 12  # model round-trips, each asking for the most tool calls one response may run
@@ -385,3 +385,52 @@ def test_nothing_a_terminal_would_act_on_reaches_it_from_a_reply_a_tool_or_its_a
             assert "\x1b]0;owned" in json.loads(out.splitlines()[-1])["history"][-1]["content"]  # escaped, not lost
         else:
             assert "\\x1b]0;owned\\x07" in out
+
+
+# -- streamed replies -------------------------------------------------------------------------
+
+
+def test_a_streamed_reply_is_printed_while_it_is_written_with_its_tokens(cli_env, store):
+    from tests.scripted_server import ScriptedServer
+    from tests.sse_stream import reply_stream
+
+    words = [f"word{i} " for i in range(12)]
+    with ScriptedServer([reply_stream(words, pause_s=0.4)]) as server:
+        env = {**cli_env, "AGENT_PROVIDER": "openai", "AGENT_MODEL": "scripted", "AGENT_JOB_TIMEOUT": "30",
+               "AGENT_DEADLINE_MARGIN": "5", "AGENT_CALL_TIMEOUT_CAP": "20", "OPENAI_BASE_URL": server.url + "/v1"}
+        with subprocess.Popen([sys.executable, "-m", "agent", "ask", "talk"], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL) as proc:
+            try:
+                cid = proc.stderr.readline().decode().split()[1].rstrip(",")
+                first = proc.stdout.read(len("word0 word1 "))  # printed before the reply is whole
+                state = store.read(cid)
+                out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
+            finally:
+                proc.kill()
+    assert first == b"word0 word1 "
+    assert not state["done"] and state["history"][-1]["role"] == "user", state
+    assert proc.returncode == 0, err
+    assert (first + out).decode() == "".join(words) + "\n"
+    assert "[model call 1: 42 tokens in, 7 out]" in err.decode()
+    assert "[tokens this turn: 42 in, 7 out, over 1 model call]" in err.decode()
+
+
+def test_json_live_deltas_reassemble_to_the_final_message(cli_env):
+    from tests.scripted_server import ScriptedServer
+    from tests.sse_stream import reply_stream
+
+    words = [f"wörd{i} " for i in range(30)]
+    with ScriptedServer([reply_stream(words, pause_s=0.1)]) as server:
+        result = cli({**cli_env, "AGENT_PROVIDER": "openai", "AGENT_MODEL": "scripted", "AGENT_JOB_TIMEOUT": "30",
+                      "AGENT_DEADLINE_MARGIN": "5", "AGENT_CALL_TIMEOUT_CAP": "20",
+                      "OPENAI_BASE_URL": server.url + "/v1"}, "ask", "--json", "talk")
+    assert result.returncode == 0, result.stderr
+    lines = _states(result.stdout)
+    text = ""
+    for line in lines[:-1]:
+        if line["live"]:
+            assert "text" not in line["live"] and line["live_from"] <= len(text)
+            text = text[: line["live_from"]] + line["live_delta"]
+    assert sum(1 for line in lines if line.get("live")) >= 2
+    assert text == "".join(words) == lines[-1]["history"][-1]["content"]
+    assert lines[-1]["live"] is None and lines[-1]["steps"][-1]["usage"] == {"input_tokens": 42, "output_tokens": 7}

@@ -9,10 +9,14 @@ import time
 import httpx
 import pytest
 
+from agent.deadline import CallTimeout
 from agent.demo.model import respond
-from agent.demo.scenarios import Scenario, UnknownModelError, parse_model_name
+from agent.demo.scenarios import DEFAULT_LATENCY_S, DEFAULT_STREAM_CPS, Scenario, UnknownModelError, parse_model_name
 from agent.demo.server import HANG_CAP_S, DemoProvider, DemoServer
-from agent.runtime.loopback_server import Delayed, Hang, LoopbackServer, Reply, Request, Trickle, reply
+from agent.demo.stream import MAX_WRITING_S
+from agent.providers.demo import DEMO
+from agent.providers.openai import OpenAIProvider
+from agent.runtime.loopback_server import Delayed, Hang, LoopbackServer, Reply, Request, Stream, Trickle, reply
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
@@ -137,15 +141,32 @@ def test_slow_tool_scenario_waits_long_first_then_answers():
     assert _call(second)[0] == "calculator"
 
 
-def test_model_names_parse_into_scenarios_with_latency():
-    assert parse_model_name("demo") == Scenario("healthy", 0.05)
+def test_model_names_parse_into_scenarios_with_latency_and_writing_rate():
+    assert parse_model_name("demo") == Scenario("healthy", DEFAULT_LATENCY_S, DEFAULT_STREAM_CPS)
     assert parse_model_name("demo@1.0") == Scenario("healthy", 1.0)
     assert parse_model_name("demo:slow") == Scenario("slow", 3.0)
     assert parse_model_name("demo:flaky@0.2") == Scenario("flaky", 0.2)
     assert parse_model_name("demo:slow-tool").name == "slow-tool"
-    for bad in ("gpt-4o", "demo:nope", "demo@abc", "demo@-1", "demo@nan", "demo:"):
+    assert parse_model_name("demo@0.05~0") == Scenario("healthy", 0.05, 0.0)
+    assert parse_model_name("demo:flaky~25") == Scenario("flaky", 0.05, 25.0)
+    for bad in ("gpt-4o", "demo:nope", "demo@abc", "demo@-1", "demo@nan", "demo:", "demo~", "demo~-1", "demo~inf",
+                "demo~x", "demo@1~1e9"):
         with pytest.raises(UnknownModelError):
             parse_model_name(bad)
+
+
+def test_a_scenarios_model_name_parses_back_to_it():
+    for scenario in (Scenario(), Scenario("slow"), Scenario("healthy", 0.05, 0.0), Scenario("flaky", 1.5, 12.5),
+                     Scenario("trickle", 0.05, DEFAULT_STREAM_CPS)):
+        assert parse_model_name(scenario.model_name) == scenario
+
+
+def test_the_default_demo_shows_each_round_trip_and_writes_at_a_readable_pace():
+    # The first impression: steps that land too fast to see, or an answer that appears at once,
+    # hide what the product does.
+    scenario = parse_model_name(DEMO.default_model)
+    assert 0.5 <= scenario.latency_s <= 1.0
+    assert 40 <= scenario.stream_cps <= 80
 
 
 # --- the provider's HTTP behaviour, without sockets ---
@@ -184,6 +205,53 @@ def test_hang_and_trickle_are_actions_not_replies():
     trickled = _post(DemoProvider(), _chat("demo:trickle")).then
     assert isinstance(trickled, Trickle) and trickled.bytes_per_second == 1.0
     assert json.loads(trickled.body)["object"] == "chat.completion"
+
+
+ANSWERED = [{"role": "user", "content": "What is 17*23?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "calculator",
+                                                                  "arguments": '{"expression": "17*23"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "391"}]
+
+
+def _stream_text(stream: Stream) -> list[str]:
+    """The content pieces of a demo stream, in order."""
+    chunks = [json.loads(part.decode().removeprefix("data: ")) for part in stream.parts[:-1]]
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    return [piece for piece in pieces if piece]
+
+
+def test_a_streaming_request_gets_server_sent_events_at_the_scenarios_rate():
+    action = _post(DemoProvider(), {"model": "demo@0.25~40", "messages": ANSWERED, "tools": TOOLS, "stream": True,
+                                    "stream_options": {"include_usage": True}})
+    assert action.seconds == 0.25
+    stream = action.then
+    assert isinstance(stream, Stream) and not stream.stall
+    assert stream.parts[-1] == b"data: [DONE]\n\n"
+    pieces = _stream_text(stream)
+    assert "".join(pieces) == "**17*23 = 391**"
+    # 40 characters a second, in pieces one interval apart.
+    assert len(pieces) > 5 and abs(len(pieces[0]) / stream.interval_s - 40) < 1
+    last = json.loads(stream.parts[-2].decode().removeprefix("data: "))
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+
+
+def test_a_long_answer_is_written_faster_so_it_fits_the_demo_clocks():
+    action = _post(DemoProvider(), {**_chat("demo@0~60", "hello", tools=[]), "stream": True})
+    stream = action.then
+    text = "".join(_stream_text(stream))
+    assert len(text) / 60 > MAX_WRITING_S  # at 60 characters a second it would take longer
+    assert len(stream.parts) * stream.interval_s <= MAX_WRITING_S + 3 * stream.interval_s
+
+
+def test_a_streamed_tool_call_comes_as_openai_sends_one():
+    action = _post(DemoProvider(), {**_chat("demo@0~0"), "stream": True})
+    chunks = [json.loads(part.decode().removeprefix("data: ")) for part in action.then.parts[:-1]]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"][0]["delta"].get("tool_calls")]
+    assert calls[0]["id"] == "call_1" and calls[0]["function"]["name"] == "calculator"
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"expression": "17*23"}
+    assert action.then.interval_s == 0  # ~0: everything at once
+    assert all("usage" not in c for c in chunks)  # not asked for
 
 
 def test_bad_requests_get_openai_shaped_errors():
@@ -230,6 +298,19 @@ def test_chat_completion_round_trip(server):
     assert choice["finish_reason"] == "tool_calls"
     assert _call(choice["message"]) == ("calculator", {"expression": "17*23"})
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+
+
+def test_the_demo_model_streams_its_answer_to_the_provider_at_the_rate_asked(server):
+    provider = OpenAIProvider(server.url, "demo@0~50", None)
+    arrivals: list[tuple[float, str]] = []
+    started = time.monotonic()
+    completion = provider.complete([{"role": "user", "content": "hello"}], [], CallTimeout(30.0, 5.0),
+                                   on_text=lambda text: arrivals.append((time.monotonic(), text)))
+    assert "".join(text for _, text in arrivals) == completion.content
+    assert completion.content.startswith("Hello!") and completion.usage.output_tokens > 0
+    # Written over time, not at once: at 50 characters a second (or in MAX_WRITING_S, if shorter).
+    assert len(arrivals) > 10
+    assert arrivals[-1][0] - started >= min(len(completion.content) / 50, MAX_WRITING_S) * 0.8
 
 
 def test_flaky_gives_429_with_retry_after_then_500_then_200(server):

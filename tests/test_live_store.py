@@ -144,3 +144,24 @@ def test_read_since_reads_a_fresh_attempt_whole_and_a_cleared_text_as_none(store
 def _output_bytes(store) -> int:
     """Bytes the whole server has sent to its clients so far (this test's Redis has no other client)."""
     return int(store.redis.info("stats")["total_net_output_bytes"])
+
+
+def test_an_ending_written_from_outside_the_job_clears_the_live_text(store):
+    from agent.endings import write_ending
+
+    cid, tid = begin(store)
+    store.write_live(cid, tid, head(tid), "half a reply when the worker was lost")
+    assert write_ending(store, cid, tid, "failed", "worker_lost", "The worker was lost.")
+    state = store.read(cid)
+    assert state["done"] and state["live"] is None and not store.redis.exists(Keys.of(cid).live)
+    assert state["history"][-1]["content"] == "The worker was lost."
+
+
+def test_a_stalled_write_of_an_older_text_never_replaces_the_fresh_attempts_text(store):
+    cid, tid = begin(store)
+    store.write_live(cid, tid, head(tid), "cut")
+    # The cut text's clearing write has not landed yet (a Redis hiccup) when the retry starts writing.
+    assert store.write_live(cid, tid, head(tid, seq=2, attempt=2), "fresh") == "ok"
+    assert store.write_live(cid, tid, head(tid), "cut and more") == "ended"
+    assert store.write_live(cid, tid, head(tid), " more", from_bytes=3) == "ended"
+    assert store.read(cid)["live"]["text"] == "fresh"

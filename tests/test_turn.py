@@ -58,7 +58,7 @@ def test_state_is_published_after_every_round_trip_with_versions_going_up_by_one
     seen = []
     # One-second model calls: a client on a busy machine still sees the states between them.
     cid = ask(store, queue, "What is 17*23, and what time is it in Tokyo?",
-              FAST.with_changes(model="demo@1.0", job_timeout_s=14, deadline_margin_s=2.0))
+              FAST.with_changes(model="demo@1.0~0", job_timeout_s=14, deadline_margin_s=2.0))
     final = wait_done(store, cid, timeout_s=40, on_state=seen.append)
     versions = [s["version"] for s in seen]
     assert versions == sorted(set(versions))
@@ -221,7 +221,7 @@ def test_job_timeout_exception_is_never_swallowed(store, queue, redis_client):
 
 
 def test_a_message_to_a_conversation_with_a_turn_in_flight_is_refused(store, queue):
-    cid = ask(store, queue, "slow 1", FAST.with_changes(model="demo"))
+    cid = ask(store, queue, "slow 1", FAST)
     with pytest.raises(TurnInFlight):
         submit_turn(store, queue, cid, "and another", FAST)
     state = wait_done(store, cid)
@@ -274,7 +274,7 @@ def test_a_slow_tool_is_bounded_by_the_remaining_budget(store, queue):
 
 
 def test_the_flaky_scenario_is_retried_to_success_inside_the_budget(store, queue):
-    cid = ask(store, queue, "hello", FAST.with_changes(model="demo:flaky", job_timeout_s=12))
+    cid = ask(store, queue, "hello", FAST.with_changes(model="demo:flaky~0", job_timeout_s=12))
     state = wait_done(store, cid, timeout_s=20)
     assert state["status"] == "done"
     outcomes = [(s["kind"], s["outcome"]) for s in state["steps"]]

@@ -15,9 +15,10 @@ import threading
 import time
 import uuid
 
+from agent.demo import stream as demo_stream
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, model_names, parse_model_name
-from agent.runtime.loopback_server import Action, LoopbackServer, Request, delayed, hang, reply, trickle
+from agent.runtime.loopback_server import Action, LoopbackServer, Request, delayed, hang, reply, stream, trickle
 
 HANG_CAP_S = 600.0  # seconds; a hanging request is dropped after this even if the client never goes away
 TRICKLE_BYTES_PER_S = 1.0  # the `trickle` scenario's body rate
@@ -29,7 +30,8 @@ class DemoProvider:
     """The demo provider's HTTP behaviour: a request -> the action that answers it.
 
     OpenAI's routes (`/v1/models`, `/v1/chat/completions`) and its error shapes; the model's
-    reply from `respond`; the scenario (from the model name) decides when and how it arrives."""
+    reply from `respond`, as one JSON body or, asked with `stream: true`, as server-sent events
+    written at the scenario's rate; the scenario (from the model name) decides when and how it arrives."""
 
     def __init__(self) -> None:
         self._attempts: dict[str, int] = {}
@@ -70,6 +72,8 @@ class DemoProvider:
                 return _error(500, "The server had an error (demo:flaky, attempt 2).", "server_error", None,
                               delay_s=scenario.latency_s)
         completion = _completion(chat, respond(chat["messages"], chat.get("tools") or [], scenario))
+        if chat.get("stream") is True:
+            return delayed(scenario.latency_s, _streamed(chat, completion, scenario))
         if scenario.name == "trickle":
             body = json.dumps(completion)
             return delayed(scenario.latency_s, trickle(body, TRICKLE_BYTES_PER_S))
@@ -89,6 +93,17 @@ class DemoServer(LoopbackServer):
 
     def __init__(self, port: int = 0):
         super().__init__(DemoProvider(), port=port, api_path="/v1", name="agent-demo/1")
+
+
+def _streamed(chat: dict, completion: dict, scenario: Scenario) -> Action:
+    """The completion as server-sent events, written at the scenario's rate (trickle: a byte a second)."""
+    options = chat.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    parts, interval_s = demo_stream.events(completion, chars_per_s=scenario.stream_cps, include_usage=include_usage)
+    if scenario.name == "trickle":
+        body = b"".join(parts)
+        return stream([body[i:i + 1] for i in range(len(body))], 1.0 / TRICKLE_BYTES_PER_S)
+    return stream(parts, interval_s)
 
 
 def _error(status: int, message: str, kind: str, code: str | None, *, headers: dict[str, str] | None = None,

@@ -13,7 +13,7 @@ from pathlib import Path
 from agent.hosts import is_local_url
 from agent.providers import registry
 from agent.providers.anthropic import AnthropicProvider
-from agent.providers.base import Completion, Provider, ProviderError, ToolCall
+from agent.providers.base import Completion, Provider, ProviderError, TextListener, ToolCall, Usage
 from agent.providers.openai import OpenAIProvider
 
 __all__ = [
@@ -22,7 +22,9 @@ __all__ = [
     "OpenAIProvider",
     "Provider",
     "ProviderError",
+    "TextListener",
     "ToolCall",
+    "Usage",
     "make_provider",
 ]
 

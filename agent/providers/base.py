@@ -91,8 +91,9 @@ class Provider(Protocol):
 
         `on_text` is called, from the caller's thread and in order, with the answer's text as it
         arrives: whole characters, one call per network read at most (tool calls never reach it).
-        The pieces joined are the Completion's content. A streamed reply that ends before its end
-        marker is a "connection" error (cut off), never a shorter answer."""
+        The pieces joined are the Completion's content; its time counts against the call's timeout,
+        and an exception it raises ends the call and propagates unchanged. A streamed reply that ends
+        before its end marker is a "connection" error (cut off), never a shorter answer."""
         ...
 
 

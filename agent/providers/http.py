@@ -77,7 +77,7 @@ class _Session:
             if pending:
                 loop.run_until_complete(_bounded(asyncio.gather(*pending, return_exceptions=True)))
             loop.run_until_complete(_bounded(self.client.aclose()))
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(_bounded(loop.shutdown_asyncgens()))  # an aclose that hangs must not hang us
         except BaseException:  # noqa: B036 - cleanup after an interruption must never mask it
             log.debug("closing a discarded HTTP session failed", exc_info=True)
         finally:
@@ -256,11 +256,14 @@ async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIt
     """Every byte of a reply's body passes here: decoded (gzip, deflate), and refused past `limit_bytes`
     in total, so a compressed bomb is bounded too."""
     size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise _too_large()
-        yield chunk
+    # Closed explicitly when our reader stops early: left to the garbage collector, httpx's
+    # generator would be finalised on a loop that may be gone by then.
+    async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit_bytes:
+                raise _too_large()
+            yield chunk
 
 
 def _is_event_stream(headers: dict[str, str]) -> bool:

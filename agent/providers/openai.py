@@ -168,7 +168,7 @@ OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4
                       default_url="https://api.openai.com/v1", key_variable="OPENAI_API_KEY")
 
 
-def decode_json(body: bytes, *, secret: str | None = None) -> Any:
+def decode_json(body: bytes | str, *, secret: str | None = None) -> Any:
     """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
     wherever it appears, or ProviderError("malformed")."""
     try:

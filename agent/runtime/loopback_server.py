@@ -5,11 +5,12 @@
     server.stop()
 
 The function decides what a request gets: `reply` (optionally `delayed`), `hang` until the client
-leaves or the server stops, `trickle` the body a few bytes a second, `reset` the connection, or
-`raw` bytes that are not HTTP at all. The function does no I/O of its own, so a provider's
-behaviour is tested by calling it; this module serves it over real sockets (HTTP/1.1 keep-alive,
-one thread a connection), so a client's timeouts, retries and resets are the real ones. The demo
-provider, the fault runner's provider and the tests' scripted server are such functions.
+leaves or the server stops, `trickle` the body a few bytes a second, `stream` it in parts (server-sent
+events, chunked) at a pace, `reset` the connection, or `raw` bytes that are not HTTP at all. The
+function does no I/O of its own, so a provider's behaviour is tested by calling it; this module
+serves it over real sockets (HTTP/1.1 keep-alive, one thread a connection), so a client's timeouts,
+retries and resets are the real ones. The demo provider, the fault runner's provider and the tests'
+scripted server are such functions.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ class Request:
 class Exchange(Protocol):
     """What an action may do with the connection it answers."""
 
-    def send_head(self, status: int, length: int, headers: dict[str, str]) -> None: ...
+    def send_head(self, status: int, length: int | None, headers: dict[str, str]) -> None:
+        """The status line and headers; `length` None: the body follows in chunks (send_chunk)."""
+
+    def send_chunk(self, data: bytes) -> None:
+        """One chunk of a chunked body; empty data ends the body."""
 
     def write(self, data: bytes) -> None: ...
 
@@ -117,6 +122,33 @@ class Trickle:
             if index == len(self.body) - 1 and self.on_last_byte is not None:
                 self.on_last_byte()
             exchange.write(self.body[index : index + 1])
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A body sent in parts, `interval_s` apart, as chunked transfer encoding: server-sent events as a
+    model writes them (each part is one chunk on the wire, so a part can end mid-character). With
+    `stall`, the body never ends: after the parts the connection is held until the client leaves."""
+
+    parts: tuple[bytes, ...]
+    interval_s: float = 0.0
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    stall: bool = False
+
+    def serve(self, exchange: Exchange) -> None:
+        exchange.close_after()  # a stream cut short leaves the connection unusable
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self.headers}
+        exchange.send_head(self.status, None, headers)
+        for index, part in enumerate(self.parts):
+            if index and self.interval_s > 0 and exchange.wait(self.interval_s):
+                return
+            if part:
+                exchange.send_chunk(part)
+        if self.stall:
+            exchange.wait(None)
+            return
+        exchange.send_chunk(b"")
 
 
 @dataclass(frozen=True)
@@ -206,6 +238,17 @@ def trickle(
     on_last_byte: Callable[[], None] | None = None,
 ) -> Trickle:
     return Trickle(_as_bytes(body), bytes_per_second, status, dict(headers or {}), on_last_byte)
+
+
+def stream(
+    parts: list[bytes | str] | tuple[bytes | str, ...],
+    interval_s: float = 0.0,
+    *,
+    status: int = 200,
+    headers: dict | None = None,
+    stall: bool = False,
+) -> Stream:
+    return Stream(tuple(_as_bytes(part) for part in parts), interval_s, status, dict(headers or {}), stall)
 
 
 def reset(body: bytes | str | None = None, sent_bytes: int | None = None, *, status: int = 200) -> Reset:
@@ -368,13 +411,16 @@ class _Connection(BaseHTTPRequestHandler):
 
     # --- the Exchange an action serves through ---
 
-    def send_head(self, status: int, length: int, headers: dict[str, str]) -> None:
+    def send_head(self, status: int, length: int | None, headers: dict[str, str]) -> None:
         self.send_response(status)
         if "content-type" not in {name.lower() for name in headers}:
             self.send_header("Content-Type", "application/json")
         for name, value in headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(length))
+        if length is None:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(length))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -383,6 +429,9 @@ class _Connection(BaseHTTPRequestHandler):
     def write(self, data: bytes) -> None:
         self.wfile.write(data)
         self.wfile.flush()
+
+    def send_chunk(self, data: bytes) -> None:
+        self.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def wait(self, seconds: float | None) -> bool:
         if client_left_or_stopped(self.connection, seconds, self.server.owner.stopping):

@@ -120,6 +120,8 @@ class LiveText:
             outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, from_bytes=landed)
             if outcome == "lag":  # an earlier write was lost: the whole text instead
                 with self._lock:
+                    if self._head is None or self._head["seq"] != seq:
+                        return  # the text has ended meanwhile
                     text = "".join(self._sent)
                 outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text)
                 landed = None

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from agent.demo.scenarios import SCENARIO_LATENCIES_S, Scenario, UnknownModelError, parse_model_name
+from agent.demo.scenarios import (
+    DEFAULT_STREAM_CPS,
+    MAX_STREAM_CPS,
+    SCENARIO_LATENCIES_S,
+    Scenario,
+    UnknownModelError,
+    parse_model_name,
+)
 from agent.providers import registry
 from agent.providers.demo import DEMO
 from agent.settings import SettingsError, TurnConfig
@@ -33,6 +40,7 @@ K = {  # widget keys
     "provider": "sb_provider",
     "scenario": "sb_scenario",
     "latency": "sb_latency_s",
+    "stream_cps": "sb_stream_cps",
     "model": "sb_model",
     "job_timeout_s": "sb_job_timeout_s",
     "deadline_margin_s": "sb_deadline_margin_s",
@@ -48,6 +56,7 @@ URL_PARAMS = {
     "provider": ("provider", lambda v: _one_of(v, registry.names())),
     "scenario": ("scenario", lambda v: _one_of(v, SCENARIOS)),
     "latency": ("latency", lambda v: _number(v, 0.0, 600.0)),
+    "writing": ("stream_cps", lambda v: _number(v, 0.0, MAX_STREAM_CPS)),
     "model": ("model", lambda v: _text(v, 200)),
     "job_timeout": ("job_timeout_s", lambda v: int(_number(v, 1, 3600, whole=True))),
     "margin": ("deadline_margin_s", lambda v: _number(v, 0.0, 3600.0)),
@@ -92,6 +101,7 @@ def defaults(base: TurnConfig) -> dict:
         K["provider"]: base.provider,
         K["scenario"]: scenario.name if scenario.name in SCENARIOS else "healthy",
         K["latency"]: float(scenario.latency_s),
+        K["stream_cps"]: float(scenario.stream_cps),
         K["model"]: base.model if base.provider != DEMO.name else _first_typed_model(),
         K["job_timeout_s"]: int(base.job_timeout_s),
         K["deadline_margin_s"]: float(base.deadline_margin_s),
@@ -180,7 +190,10 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
         latency = ss.get(K["latency"], SCENARIO_LATENCIES_S.get(scenario, 0.05))
         if not 0 <= float(latency) <= 600:
             raise SettingsError("model latency", "must be between 0 and 600 seconds")
-        model = Scenario(scenario, float(latency)).model_name
+        stream_cps = ss.get(K["stream_cps"], DEFAULT_STREAM_CPS)
+        if not 0 <= float(stream_cps) <= MAX_STREAM_CPS:
+            raise SettingsError("writing speed", f"must be between 0 and {MAX_STREAM_CPS:g} characters a second")
+        model = Scenario(scenario, float(latency), float(stream_cps)).model_name
     else:
         model = (ss.get(K["model"]) or spec.default_model).strip()
     base_url = _base_url(provider, base)
@@ -220,6 +233,10 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
                       args=(PRESETS["stakeholder"],), width="stretch")
         sb.number_input("Model latency (s)", min_value=0.0, max_value=600.0, step=0.5, key=K["latency"],
                         help="How long the demo model thinks before each reply. 1 s makes each step easy to follow.")
+        sb.number_input("Writing speed (characters/s)", min_value=0.0, max_value=MAX_STREAM_CPS, step=10.0,
+                        key=K["stream_cps"],
+                        help="How fast the demo model writes its answer, which the page shows as it is written. "
+                             "0 writes it all at once; a long answer is written faster, in 4 s at most.")
     else:
         sb.text_input("Model", key=K["model"])
         sb.caption(f"API key: **{key_status(provider)}** · base URL: `{_base_url(provider, base)}`")
