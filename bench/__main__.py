@@ -136,7 +136,8 @@ METHOD = {
     "while following. settle_s: the turn's final write (updated_at in Redis) to the answer on screen with "
     "nothing of a turn in flight left and the input enabled. writes_per_s: the turn's versions after its begin, "
     "per second from its start to its final write. Stop: a 600-word reply, Stop clicked once 5 words show; "
-    "click to \"Stopping…\" on screen (stop_acknowledged_ms) and click to the turn ended on screen, settled "
+    "click to \"Stopping…\" on screen (stop_acknowledged_ms; the ending, when it replaced \"Stopping…\" "
+    "before the browser's observer saw it) and click to the turn ended on screen, settled "
     "(stop_ended_s), both on the browser's clock. Conditions: an idle machine, then with busy-loop processes "
     "running (hogs).",
     "deadline_accuracy": "Three-tool turns on {workers} simple workers with short clocks {clocks}; each turn's "

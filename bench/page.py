@@ -141,8 +141,12 @@ def _stops(page, model: StreamModel, count: int) -> dict:
             page.get_by_text(word(first + STOP_AFTER_WORDS - 1)).first.wait_for(timeout=SETTLE_TIMEOUT_S * 1000)
             page.get_by_role("button", name="Stop").click()
             ended_at = wait_settled(page, "Stopped.", timeout_s=SETTLE_TIMEOUT_S)
-            clicked, stopping = stop_times(page)
-            acknowledged.append(stopping - clicked)
+            clicked, answered = stop_times(page)
+            if clicked is None:  # the click was not seen by the page's listener: nothing to time
+                continue
+            # Answered by "Stopping…", or by the ending itself when that replaced it before the browser's
+            # observer saw it.
+            acknowledged.append((answered or ended_at) - clicked)
             ended.append(ended_at - clicked)
     finally:
         model.words = WORDS

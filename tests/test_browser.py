@@ -131,6 +131,15 @@ def test_screenshots_for_the_readme(server, browser):
         page.wait_for_timeout(800)
         page.screenshot(path=str(SCREENSHOTS / "chat.png"), full_page=True)
 
+        # A reply being written: the demo streams its docs answer at a rate a person can follow.
+        page.get_by_role("button", name="New chat").click()
+        page.fill(INPUT, "How does the deadline work?")
+        page.keyboard.press("Enter")
+        page.get_by_text("Writing…").first.wait_for(timeout=30000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / "live.png"), full_page=True)
+        wait_settled(page, "The three clocks for this turn", timeout_s=60)
+
         # The hang scenario on the short demo clocks: it ends timed out, before the deadline.
         page.get_by_role("button", name="New chat").click()
         page.get_by_role("button", name="Demo clocks").click()
