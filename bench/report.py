@@ -180,8 +180,8 @@ def _page_plot(plt, section: dict, path: Path) -> Path:
     """Tick cost and settle time against the conversation's length, and the real-time figures, per condition."""
     fig, (draw, size, settle, live) = plt.subplots(1, 4, figsize=(17, 4))
     lengths = section["lengths"]
-    names = [("word_to_screen_ms", "word to screen", 1), ("stop_acknowledged_ms", "Stop to \"Stopping…\"", 1),
-             ("stop_ended_s", "Stop to ended", 1000)]
+    names = [("word_to_screen_ms", "word\nto screen", 1), ("stop_acknowledged_ms", "Stop to\n\"Stopping…\"", 1),
+             ("stop_ended_s", "Stop to\nturn ended", 1000)]
     width = 0.8 / max(1, len(section["conditions"]))
     for n, (condition, figures) in enumerate(section["conditions"].items()):
         rows = figures["lengths"]
