@@ -3,9 +3,9 @@
 A full run draws the finished turns once. What changes afterwards lives in `_follow`, an
 `st.fragment` that follows the conversation's event stream within its own run: it draws each write
 as it arrives (the text being written grows in a placeholder of its own), waiting in slices short
-enough that whatever waits is let through at once: a click that reruns the app (a message, the
-sidebar) cuts it short, and another fragment's rerun (Stop, which is a fragment of its own, or a
-toggle in an earlier turn) goes first, the follower after it. When a turn starts or ends it asks for
+enough that whatever waits is let through at once: a click that reruns the app (Stop, a message,
+the sidebar) cuts it short, and another fragment's rerun (a toggle in an earlier turn) goes first,
+the follower after it. When a turn starts or ends it asks for
 one full run. Its run restarts itself now and then; its streamlit-autorefresh component is the net
 that starts it after a full run, or restarts it should a run end otherwise (ticks that come while
 it holds only queue one rerun). A fragment rerun never pre-empts a full run (Streamlit queues it),
@@ -200,10 +200,9 @@ def _page(settings: Settings, be: ui.Backend) -> None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
 
 
-@st.fragment
 def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
-    """Stop, in a fragment of its own: its click reruns this alone (the follower gives way to it within
-    SLICE_S), so "Stopping…" shows at once, with no full run of the page in between."""
+    """Stop, outside the follower: its click reruns the app, which cuts the follower's run within
+    SLICE_S, and "Stopping…" is the first thing that run draws after the page's header."""
     if st.session_state.get(ui.STOPPING_KEY) == state["turn_id"]:
         st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
     else:
