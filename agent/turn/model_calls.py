@@ -64,10 +64,10 @@ class ModelCalls:
                 completion = self.provider.complete(messages, tools, timeout, stop=self.stops.event, on_text=on_text)
             except ProviderError as exc:
                 self.writer.set_current(None)
-                partial = self.writer.end_live()
+                partial, arrived = self.writer.end_live()
                 outcome = {"stopped": Outcome.STOPPED, "timeout": Outcome.TIMEOUT}.get(exc.kind, Outcome.ERROR)
                 self.record(started, outcome, timeout, remaining, attempt=attempt, detail=exc.message,
-                            last_call=last_call, **partial_fields(partial))
+                            last_call=last_call, **partial_fields(partial, arrived))
                 if outcome == Outcome.STOPPED:
                     waited_s = self.budget.now() - started
                     raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
@@ -133,11 +133,11 @@ class ModelCalls:
                              remaining_s=round(self.budget.remaining_s(), 3), detail=f"after {exc.kind}{after}")
 
 
-def partial_fields(text: str) -> dict:
+def partial_fields(text: str, arrived: int) -> dict:
     """What a cut call's step keeps of the text that arrived before the cut: nothing if none did."""
     if not text:
         return {}
-    return {"partial_text": text[:PARTIAL_TEXT_CHARS], "partial_chars": len(text)}
+    return {"partial_text": text[:PARTIAL_TEXT_CHARS], "partial_chars": arrived}
 
 
 def usage_of(completion: Completion) -> Usage | None:

@@ -56,7 +56,8 @@ class LiveText:
         self._head: LiveHead | None = None  # None: no text is being written
         self._sent: list[str] = []  # the text's parts already handed to a write
         self._unsent: list[str] = []  # parts added since
-        self._chars = 0
+        self._chars = 0  # characters kept (at most max_chars)
+        self._arrived = 0  # characters that arrived, kept or not
         self._landed_bytes: int | None = None  # bytes of this text that Redis holds (None: unknown)
         self._wake = threading.Event()
         self._last_write = 0.0  # time.monotonic() of the last live write, for every text of the turn
@@ -68,7 +69,7 @@ class LiveText:
             self.seq += 1
             self._head = LiveHead(turn_id=self.turn_id, message_index=message_index, attempt=attempt,
                                   status=LiveStatus.WRITING, seq=self.seq)
-            self._sent, self._unsent, self._chars, self._landed_bytes = [], [], 0, None
+            self._sent, self._unsent, self._chars, self._arrived, self._landed_bytes = [], [], 0, 0, None
             self._wake = threading.Event()
         threading.Thread(target=self._write_loop, args=(self.seq, self._wake), name="live-text", daemon=True).start()
         return self.add
@@ -78,6 +79,7 @@ class LiveText:
         if not delta:
             return
         with self._lock:
+            self._arrived += len(delta)
             if self._head is None or self._chars >= self.max_chars:
                 return
             delta = scrub(delta[: self.max_chars - self._chars])
@@ -85,17 +87,18 @@ class LiveText:
             self._chars += len(delta)
         self._wake.set()
 
-    def end(self) -> tuple[int, str]:
-        """Stop writing the text; returns its seq (0: none was started) and the whole text that arrived."""
+    def end(self) -> tuple[int, str, int]:
+        """Stop writing the text; returns its seq (0: none was started), the text kept (at most
+        max_chars) and how many characters arrived."""
         with self._lock:
             if self._head is None:
-                return 0, ""
+                return 0, "", 0
             self._head = None
             text = "".join(self._sent) + "".join(self._unsent)
             self._sent, self._unsent = [], []
             wake = self._wake
         wake.set()  # its thread sees the text ended and leaves
-        return self.seq, text
+        return self.seq, text, self._arrived
 
     def _write_loop(self, seq: int, wake: threading.Event) -> None:
         while True:
@@ -179,12 +182,13 @@ class StateWriter:
         """A fresh live text for the message the call will add; returns the call's `on_text`."""
         return self.live.start(self.persisted_len + len(self.pending_messages), attempt)
 
-    def end_live(self) -> str:
-        """The call is over: its live text stops, is cleared by the next write, and is returned."""
-        seq, text = self.live.end()
+    def end_live(self) -> tuple[str, int]:
+        """The call is over: its live text stops and is cleared by the next write. Returns the text
+        (at most MAX_LIVE_CHARS) and how many characters had arrived."""
+        seq, text, arrived = self.live.end()
         if seq:
             self.live_to_clear = seq
-        return text
+        return text, arrived
 
     def since_last_write_s(self) -> float:
         return self.clock() - self.last_write_at
