@@ -1,9 +1,12 @@
-"""The page in headless Chromium: what one poll (a tick) costs and how soon the page settles after a
-turn's final write, against the conversation's length, on an idle machine and beside CPU hogs.
+"""The page in headless Chromium, following turns in real time: how soon a streamed word shows, how
+soon Stop is answered and ends the turn, how soon the page settles after a turn's final write, how
+many writes a streaming turn makes, and what the page's drawing costs against the conversation's
+length, on an idle machine and beside CPU hogs.
 
-Each condition runs its own `streamlit run app.py` (embedded Redis, two workers, the demo model).
-Earlier turns are written through the same queue and workers with an instant model, then the page
-is reloaded on the conversation and a few turns are asked in the browser, as a person would.
+Each condition runs its own `streamlit run app.py` (embedded Redis, two workers) against a scripted
+model on loopback that streams its reply word by word and notes when each word left it. Earlier
+turns are written through the same queue and workers with the instant demo model, then the page is
+reloaded on the conversation and a few turns are asked in the browser, as a person would.
 """
 
 from __future__ import annotations
@@ -16,20 +19,27 @@ from agent.settings import Settings
 from agent.store import Store
 from harness.follow import states
 from harness.page import (
+    STOP_WATCH_JS,
+    WORD_WATCH_JS,
     WireLog,
     chromium,
     chromium_available,
     conversation_id,
     cpu_hogs,
-    final_write_at,
     open_chat,
     page_server,
     send,
+    stop_times,
     wait_settled,
+    words_seen,
 )
 from harness.stats import summary
+from harness.stream_model import StreamModel, page_env, stream_model_server, word
 
-PAGE_MODEL = "demo@1~0"  # one second per model call: a measured turn (3 calls) spans several ticks
+WORDS = 30  # words per measured reply
+WORD_GAP_S = 0.1  # seconds between words: a reply streams for about 3 s
+STOP_WORDS = 600  # a reply long enough to be stopped midway
+STOP_AFTER_WORDS = 5  # Stop is clicked once this many words are on screen
 POLL_INTERVAL_MS = 1000  # AGENT_POLL_INTERVAL_MS's default
 SETTLE_TIMEOUT_S = 90  # seconds for one turn to settle before the benchmark gives up on it
 PREPARE_TIMEOUT_S = 30  # seconds for one earlier turn (instant model) to end
@@ -37,67 +47,117 @@ PREPARE_WAIT_S = 0.5  # seconds each wait for that turn's next write may take
 STATE_TTL_S = 3600  # seconds: nothing expires during a run
 
 
-def question(n: int) -> tuple[str, str]:
-    return f"What is {n}*37, and what time is it in Tokyo?", f"{n}*37 = {n * 37}"
+def question(n: int) -> str:
+    return f"Tell me story number {n}."
 
 
 def page_cost(lengths: tuple[int, ...], turns_per_length: int, hogs: tuple[int, ...], workdir: Path,
-              progress) -> dict | None:
-    """Per condition (number of CPU hogs) and conversation length: tick and settle figures."""
+              progress, stops: int = 6) -> dict | None:
+    """Per condition (number of CPU hogs): per conversation length, and Stop's figures."""
     if not chromium_available():
         progress("no chromium: the page section is skipped (apt-get install chromium)")
         return None
     conditions = {}
     for count in hogs:
         label = f"{count} CPU hogs" if count else "idle"
-        progress(f"page in Chromium, {label}: lengths {', '.join(map(str, lengths))}")
-        conditions[label] = _condition(lengths, turns_per_length, count, workdir / f"hogs-{count}")
+        progress(f"page in Chromium, {label}: lengths {', '.join(map(str, lengths))}, then {stops} stops")
+        conditions[label] = _condition(lengths, turns_per_length, stops, count, workdir / f"hogs-{count}")
     return {"lengths": list(lengths), "turns_per_length": turns_per_length, "conditions": conditions}
 
 
-def _condition(lengths: tuple[int, ...], turns_per_length: int, hog_count: int, directory: Path) -> list[dict]:
+def _condition(lengths: tuple[int, ...], turns_per_length: int, stops: int, hog_count: int,
+               directory: Path) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
-    env = {"AGENT_MODEL": PAGE_MODEL, "AGENT_POLL_INTERVAL_MS": str(POLL_INTERVAL_MS),
+    model = StreamModel(words=WORDS, gap_s=WORD_GAP_S)
+    server_of_model = stream_model_server(model)
+    env = {**page_env(server_of_model), "AGENT_POLL_INTERVAL_MS": str(POLL_INTERVAL_MS),
            "AGENT_STATE_TTL": str(STATE_TTL_S)}
-    rows = []
-    with page_server(directory / "data", directory / "streamlit.log", env) as server, chromium() as browser:
-        page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
-        wire = WireLog()
-        wire.attach(page)
-        open_chat(page, server.url)
-        url = server.redis_url()
-        store, queue = Store(state_client(url), STATE_TTL_S), get_queue(queue_client(url))
-        instant = Settings.from_env({}).turn.with_changes(model="demo@0.05~0")
-        cid, made = None, 0
-        with cpu_hogs(hog_count):
-            for length in lengths:
-                while cid and made < length - 1:  # earlier turns, through the queue, instantly
-                    made += 1
-                    _ask_directly(store, queue, cid, question(made)[0], instant)
-                if cid:
-                    open_chat(page, f"{server.url}?c={cid}")  # a fresh page on the longer conversation
-                settle, draws, sizes, full_runs = [], [], [], []
-                for _ in range(turns_per_length):
-                    made += 1
-                    text, answer = question(made)
-                    mark = len(wire.runs)
-                    send(page, text, timeout_s=SETTLE_TIMEOUT_S)
-                    cid = cid or conversation_id(page)
-                    settled_at = wait_settled(page, answer, timeout_s=SETTLE_TIMEOUT_S)
-                    settle.append(settled_at - final_write_at(url, cid))
-                    ticks = [r for r in wire.finished(mark, fragment=True) if r.draw_s is not None]
-                    draws += [r.draw_s for r in ticks]
-                    sizes += [r.bytes_received for r in ticks]
-                    full_runs += [r.duration_s for r in wire.finished(mark, fragment=False)]
-                rows.append({
-                    "turns": length,
-                    "tick_draw_ms": summary(draws, scale=1000),
-                    "tick_bytes": summary(sizes, digits=0),
-                    "full_run_ms": summary(full_runs, scale=1000),
-                    "settle_s": summary(settle, digits=2),
-                })
-        store.redis.close()
-    return rows
+    rows, word_ms, writes_per_s = [], [], []
+    try:
+        with page_server(directory / "data", directory / "streamlit.log", env) as server, chromium() as browser:
+            context = browser.new_context(viewport={"width": 1280, "height": 1000})
+            context.add_init_script(WORD_WATCH_JS)
+            context.add_init_script(STOP_WATCH_JS)
+            page = context.new_page()
+            wire = WireLog()
+            wire.attach(page)
+            open_chat(page, server.url)
+            url = server.redis_url()
+            store, queue = Store(state_client(url), STATE_TTL_S), get_queue(queue_client(url))
+            instant = Settings.from_env({}).turn.with_changes(provider="demo", model="demo@0.05~0")
+            cid, made = None, 0
+            with cpu_hogs(hog_count):
+                for length in lengths:
+                    while cid and made < length - 1:  # earlier turns, through the queue, instantly
+                        made += 1
+                        _ask_directly(store, queue, cid, question(made), instant)
+                    if cid:
+                        open_chat(page, f"{server.url}?c={cid}")  # a fresh page on the longer conversation
+                    settle, draws, sizes, updates, full_runs = [], [], [], [], []
+                    for _ in range(turns_per_length):
+                        made += 1
+                        first = model.next_word
+                        mark = len(wire.runs)
+                        before = store.version(cid) if cid else 0
+                        send(page, question(made), timeout_s=SETTLE_TIMEOUT_S)
+                        cid = cid or conversation_id(page)
+                        settled_at = wait_settled(page, word(first + WORDS - 1), timeout_s=SETTLE_TIMEOUT_S)
+                        final = store.read_meta(cid)
+                        settle.append(settled_at - final["updated_at"])
+                        writes_per_s.append(_writes_per_s(final, before))
+                        seen = words_seen(page)
+                        word_ms += [seen[word(n)] - model.sent[word(n)] for n in range(first, first + WORDS)
+                                    if word(n) in seen and word(n) in model.sent]
+                        ticks = [r for r in wire.finished(mark, fragment=True) if r.draw_s is not None]
+                        draws += [r.draw_s for r in ticks]
+                        sizes += [r.draw_bytes for r in ticks]
+                        updates += [b for r in ticks for b in r.update_bytes]
+                        full_runs += [r.duration_s for r in wire.finished(mark, fragment=False)]
+                    rows.append({
+                        "turns": length,
+                        "tick_draw_ms": summary(draws, scale=1000),
+                        "tick_bytes": summary(sizes, digits=0),
+                        "update_bytes": summary(updates, digits=0),
+                        "full_run_ms": summary(full_runs, scale=1000),
+                        "settle_s": summary(settle, digits=2),
+                    })
+                stop = _stops(page, model, stops)
+            store.redis.close()
+    finally:
+        server_of_model.stop()
+    return {"lengths": rows, "word_to_screen_ms": summary(word_ms, scale=1000),
+            "writes_per_s": summary(writes_per_s, digits=1), **stop}
+
+
+def _stops(page, model: StreamModel, count: int) -> dict:
+    """Stop clicked mid-stream: click to "Stopping…", and click to the turn ended on screen (browser clock)."""
+    acknowledged, ended = [], []
+    model.words = STOP_WORDS
+    try:
+        for n in range(count):
+            first = model.next_word
+            page.reload()  # a fresh click watch
+            send(page, f"Tell me a very long story, number {n}.", timeout_s=SETTLE_TIMEOUT_S)
+            page.get_by_text(word(first + STOP_AFTER_WORDS - 1)).first.wait_for(timeout=SETTLE_TIMEOUT_S * 1000)
+            page.get_by_role("button", name="Stop").click()
+            ended_at = wait_settled(page, "Stopped.", timeout_s=SETTLE_TIMEOUT_S)
+            clicked, answered = stop_times(page)
+            if clicked is None:  # the click was not seen by the page's listener: nothing to time
+                continue
+            # Answered by "Stopping…", or by the ending itself when that replaced it before the browser's
+            # observer saw it.
+            acknowledged.append((answered or ended_at) - clicked)
+            ended.append(ended_at - clicked)
+    finally:
+        model.words = WORDS
+    return {"stop_acknowledged_ms": summary(acknowledged, scale=1000), "stop_ended_s": summary(ended, digits=2)}
+
+
+def _writes_per_s(final: dict, version_before: int) -> float:
+    """The turn's writes (versions) from the first after its begin to its final one, per second it ran."""
+    writes = final["version"] - version_before - 1  # the begin write is the page's, not the turn's
+    ran_s = max(final["updated_at"] - (final["started_at"] or final["updated_at"]), 1e-3)
+    return writes / ran_s
 
 
 def _ask_directly(store: Store, queue, cid: str, text: str, config) -> None:
@@ -110,7 +170,34 @@ def _ask_directly(store: Store, queue, cid: str, text: str, config) -> None:
 
 def growth(section: dict, condition: str, figure: str) -> float | None:
     """p50 at the longest conversation over p50 at the shortest, for one condition."""
-    rows = section["conditions"].get(condition) or []
+    rows = (section["conditions"].get(condition) or {}).get("lengths") or []
     if len(rows) < 2 or not rows[0][figure]["p50"] or rows[-1][figure]["p50"] is None:
         return None
     return round(rows[-1][figure]["p50"] / rows[0][figure]["p50"], 3)
+
+
+# The issue's goals, per condition: (figure, statistic, idle goal, goal with hogs), None where none is set.
+GOALS = (
+    ("word_to_screen_ms", "p95", 200, 600),
+    ("stop_acknowledged_ms", "p95", 300, None),
+    ("stop_ended_s", "p95", 1.0, 2.0),
+    ("settle_s", "p95", 0.3, 1.0),
+    ("writes_per_s", "max", 12, 12),
+)
+
+
+def goals(section: dict) -> dict:
+    """Each goal met or not, named `page_<figure>_<condition>`."""
+    verdicts = {}
+    for condition, figures in section["conditions"].items():
+        idle = condition == "idle"
+        for figure, stat, idle_goal, busy_goal in GOALS:
+            goal = idle_goal if idle else busy_goal
+            if goal is None:
+                continue
+            if figure == "settle_s":  # every length's p95
+                values = [row["settle_s"][stat] for row in figures["lengths"]]
+            else:
+                values = [figures[figure][stat]]
+            verdicts[f"page_{figure}_{condition.replace(' ', '_')}"] = all(v is not None and v <= goal for v in values)
+    return verdicts

@@ -33,14 +33,50 @@ STOP_TIMEOUT_S = 30  # seconds for Streamlit to stop its pool and Redis after SI
 INPUT = 'textarea[data-testid="stChatInputTextArea"]'
 AUTOREFRESH = 'iframe[title="streamlit_autorefresh.st_autorefresh"]'
 
-# True once the page has settled after a turn: the expected text is on screen, no polling component
-# is left (stale or not), and the chat input is enabled. Returns the browser's clock (epoch ms).
-SETTLED_JS = """(expected) => {
+# What the page shows only while a turn is in flight (the in-flight box, the text being written, Stop's answer).
+BUSY_TEXTS = ["Working on it", "Waiting for a worker", "Writing…", "Stopping…"]
+
+# True once the page has settled after a turn: the expected text is on screen, nothing of a turn in
+# flight is left (live or stale), and the chat input is enabled. Returns the browser's clock (epoch ms).
+SETTLED_JS = """([expected, busy]) => {
     const input = document.querySelector('textarea[data-testid="stChatInputTextArea"]');
-    const polling = document.querySelector('iframe[title="streamlit_autorefresh.st_autorefresh"]');
-    const shown = document.body.innerText.includes(expected);
-    return shown && !polling && input && !input.disabled ? Date.now() : false;
+    const text = document.body.innerText;
+    const shown = text.includes(expected) && !busy.some((b) => text.includes(b));
+    return shown && input && !input.disabled ? Date.now() : false;
 }"""
+
+# Installed before the page loads: when each word of the stream model (w0001 ...) was first on screen,
+# and each change in how many of them the newest chat message shows, on the browser's clock (epoch ms).
+WORD_WATCH_JS = """(() => {
+    window.__wordSeen = {};
+    window.__wordCounts = [];
+    let last = -1;
+    const check = () => {
+        const messages = document.querySelectorAll('[data-testid="stChatMessage"]');
+        if (!messages.length) return;
+        const words = (messages[messages.length - 1].innerText || "").match(/\\bw\\d{4}\\b/g) || [];
+        const now = Date.now();
+        for (const word of words) if (!(word in window.__wordSeen)) window.__wordSeen[word] = now;
+        if (words.length !== last) { last = words.length; window.__wordCounts.push([now, words.length]); }
+    };
+    new MutationObserver(check).observe(document, {subtree: true, childList: true, characterData: true});
+})()"""
+
+# Installed before the page loads: when Stop was clicked and when "Stopping…" first showed (epoch ms).
+STOP_WATCH_JS = """(() => {
+    window.__stopClickedAt = null;
+    window.__stoppingAt = null;
+    document.addEventListener("click", (event) => {
+        const button = event.target.closest("button");
+        if (button && button.innerText.includes("Stop") && window.__stopClickedAt === null) {
+            window.__stopClickedAt = Date.now();
+        }
+    }, true);
+    new MutationObserver(() => {
+        if (window.__stopClickedAt !== null && window.__stoppingAt === null
+                && document.body.innerText.includes("Stopping…")) window.__stoppingAt = Date.now();
+    }).observe(document, {subtree: true, childList: true, characterData: true});
+})()"""
 
 
 # Installed in the page before it loads: records every moment the chat input is enabled while a
@@ -181,6 +217,9 @@ class Run:
     last_delta_at: float | None = None  # the last element drawn: a tick may listen on after it
     finished_at: float | None = None
     bytes_received: int = 0
+    drawn_at: float | None = None  # a fragment run's first drawing done (its first component: the poller)
+    drawn_bytes: int | None = None  # bytes received up to then
+    update_bytes: list[int] = field(default_factory=list)  # each element redrawn after that, while following
 
     @property
     def duration_s(self) -> float | None:
@@ -189,11 +228,15 @@ class Run:
 
     @property
     def draw_s(self) -> float | None:
-        """First element drawn to the last: what the rerun costs, without the idle waits before
-        (the poll) and after (a tick listening for the next write)."""
+        """What the rerun's drawing costs: first element to last, or for a fragment run that follows the
+        turn, first element to its first component (what it draws before it starts following)."""
         if self.finished_at is None or self.first_delta_at is None:
             return None
-        return (self.last_delta_at or self.finished_at) - self.first_delta_at
+        return (self.drawn_at or self.last_delta_at or self.finished_at) - self.first_delta_at
+
+    @property
+    def draw_bytes(self) -> int:
+        return self.bytes_received if self.drawn_bytes is None else self.drawn_bytes
 
 
 @dataclass
@@ -230,6 +273,10 @@ class WireLog:
         if kind == "delta":
             current.first_delta_at = current.first_delta_at or now
             current.last_delta_at = now
+            if current.drawn_at is not None:
+                current.update_bytes.append(len(payload))
+            elif msg.delta.new_element.WhichOneof("type") == "component_instance":
+                current.drawn_at, current.drawn_bytes = now, current.bytes_received
         elif kind == "script_finished" and run_meta.script_run_id == current.run_id:
             current.finished_at = now
 
@@ -263,8 +310,24 @@ def send(page, text: str, timeout_s: float = 30) -> None:
 
 def wait_settled(page, expected: str, timeout_s: float) -> float:
     """Wait until the page has settled showing `expected`; returns when it did (epoch seconds)."""
-    handle = page.wait_for_function(SETTLED_JS, arg=expected, timeout=timeout_s * 1000, polling=50)
+    handle = page.wait_for_function(SETTLED_JS, arg=[expected, BUSY_TEXTS], timeout=timeout_s * 1000, polling=50)
     return handle.json_value() / 1000
+
+
+def word_counts(page) -> list[tuple[float, int]]:
+    """(epoch seconds, how many stream-model words the newest message showed), each time that changed."""
+    return [(at / 1000, count) for at, count in page.evaluate("() => window.__wordCounts")]
+
+
+def words_seen(page) -> dict[str, float]:
+    """Each stream-model word and when it was first on screen (epoch seconds)."""
+    return {w: at / 1000 for w, at in page.evaluate("() => window.__wordSeen").items()}
+
+
+def stop_times(page) -> tuple[float | None, float | None]:
+    """When Stop was clicked and when "Stopping…" first showed (epoch seconds), as the browser saw them."""
+    clicked, stopping = page.evaluate("() => [window.__stopClickedAt, window.__stoppingAt]")
+    return (clicked / 1000 if clicked else None), (stopping / 1000 if stopping else None)
 
 
 def final_write_at(redis_url: str, conversation_id: str) -> float:

@@ -18,6 +18,7 @@ from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.runtime import services
 from agent.store import Store
 from agent.ui import render, timeline
+from agent.ui import state as ui
 from agent.ui.markdown import safe_markdown
 from tests.conftest import FAST, ROOT, wait_done
 
@@ -65,10 +66,22 @@ def texts(at: AppTest) -> str:
     return re.sub(r"\\(.)", r"\1", "\n".join(parts))
 
 
+def autorefreshes(at: AppTest) -> list[dict]:
+    """The arguments of each streamlit-autorefresh component (AppTest shows one as an unknown element)."""
+    found = []
+    for node in _walk(at._tree):
+        proto = getattr(node, "proto", None)
+        if "autorefresh" in str(getattr(proto, "component_name", "")):
+            found.append(json.loads(proto.json_args))
+    return found
+
+
 def autorefresh_present(at: AppTest) -> bool:
-    """streamlit-autorefresh is a custom component: AppTest shows it as an unknown element."""
-    return any(getattr(node, "type", "") == "component_instance" or "autorefresh" in repr(getattr(node, "proto", ""))
-               for node in _walk(at._tree))
+    """The page ticks at the in-flight cadence. (An idle page on a conversation keeps its component at
+    IDLE_TICK_MS: a tick that only restarts its follower, which meanwhile waits on Redis.)"""
+    from agent.ui.page import IDLE_TICK_MS
+
+    return any(args.get("interval") != IDLE_TICK_MS for args in autorefreshes(at))
 
 
 def _walk(node):
@@ -191,8 +204,20 @@ def test_every_status_renders_and_only_a_turn_in_flight_polls(store, status):
         assert render.STATUS_LABELS[status].split(" ", 1)[1] in page
 
 
-def test_polling_stops_on_the_run_that_sees_done(store):
+def started_job(queue, cid: str, turn_id: str) -> None:
+    """The turn's job, recorded as started (as a worker would), so no poll takes the worker for lost
+    however long the test's runs take on a busy machine."""
+    from rq.job import JobStatus
+
+    job = SafeJob.create(JOB_FUNCTION, args=(cid, turn_id), id=f"turn-{turn_id}", connection=queue.connection,
+                         serializer=JSONSerializer)
+    job.save()
+    job.set_status(JobStatus.STARTED)
+
+
+def test_polling_stops_on_the_run_that_sees_done(store, queue):
     cid, turn_id = make_status(store, "running")
+    started_job(queue, cid, turn_id)
     at = app(cid)
     at.run()
     assert autorefresh_present(at)
@@ -276,13 +301,15 @@ def test_stop_on_a_queued_turn_ends_it_cancelled(store):
     assert not autorefresh_present(at)
 
 
-def test_stop_on_a_running_turn_asks_the_worker(store):
+def test_stop_on_a_running_turn_asks_the_worker(store, queue):
     cid, turn_id = make_status(store, "running")
+    started_job(queue, cid, turn_id)
     at = app(cid)
     at.run()
     at.button(key="stop").click().run()
     assert store.cancel_requested(turn_id)
-    assert "Stop requested" in texts(at)
+    assert "Stopping…" in texts(at)
+    assert "stop" not in [b.key for b in at.button], "the click is answered in place of the button"
     assert autorefresh_present(at), "it keeps polling until the worker writes the ending"
 
 
@@ -433,19 +460,6 @@ def test_the_turn_in_flight_is_found_from_the_end_without_walking_the_conversati
     assert [m.get("content") for m in turn["messages"]] == ["now", None]
     assert turn["steps"] == [{"turn_id": "live", "kind": "model"}]
     assert turn["in_flight"]
-
-
-@pytest.mark.parametrize(("base_ms", "tick_s", "expected_ms"), [
-    (1000, None, 1000),  # no tick measured yet
-    (1000, 0.05, 1000),  # a cheap tick keeps the configured interval
-    (1000, 0.5, 2000),  # a slow tick: at least four times its cost
-    (250, 0.2, 800),
-    (1000, 30.0, 10_000),  # however slow, the page still looks every 10 s
-])
-def test_the_refresh_interval_is_never_shorter_than_a_few_times_what_a_tick_costs(base_ms, tick_s, expected_ms):
-    from agent.ui.state import adaptive_interval_ms
-
-    assert adaptive_interval_ms(base_ms, tick_s) == expected_ms
 
 
 def test_a_started_turn_with_safeguards_on_is_not_said_to_run_with_safeguards_off(store, queue):
@@ -678,3 +692,130 @@ def test_a_traced_turn_shows_its_trace_id_under_its_clocks(store, queue):
     at = app(cid).run()
     assert_no_exception(at)
     assert f"OpenTelemetry trace `{trace_id}`" in texts(at)
+
+
+# -- the text being written (the contract's `live`) and following in real time --------------------
+
+
+def write_live(store: Store, cid: str, turn_id: str, text: str, *, attempt: int = 1, seq: int = 1,
+               from_bytes: int | None = None) -> None:
+    head = {"turn_id": turn_id, "message_index": len(store.read(cid)["history"]), "attempt": attempt,
+            "status": "writing", "seq": seq}
+    assert store.write_live(cid, turn_id, head, text, from_bytes=from_bytes) == "ok"
+
+
+def test_the_text_being_written_shows_in_the_turn_in_flight_and_grows(store):
+    cid, turn_id = make_status(store, "running")
+    write_live(store, cid, turn_id, "The answer *so far* is")
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    assert "The answer so far is" in texts(at).replace("*", "")
+    assert "Writing…" in texts(at)
+    write_live(store, cid, turn_id, " 391", from_bytes=len("The answer *so far* is"))
+    at.run()
+    assert "The answer so far is 391" in texts(at).replace("*", "")
+
+
+def test_the_text_being_written_is_untrusted_like_any_reply(store):
+    cid, turn_id = make_status(store, "running")
+    write_live(store, cid, turn_id, "look ![pixel](http://127.0.0.1:9/p.png) <script>x()</script>")
+    at = app(cid)
+    at.run()
+    shown = "\n".join(str(m.value) for m in at.markdown)
+    assert "](http://127.0.0.1:9/p.png)" not in shown.replace("\\", "")
+    assert "<script>" not in shown
+
+
+def test_a_retry_shows_only_its_own_text_and_says_it_is_a_new_try(store):
+    cid, turn_id = make_status(store, "running")
+    write_live(store, cid, turn_id, "first try words")
+    write_live(store, cid, turn_id, "second", attempt=2, seq=2)
+    at = app(cid)
+    at.run()
+    assert "second" in texts(at) and "first try words" not in texts(at)
+    assert "try 2" in texts(at)
+
+
+def test_a_stopped_calls_partial_text_shows_on_its_step_and_never_as_the_reply(store):
+    cid, turn_id = begin(store)
+    doc = running_doc(store, cid)
+    doc.update(status="cancelled", current_step=None, ended_at=time.time(),
+               error={"kind": "cancelled", "message": "Stopped at your request."})
+    store.publish(cid, turn_id, doc, done=True,
+                  new_steps=[step(turn_id, 1, "model", "demo", doc["started_at"], attempt=1, outcome="stopped",
+                                  partial_text="Half a sente")],
+                  summary=turn_summary(turn_id, doc, doc["ended_at"]))
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    page = texts(at)
+    assert "Half a sente" in page and "cut off" in page
+    assert "Stopped" in page
+
+
+def test_only_the_text_moving_redraws_the_text_alone():
+    base = {"turn_id": "t", "status": "running", "done": False, "current_step": {"kind": "model"}, "error": None,
+            "history": [{}], "steps": [{}], "live": {"turn_id": "t", "message_index": 1, "attempt": 1, "text": "a"}}
+    grown = {**base, "live": {**base["live"], "text": "ab"}}
+    assert ui.text_only_change(base, grown)
+    assert not ui.text_only_change(base, {**grown, "steps": [{}, {}]}), "a step landed"
+    assert not ui.text_only_change(base, {**grown, "live": None, "history": [{}, {}]}), "the message completed"
+    assert not ui.text_only_change(base, {**grown, "live": {**grown["live"], "attempt": 2}}), "a retry"
+    assert not ui.text_only_change({**base, "live": None}, grown), "the first text of a call"
+    assert not ui.text_only_change(base, {**grown, "current_step": {"kind": "tool"}})
+
+
+def test_a_live_text_of_another_turn_is_not_drawn():
+    state = {"turn_id": "now", "done": False, "live": {"turn_id": "before", "text": "old"}}
+    assert render.live_text(state) is None
+    assert render.live_text({**state, "live": {"turn_id": "now", "text": "new"}})["text"] == "new"
+    assert render.live_text({**state, "done": True, "live": {"turn_id": "now", "text": "new"}}) is None
+
+
+def test_a_page_on_a_conversation_keeps_one_follower_component_ticking_slowly_once_idle(store):
+    from agent.ui.page import IDLE_TICK_MS
+
+    for status in ("running", "done"):
+        cid, _ = make_status(store, status)
+        at = app(cid)
+        at.run()
+        ticks = autorefreshes(at)
+        assert [t["key"] for t in ticks] == [f"follow-{cid}"], "one component per conversation, kept by the browser"
+        assert (ticks[0]["interval"] == IDLE_TICK_MS) is (status == "done")
+
+
+def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_idle(store):
+    from agent.store import MAX_BLOCK_MS
+    from agent.ui.watch import VersionWatch
+
+    cid, turn_id = make_status(store, "running")
+    version = store.version(cid)
+    before = store.redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0)
+    watch = VersionWatch(store, cid, version)
+    try:
+        idle_s = 3.0
+        started = time.monotonic()
+        assert not watch.wait(idle_s), "nothing was written"
+        idle_reads = store.redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0) - before
+        elapsed = time.monotonic() - started
+        assert idle_reads <= elapsed / (MAX_BLOCK_MS / 1000) + 1, f"{idle_reads} reads in {elapsed:.1f} s"
+        write_ending(store, cid, turn_id, "cancelled", "cancelled", "Stopped.")
+        assert watch.wait(5.0), "the ending woke it"
+        assert watch.error is None
+    finally:
+        watch.close()
+
+
+def test_the_follower_reads_which_fragment_reruns_wait_from_streamlits_own_request_queue():
+    from streamlit.runtime.scriptrunner_utils.script_requests import RerunData, ScriptRequests
+
+    from agent.ui.page import waiting_fragment_ids
+
+    requests = ScriptRequests()
+    assert waiting_fragment_ids(requests) == []
+    requests.request_rerun(RerunData(fragment_id="stop"))  # a click in another fragment, while one runs
+    requests.request_rerun(RerunData(fragment_id="follow"))
+    assert waiting_fragment_ids(requests) == ["stop", "follow"]
+    requests.request_rerun(RerunData())  # a full run pre-empts anyway: no fragment to let through
+    assert waiting_fragment_ids(requests) == []

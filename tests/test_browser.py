@@ -18,6 +18,7 @@ from harness.page import (
     chromium,
     chromium_available,
     page_server,
+    wait_settled,
 )
 from tests.conftest import CANARY_KEY, ROOT
 
@@ -94,8 +95,9 @@ def test_a_question_shows_each_tool_step_before_the_answer_then_stops_polling(se
 
     # Polling stops once done: the browser asks for no more reruns. (Streamlit may keep the removed
     # component's iframe in the DOM as a hidden, stale node; what matters is that it no longer ticks.)
+    # (An idle page still follows the conversation, by a blocking read on the server: no request from
+    # the browser. Its one-shot start fires once, right after the full run.)
     assert quiet_for(sent_at, POLL_INTERVAL_MS / 1000 * 5, within_s=10), "reruns go on after done"
-    assert page.locator(AUTOREFRESH).count() == 0 or page.locator(f"[data-stale=true] {AUTOREFRESH}").count() == 1
     assert page.locator(INPUT).is_enabled()
 
     url = page.url
@@ -125,10 +127,18 @@ def test_screenshots_for_the_readme(server, browser):
     page = context.new_page()
     try:
         ask(page, server.url, QUESTION)
-        page.get_by_text(ANSWER).first.wait_for(timeout=30000)
-        page.wait_for_selector(AUTOREFRESH, state="detached", timeout=10000)
+        wait_settled(page, ANSWER, timeout_s=30)
         page.wait_for_timeout(800)
         page.screenshot(path=str(SCREENSHOTS / "chat.png"), full_page=True)
+
+        # A reply being written: the demo streams its docs answer at a rate a person can follow.
+        page.get_by_role("button", name="New chat").click()
+        page.fill(INPUT, "How does the deadline work?")
+        page.keyboard.press("Enter")
+        page.get_by_text("Writing…").first.wait_for(timeout=30000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / "live.png"), full_page=True)
+        wait_settled(page, "The three clocks for this turn", timeout_s=60)
 
         # The hang scenario on the short demo clocks: it ends timed out, before the deadline.
         page.get_by_role("button", name="New chat").click()
@@ -138,8 +148,7 @@ def test_screenshots_for_the_readme(server, browser):
         page.wait_for_timeout(500)
         page.fill(INPUT, "What is 17*23?")
         page.keyboard.press("Enter")
-        page.get_by_text("Ran out of time").first.wait_for(timeout=30000)
-        page.wait_for_selector(AUTOREFRESH, state="detached", timeout=10000)
+        wait_settled(page, "Ran out of time", timeout_s=30)
         page.wait_for_timeout(1000)
         page.get_by_test_id("stExpander").filter(has_text="The three clocks").last.screenshot(
             path=str(SCREENSHOTS / "timeline.png"))
@@ -156,7 +165,7 @@ def test_an_mcp_tool_from_mcp_json_is_listed_and_its_step_lands_in_the_page(tmp_
             ask(page, mcp_page.url, "What time is it in Tokyo via get_current_time?")
             page.get_by_text("time__get_current_time").first.wait_for(timeout=60000)
             page.get_by_text("Asia/Tokyo").first.wait_for(timeout=30000)  # the server's own answer
-            page.wait_for_selector(AUTOREFRESH, state="detached", timeout=30000)
+            wait_settled(page, "Asia/Tokyo", timeout_s=30)
             sidebar = page.get_by_test_id("stSidebar")
             sidebar.get_by_text("time", exact=True).first.wait_for(timeout=10000)  # the source, by its name
             assert sidebar.get_by_text("The workers have not listed their tools yet.").count() == 0
@@ -348,3 +357,91 @@ def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path, bro
     late = [(n, round(s, 2)) for n, s in enumerate(settle_s, start=1) if s > LONG_CHAT_SETTLE_S]
     assert not late, f"turns that settled late (turn, seconds): {late}; all: {[round(s, 2) for s in settle_s]}"
     assert overlaps == [], "the input was enabled while a turn was shown in flight"
+
+
+# -- following a turn in real time ---------------------------------------------------------------
+
+STREAM_WORDS = 30  # words per reply from the stream model
+STREAM_GAP_S = 0.1  # seconds between its words: a reply takes about 3 s
+LONG_STREAM_WORDS = 400  # a reply long enough to be stopped midway (about 40 s)
+
+
+@pytest.fixture(scope="module")
+def stream_model():
+    from harness.stream_model import StreamModel, stream_model_server
+
+    model = StreamModel(words=STREAM_WORDS, gap_s=STREAM_GAP_S)
+    server = stream_model_server(model)
+    try:
+        yield model, server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def stream_page(tmp_path_factory, stream_model):
+    from harness.stream_model import page_env
+
+    tmp = tmp_path_factory.mktemp("stream-page")
+    env = {"AGENT_POLL_INTERVAL_MS": str(POLL_INTERVAL_MS), **page_env(stream_model[1])}
+    with page_server(tmp / "data", tmp / "streamlit.log", env) as running:
+        yield running
+
+
+def test_a_reply_is_seen_growing_at_three_lengths_or_more_before_the_turn_is_done(stream_page, stream_model, page):
+    from harness.page import WORD_WATCH_JS, word_counts
+    from harness.stream_model import word
+
+    model, _ = stream_model
+    model.words = STREAM_WORDS
+    page.add_init_script(WORD_WATCH_JS)
+    last = word(model.next_word + STREAM_WORDS - 1)  # the reply's last word
+    ask(page, stream_page.url, "Tell me a long story.")
+    page.get_by_text("Writing…").first.wait_for(timeout=30000)  # the text shows while it is written
+    wait_settled(page, last, timeout_s=30)
+    lengths = [count for _, count in word_counts(page) if 0 < count < STREAM_WORDS]
+    assert len(set(lengths)) >= 3, f"partial lengths seen before the whole reply: {lengths}"
+    assert lengths == sorted(lengths), "the text only ever grows"
+
+
+def test_stop_mid_stream_is_acknowledged_at_once_and_ends_the_turn_keeping_what_was_written(stream_page, stream_model,
+                                                                                          page):
+    from harness.page import STOP_WATCH_JS, WORD_WATCH_JS, stop_times, word_counts
+
+    model, _ = stream_model
+    model.words = LONG_STREAM_WORDS
+    try:
+        page.add_init_script(WORD_WATCH_JS)
+        page.add_init_script(STOP_WATCH_JS)
+        ask(page, stream_page.url, "Tell me a very long story.")
+        page.wait_for_function("() => (window.__wordCounts.at(-1) || [0, 0])[1] >= 3", timeout=30000)
+        page.get_by_role("button", name="Stop").click()
+        page.get_by_text("Stopping…").first.wait_for(timeout=10000)
+        wait_settled(page, "Stopped.", timeout_s=30)
+        clicked, acknowledged = stop_times(page)
+        assert clicked is not None and acknowledged is not None and acknowledged >= clicked
+        shown = word_counts(page)[-1][1]
+        assert 3 <= shown < LONG_STREAM_WORDS, "what was written before Stop stays on screen, and no more"
+        assert page.get_by_text("cut off").count() >= 1, "it is shown as a cut-off text, not as the reply"
+    finally:
+        model.words = STREAM_WORDS
+
+
+def test_an_idle_tab_sees_a_turn_started_in_another_tab(server, browser):
+    first, second = (browser.new_context(viewport={"width": 1280, "height": 1000}) for _ in range(2))
+    try:
+        one, two = first.new_page(), second.new_page()
+        ask(one, server.url, "What is 21*23?")
+        one.wait_for_url("**/?c=*", timeout=15000)
+        wait_settled(one, "21*23 = 483", timeout_s=30)
+        two.goto(one.url)
+        wait_settled(two, "21*23 = 483", timeout_s=30)  # the second tab, idle on the same conversation
+        two.wait_for_timeout(2000)  # idle for a while: it must still be following, not just fresh
+
+        one.fill(INPUT, "What is 22*23?")
+        one.keyboard.press("Enter")
+        two.get_by_text("What is 22*23?").first.wait_for(timeout=15000)  # without a reload
+        wait_settled(two, "22*23 = 506", timeout_s=30)
+    finally:
+        first.close()
+        second.close()

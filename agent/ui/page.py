@@ -1,10 +1,15 @@
 """The page: wiring of state, sidebar and rendering. Every error ends as readable text, never a traceback.
 
-A full run draws the finished turns once. While a turn is in flight, only `_live_turn` (an
-`st.fragment` holding that turn and the polling component) reruns on each tick, so a poll costs the
-same at turn 1 and turn 100. A fragment rerun never pre-empts a full run (Streamlit queues it), so a
-tick cannot cut a run short and livelock the page; the fragment asks for one full run when the turn
-ends, which redraws the finished turn and re-enables the input.
+A full run draws the finished turns once. What changes afterwards lives in `_follow`, an
+`st.fragment` that follows the conversation's event stream within its own run: it draws each write
+as it arrives (the text being written grows in a placeholder of its own), waiting in slices short
+enough that whatever waits is let through at once: a click that reruns the app (Stop, a message,
+the sidebar) cuts it short, and another fragment's rerun (a toggle in an earlier turn) goes first,
+the follower after it. When a turn starts or ends it asks for
+one full run. Its run restarts itself now and then; its streamlit-autorefresh component is the net
+that starts it after a full run, or restarts it should a run end otherwise (ticks that come while
+it holds only queue one rerun). A fragment rerun never pre-empts a full run (Streamlit queues it),
+so nothing can livelock the page.
 """
 
 from __future__ import annotations
@@ -12,9 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import redis
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
 from streamlit_autorefresh import st_autorefresh
 
 from agent.contract import Status
@@ -24,7 +33,6 @@ from agent.runtime.connection import is_memory_error, redis_problem
 from agent.settings import (
     ALLOWED_HOSTS_VARIABLE,
     DEFAULT_ALLOWED_HOSTS,
-    MIN_POLL_INTERVAL_MS,
     Settings,
     SettingsError,
     allowed_hosts,
@@ -34,16 +42,19 @@ from agent.ui import render, sidebar, tool_sources
 from agent.ui import state as ui
 from agent.ui.guard import drawn_or_said
 from agent.ui.timeline import timeline_chart
+from agent.ui.watch import VersionWatch
 from agent.well_formed import UnreadableState, number
 
 log = logging.getLogger(__name__)
 
 INPUT_KEY = "chat_input"
 REDIS_RETRY_MS = 3000  # milliseconds between retries while Redis does not answer
-HANDOFF_KEY = "agent_live_handoff"  # the state a full run read, handed to the fragment it draws
-TICK_COST_KEY = "agent_tick_cost_s"  # how long the last fragment run took, for the adaptive interval
-LISTEN_MIN_MS = 50  # milliseconds: a shorter rest of a tick's wait is not worth a blocking read
+HANDOFF_KEY = "agent_follow_handoff"  # the state a full run read, handed to the fragment it draws
 SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns the user asked to see
+SLICE_S = 0.1  # seconds the follower waits at a time: a click outside it is answered within this
+HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
+STATUS_REDRAW_S = 1.0  # seconds between redraws of the budget bar and the lost-worker check, in flight
+IDLE_TICK_MS = 3000  # milliseconds between the idle page's ticks (each a message, not a run, while it holds)
 EXAMPLES = (
     "What is 17*23, and what time is it in Tokyo?",
     "How does the deadline work?",
@@ -156,14 +167,34 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     state = result.state
     in_flight = state is not None and not state["done"]
 
+    st.title("⏱️ An agent that always finishes")
+    st.markdown(LEAD)
+    with st.expander("How it works", expanded=state is None):
+        st.markdown(HOW_IT_WORKS)
+    if conversation.notice:
+        st.query_params.pop(ui.CID_PARAM, None)
+        st.info(conversation.notice, icon="🔎")
+        st.toast("That conversation " + ("cannot be read" if conversation.unreadable else "was not found")
+                 + ": this is a new chat.", icon="🔎")
+    # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
+    # in flight, then the rest of the page.
+    turns_box, live_box, stop_box = st.container(), st.container(), st.container()
+    if in_flight:
+        with stop_box:
+            _stop_control(settings, be, state)
+    # Then the turn in flight (or, when it has ended, its frame emptied), before the rest of the page.
+    if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
+        session[HANDOFF_KEY] = state
+        with live_box:
+            _follow(settings, be, cid, state["turn_id"], in_flight)
+
     # First in the sidebar: a new chat and the conversations to come back to (filled after the input is
     # drawn), then the next turn's settings.
     top = st.sidebar.container()
     st.sidebar.divider()
     config, config_error = sidebar.render_sidebar(settings.turn)
     tool_sources.render_tool_sources(be.store.redis)
-    # The input is drawn early (Streamlit pins it to the bottom wherever it is called), so a run that
-    # starts a turn disables it at once, not after the whole conversation has been drawn.
+    # Streamlit pins the input to the bottom wherever it is called.
     st.chat_input(
         "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
         key=INPUT_KEY,
@@ -174,30 +205,17 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
     conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
                                           show_list=settings.show_conversations)
-
-    st.title("⏱️ An agent that always finishes")
-    st.markdown(LEAD)
-    with st.expander("How it works", expanded=state is None):
-        st.markdown(HOW_IT_WORKS)
-    if conversation.notice:
-        st.query_params.pop(ui.CID_PARAM, None)
-        st.info(conversation.notice, icon="🔎")
-        st.toast("That conversation " + ("cannot be read" if conversation.unreadable else "was not found")
-                 + ": this is a new chat.", icon="🔎")
     if state is not None and st.query_params.get(ui.CID_PARAM) != cid:
         st.query_params[ui.CID_PARAM] = cid  # the first message makes the chat a link: reload and tabs follow it
     if result.lost:
         st.toast("The worker running this turn was lost; its ending has been written.", icon="🛑")
 
-    if state is None or not state["history"]:
-        _empty_chat(settings, be, cid)
-    else:
-        turns = render.split_turns(state)
-        finished = turns[:-1] if in_flight else turns
-        _finished_turns(cid, finished)
-        if in_flight:
-            session[HANDOFF_KEY] = state
-            _live_turn(settings, be, cid, state["turn_id"])
+    with turns_box:
+        if state is None or not state["history"]:
+            _empty_chat(settings, be, cid)
+        else:
+            turns = render.split_turns(state)
+            _finished_turns(cid, turns[:-1] if in_flight else turns)
 
     _flash(session)
     if in_flight:
@@ -205,6 +223,15 @@ def _page(settings: Settings, be: ui.Backend) -> None:
                    "Press **Stop** to end it early.")
     elif config is None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
+
+
+def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
+    """Stop, outside the follower: its click reruns the app, which cuts the follower's run within
+    SLICE_S, and "Stopping…" is the first thing that run draws after the page's header."""
+    if st.session_state.get(ui.STOPPING_KEY) == state["turn_id"]:
+        st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
+    else:
+        st.button("⏹️ Stop", key="stop", on_click=_on_stop, args=(settings, be))
 
 
 def _finished_turns(cid: str, turns: list[dict]) -> None:
@@ -219,70 +246,162 @@ def _finished_turns(cid: str, turns: list[dict]) -> None:
             render.render_turn(turn, latest=index == len(turns) - 1)
 
 
-@st.fragment
-def _live_turn(settings: Settings, be: ui.Backend, cid: str, turn_id: str) -> None:
-    """The turn in flight and the polling component: the only part a tick reruns.
+@dataclass
+class _Live:
+    """The placeholders of the turn in flight, redrawn as writes arrive, each only when it changed."""
 
-    An exception here is not caught by main(): it is said in a sentence, and the polling goes on."""
-    polling: list[bool] = []  # the body appends once it has drawn the poller
+    body: DeltaGenerator  # the turn: messages and steps
+    text: DeltaGenerator | None  # the text being written, inside the body
+    status: DeltaGenerator  # the budget bar and the step running now (its clock moves every second)
+    chart: DeltaGenerator  # the timeline (Altair takes a while: drawn when a step starts or ends)
+
+
+def _live_places() -> _Live:
+    """One frame holds them all, so a full run that finds the turn ended empties it with one element."""
+    with st.empty().container():
+        return _Live(st.empty(), None, st.empty(), st.empty())
+
+
+@st.fragment
+def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_flight: bool) -> None:
+    """The turn in flight (or nothing, when the conversation is idle), kept up to date within this run.
+
+    In a full run it draws what the run read. Its streamlit-autorefresh component (one per
+    conversation, so the browser keeps the same one) starts a fragment run after a full run; that run
+    follows the event stream for up to HOLD_S, drawing each write as it lands, then restarts itself.
+    Ticks that come meanwhile only queue one rerun, which restarts a run that ended any other way.
+    When a turn starts or ends it asks for one full run, which draws the page around it.
+
+    An exception here is not caught by main(): it is said in a sentence, and the following goes on."""
+    following: list[bool] = []  # the body appends once it has drawn the autorefresh component
     try:
-        _live_turn_body(settings, be, cid, turn_id, polling)
+        _follow_body(settings, be, cid, turn_id, in_flight, following)
     except UnreadableState as exc:
         log.warning("%s", exc)
         st.rerun(scope="app")  # the full run says so, and offers a new chat
-    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback, and the polling goes on
+    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback, and the following goes on
         log.exception("the turn in flight could not be drawn")
         st.warning(f"The reply being written could not be drawn ({type(exc).__name__}); this page keeps "
                    "looking for it.", icon="⚠️")
-        if not polling:
-            st_autorefresh(interval=settings.poll_interval_ms, key=f"poll-{cid}")
+        if not following:
+            st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
 
 
-def _live_turn_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str, polling: list[bool]) -> None:
+def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_flight: bool,
+                 following: list[bool]) -> None:
     session = st.session_state
     state = session.pop(HANDOFF_KEY, None)
-    first = state is not None and state.get("turn_id") == turn_id  # drawn by a full run, not by a tick
-    wait_ms = ui.poll_wait_ms(settings.poll_interval_ms)
-    listen_until = time.monotonic() + wait_ms / 1000
-    if not first:  # a tick: this run is the fragment alone
+    full_run = state is not None
+    if not full_run:
         try:
-            state = ui.poll(be.store, be.queue_connection, session, cid, wait_ms=wait_ms).state
+            state = ui.poll(be.store, be.queue_connection, session, cid).state
         except redis.RedisError as exc:
             log.warning("redis failed during a poll: %s", exc)
             _redis_down(exc)
             return
-        if state is None or state["done"] or state["turn_id"] != turn_id:
-            # One full run draws the ending, drops this fragment (and its poller) and re-enables the input.
+        if _turn_moved(state, turn_id, in_flight):
             st.rerun(scope="app")
-    started = time.perf_counter()  # after the poll: its wait for the next write is idle time, not cost
-    with drawn_or_said("the reply being written"):  # the poller below is drawn whatever happens here
-        turn = render.current_turn(state)
-        render.render_turn(turn, latest=True)
-        _in_flight(settings, be, state, turn)
-    # The first tick comes at once and waits on the event stream for the next write, so an ending
-    # that lands right after a full run is not left unseen for a whole interval.
-    interval_ms = MIN_POLL_INTERVAL_MS if first else ui.adaptive_interval_ms(settings.poll_interval_ms,
-                                                                              session.get(TICK_COST_KEY))
-    st_autorefresh(interval=interval_ms, key=f"poll-{cid}")
-    polling.append(True)
-    session[TICK_COST_KEY] = time.perf_counter() - started
-    if not first:
-        _listen_on(be, cid, state["version"], listen_until)
+    live = None
+    if not in_flight:
+        st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
+    else:
+        live = _live_places()
+        _draw_turn(live, state)
+        _draw_status(settings, be, live, state, chart=True)
+    # A tick costs no run while the follower holds (Streamlit queues it behind the run), so the
+    # interval is only how soon a follower starts after a full run: short in flight, longer idle.
+    st_autorefresh(interval=settings.poll_interval_ms if in_flight else IDLE_TICK_MS, key=f"follow-{cid}")
+    following.append(True)
+    if not full_run:  # a full run cannot ask for a fragment rerun, nor hold: the next tick starts one
+        _hold(settings, be, cid, state, live)
 
 
-def _listen_on(be: ui.Backend, cid: str, version: int, until: float) -> None:
-    """A tick that found a write at once has drawn it without waiting: it listens for the rest of
-    its wait, so a write landing before the next tick (the ending, often) is drawn within
-    milliseconds rather than a whole interval later. What is drawn is on screen meanwhile."""
-    left_ms = (until - time.monotonic()) * 1000
-    if left_ms < LISTEN_MIN_MS:
-        return
+def _turn_moved(state: dict | None, turn_id: str, in_flight: bool) -> bool:
+    """A turn started or ended since the full run: only a full run draws the page around it."""
+    return state is None or state["turn_id"] != turn_id or state["done"] == in_flight
+
+
+def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live | None) -> None:
+    """Follow the event stream for up to HOLD_S: each write is drawn as it lands, and every SLICE_S the
+    run gives way to whatever else waits (a click outside cuts it; another fragment's rerun goes first)."""
+    session = st.session_state
+    watch = VersionWatch(be.store, cid, state["version"])
     try:
-        moved = be.store.wait_version(cid, version, int(left_ms)) != version
-    except redis.RedisError:
-        return  # the next tick polls again, and says so if Redis stays away
-    if moved:
+        end = time.monotonic() + HOLD_S
+        next_status = time.monotonic() + STATUS_REDRAW_S
+        while time.monotonic() < end:
+            moved = watch.wait(SLICE_S)
+            _give_way()
+            if watch.error is not None:
+                raise watch.error
+            stale = live is not None and time.monotonic() >= next_status
+            if not moved and not stale:
+                continue
+            # No wait here: the watch already waited. Unchanged, this is the lost-worker check.
+            fresh = ui.poll(be.store, be.queue_connection, session, cid).state
+            if _turn_moved(fresh, state["turn_id"], live is not None):
+                st.rerun(scope="app")
+            if live is None:
+                state = fresh
+                continue
+            text_only = ui.text_only_change(state, fresh)
+            steps_moved = ui.steps_moved(state, fresh)
+            if fresh["version"] != state["version"]:
+                if text_only and live.text is not None:
+                    render.render_live_text(live.text, render.live_text(fresh))
+                else:
+                    _draw_turn(live, fresh)
+            state = fresh
+            if stale or not text_only:
+                _draw_status(settings, be, live, state, chart=steps_moved)
+                next_status = time.monotonic() + STATUS_REDRAW_S
+    except redis.RedisError as exc:
+        log.warning("redis failed while following a conversation: %s", exc)
+        _redis_down(exc)
+        return
+    finally:
+        watch.close()
+    st.rerun(scope="fragment")
+
+
+def _give_way() -> None:
+    """A yield point: a full run waiting (a click outside this fragment) cuts this run here, and a
+    fragment's rerun waiting (a toggle in an earlier turn, the net) is let through, this one after it."""
+    _ = INPUT_KEY in st.session_state  # reading session state is where Streamlit honours a waiting rerun
+    if _fragment_rerun_waiting():
         st.rerun(scope="fragment")
+
+
+def waiting_fragment_ids(requests) -> list[str]:
+    """The fragments whose reruns wait for the running one to end. Streamlit has no public way to ask, so
+    this reads its request queue (tests/test_app.py checks it against Streamlit's own ScriptRequests); if
+    that ever changes, it says none wait, and a follower's run simply lasts HOLD_S."""
+    if getattr(requests, "_state", None) != ScriptRequestType.RERUN:
+        return []
+    return list(getattr(getattr(requests, "_rerun_data", None), "fragment_id_queue", None) or [])
+
+
+def _fragment_rerun_waiting() -> bool:
+    """Another fragment's rerun waits (this run's own ticks only queue its next run, which can wait)."""
+    ctx = get_script_run_ctx()
+    running = set(getattr(ctx, "fragment_ids_this_run", None) or ())
+    waiting = waiting_fragment_ids(getattr(ctx, "script_requests", None))
+    return any(fragment_id not in running for fragment_id in waiting)
+
+
+def _draw_turn(live: _Live, state: dict) -> None:
+    with live.body.container():
+        live.text = render.render_turn(render.current_turn(state), latest=True)
+
+
+def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict, *, chart: bool) -> None:
+    turn = render.current_turn(state)
+    with live.status.container():
+        _in_flight(settings, be, state)
+    if chart and state["status"] != Status.QUEUED:
+        figure = timeline_chart(turn["steps"], turn["summary"], now=ui.now(), current=state.get("current_step"))
+        if figure is not None:
+            live.chart.altair_chart(figure, width="stretch")
 
 
 def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
@@ -291,7 +410,7 @@ def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
         st.button(example, key=f"example-{index}", on_click=_send_text, args=(settings, be, cid, example))
 
 
-def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> None:
+def _in_flight(settings: Settings, be: ui.Backend, state: dict) -> None:
     now = ui.now()
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
@@ -322,13 +441,6 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, turn: dict) -> N
             st.progress(fill, text=f"⏱️ {text}")
             current = render.current_step_text(state.get("current_step"), now)
             st.markdown(f"**{render.STATUS_LABELS['running']}** · {current or 'writing the result'}")
-            chart = timeline_chart(turn["steps"], turn["summary"], now=now, current=state.get("current_step"))
-            if chart is not None:
-                st.altair_chart(chart, width="stretch")
-        if st.session_state.get(ui.STOPPING_KEY) == state["turn_id"]:
-            st.info("Stop requested: the running step is being stopped.", icon="⏹️")
-        else:
-            st.button("⏹️ Stop", key="stop", on_click=_on_stop, args=(settings, be))
 
 
 # -- callbacks (they run before the next script run, so the page draws their outcome at once) --------

@@ -54,7 +54,16 @@ def current_turn(state: State) -> dict:
     while first > 0 and steps[first - 1]["turn_id"] == state["turn_id"]:
         first -= 1
     return {"messages": history[max(start, 0):], "summary": live_summary(state), "steps": steps[first:],
-            "current": True, "in_flight": not state["done"], "key": f"live-{state['turn_id']}"}
+            "current": True, "in_flight": not state["done"], "live": live_text(state),
+            "key": f"live-{state['turn_id']}"}
+
+
+def live_text(state: State) -> dict | None:
+    """The text of the model call in flight (the contract's `live`), when it belongs to this turn."""
+    live = state.get("live")
+    if not live or state["done"] or live.get("turn_id") != state.get("turn_id"):
+        return None
+    return live
 
 
 def split_turns(state: State) -> list[dict]:
@@ -77,7 +86,8 @@ def split_turns(state: State) -> list[dict]:
         steps = steps_of.get(summary.get("turn_id"), [])
         # Widget keys name the turn by its place too: a hand-written state may repeat a turn id.
         turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
-                      "in_flight": current and not state["done"], "key": f"{index}-{summary.get('turn_id')}"})
+                      "in_flight": current and not state["done"], "live": live_text(state) if current else None,
+                      "key": f"{index}-{summary.get('turn_id')}"})
     return turns
 
 
@@ -182,24 +192,42 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
     return f"🧠 {name}: {took} of its {timeout} timeout{left_text}."
 
 
-def render_turn(turn: dict, *, latest: bool) -> None:
+def render_turn(turn: dict, *, latest: bool):
     """One turn: the user's message, then the assistant's steps as they landed, then the ending.
 
     The latest turn (and the one in flight) is drawn in full. An earlier one is drawn compact: its
     tool calls on one line, the reply and the ending, with the steps and charts behind a toggle, so
-    a full run sends a few elements per earlier turn instead of dozens."""
+    a full run sends a few elements per earlier turn instead of dozens. A turn in flight ends with
+    the text being written, in a placeholder that is returned so the page can grow it alone."""
     messages = turn["messages"]
     if messages and messages[0].get("role") == Role.USER:
         with st.chat_message(Role.USER):
             st.markdown(safe_markdown(messages[0].get("content")))
         messages = messages[1:]
     if not messages and not turn["steps"] and not turn["in_flight"]:
-        return
+        return None
     with st.chat_message(Role.ASSISTANT):
         if latest or turn["in_flight"]:
             _full_body(turn, messages, expanded=latest)
         else:
             _compact_body(turn, messages)
+        if not turn["in_flight"]:
+            return None
+        slot = st.empty()
+        render_live_text(slot, turn.get("live"))
+        return slot
+
+
+def render_live_text(slot, live: dict | None) -> None:
+    """The reply as written so far (untrusted text, like any reply), or nothing."""
+    text = (live or {}).get("text")
+    if not text:
+        slot.empty()
+        return
+    attempt = live.get("attempt") or 1
+    with slot.container():
+        st.markdown(safe_markdown(text))
+        st.caption("✍️ Writing…" + (f" (try {attempt}: the earlier try's text was dropped)" if attempt > 1 else ""))
 
 
 def _is_ending_text(reply: dict, summary: TurnSummary) -> bool:
@@ -218,6 +246,7 @@ def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
             render_tool_step(step, expanded=expanded, safeguards=safeguards)
             continue
         st.caption(model_step_caption(step, safeguards=safeguards))
+        _partial_text(step)
         if step["kind"] == Kind.MODEL and step["outcome"] == Outcome.OK:
             reply = next(replies, None)
             shown += reply is not None
@@ -229,6 +258,15 @@ def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
     if not turn["in_flight"]:  # the live part of a turn in flight is drawn by the page, below
         render_ending(summary)
         render_turn_clocks(turn, expanded=expanded)
+
+
+def _partial_text(step: Step) -> None:
+    """What a call that was cut (timeout, error, Stop) had written: shown, never part of the history."""
+    partial = step.get("partial_text")
+    if partial and step["outcome"] != Outcome.OK:
+        with st.container(border=True):
+            st.markdown(safe_markdown(partial))
+            st.caption("The text this call had written when it was cut off; the model never got it back.")
 
 
 def tools_line(steps: list[Step]) -> str:
@@ -268,6 +306,7 @@ def _turn_details_body(turn: dict) -> None:
             render_tool_step(step, expanded=False, safeguards=safeguards)
         else:
             st.caption(model_step_caption(step, safeguards=safeguards))
+            _partial_text(step)
     render_turn_clocks(turn, expanded=True)
 
 

@@ -6,7 +6,6 @@ its version moved), sending, stopping, the queue, and the never-stuck check.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -34,12 +33,6 @@ from agent.ui.markdown import inert
 from agent.well_formed import UnreadableState
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
-# Of the poll interval: a tick blocks this long for the next write, so a step (or the ending) shows
-# within milliseconds of its write rather than up to a whole interval later. A click on Stop waits
-# at most this long, since a fragment rerun never pre-empts the one in progress.
-POLL_WAIT_FRACTION = 0.8
-TICK_COST_FACTOR = 4  # the refresh interval is at least this many times what the last tick cost
-MAX_POLL_INTERVAL_MS = 10_000  # milliseconds: however slow a tick, the page still looks every 10 s
 
 VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
 DRAFT_KEY = "agent_draft_cid"  # this tab's id for a chat that has no message yet (not in the URL yet)
@@ -181,16 +174,24 @@ def _read(store: Store, session, cid: str) -> State | None:
     return state
 
 
-def poll_wait_ms(poll_interval_ms: int) -> int:
-    return int(poll_interval_ms * POLL_WAIT_FRACTION)
+def text_only_change(old: State, new: State) -> bool:
+    """Only the text being written moved between two reads of one turn: the page redraws that text
+    alone, not the turn around it."""
+    same = all(old.get(name) == new.get(name) for name in ("turn_id", "status", "done", "current_step", "error"))
+    lists = all(len(old.get(name) or []) == len(new.get(name) or []) for name in ("history", "steps"))
+    return same and lists and _live_key(old) == _live_key(new)
 
 
-def adaptive_interval_ms(poll_interval_ms: int, last_tick_s: float | None) -> int:
-    """The refresh interval: the configured one, lengthened to a few times what a tick costs, so the
-    page spends most of its time idle however slow the machine is."""
-    if not last_tick_s or last_tick_s <= 0:
-        return poll_interval_ms
-    return min(max(poll_interval_ms, math.ceil(last_tick_s * 1000 * TICK_COST_FACTOR)), MAX_POLL_INTERVAL_MS)
+def steps_moved(old: State, new: State) -> bool:
+    """A step started or ended: the timeline needs drawing again."""
+    return len(old.get("steps") or []) != len(new.get("steps") or []) or old.get("current_step") != new.get(
+        "current_step") or old.get("status") != new.get("status")
+
+
+def _live_key(state: State) -> tuple | None:
+    """Which message and try the live text belongs to: a new one (or none) redraws the turn."""
+    live = state.get("live")
+    return None if not live else (live.get("turn_id"), live.get("message_index"), live.get("attempt"))
 
 
 def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,
