@@ -819,3 +819,30 @@ def test_the_follower_reads_which_fragment_reruns_wait_from_streamlits_own_reque
     assert waiting_fragment_ids(requests) == ["stop", "follow"]
     requests.request_rerun(RerunData())  # a full run pre-empts anyway: no fragment to let through
     assert waiting_fragment_ids(requests) == []
+
+
+@pytest.mark.usefixtures("pool")
+def test_each_model_call_and_the_turn_show_the_tokens_the_provider_reported(store, queue):
+    from agent.queue import new_id, submit_turn
+
+    cid = new_id()
+    submit_turn(store, queue, cid, "What is 17*23?", FAST)
+    state = wait_done(store, cid)
+    calls = [s for s in state["steps"] if s["kind"] == "model"]
+    assert calls and all(s["usage"]["input_tokens"] > 0 and s["usage"]["output_tokens"] > 0 for s in calls)
+    total_in = sum(s["usage"]["input_tokens"] for s in calls)
+    total_out = sum(s["usage"]["output_tokens"] for s in calls)
+    at = app(cid).run()
+    assert_no_exception(at)
+    page = texts(at)
+    first = calls[0]["usage"]
+    assert f"Tokens: {first['input_tokens']:,} in, {first['output_tokens']:,} out." in page
+    assert f"Tokens: {total_in:,} in, {total_out:,} out in all." in page
+
+
+def test_tokens_that_are_not_counts_are_left_out():
+    for usage in (None, "12", {"input_tokens": "3"}, {"input_tokens": -1, "output_tokens": True}, []):
+        assert render.step_tokens({"usage": usage}) == (None, None)
+    assert render.step_tokens({"usage": {"input_tokens": 7}}) == (7, None)
+    assert render.tokens_text(7, None) == "Tokens: 7 in"
+    assert render.tokens_text(None, None) == ""

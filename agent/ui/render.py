@@ -187,9 +187,28 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"⚠️ {name} failed after {took}: {detail}"
     if outcome == Outcome.STOPPED:
         return f"⏹️ {name} stopped at your request after {took}."
+    tokens = tokens_text(*step_tokens(step))
+    tokens = f" {tokens}." if tokens else ""
     if not safeguards:
-        return f"🧠 {name}: {took} (safeguards off: no timeout of its own)."
-    return f"🧠 {name}: {took} of its {timeout} timeout{left_text}."
+        return f"🧠 {name}: {took} (safeguards off: no timeout of its own).{tokens}"
+    return f"🧠 {name}: {took} of its {timeout} timeout{left_text}.{tokens}"
+
+
+def step_tokens(step: Step) -> tuple[int | None, int | None]:
+    """A model call's input and output tokens, as its provider reported them (None: not reported)."""
+    usage = step.get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    return tuple(value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+                 for value in (usage.get("input_tokens"), usage.get("output_tokens")))
+
+
+def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
+    if input_tokens is None and output_tokens is None:
+        return ""
+    parts = [f"{value:,} {label}" for value, label in ((input_tokens, "in"), (output_tokens, "out"))
+             if value is not None]
+    return "Tokens: " + ", ".join(parts)
 
 
 def render_turn(turn: dict, *, latest: bool):
@@ -353,6 +372,11 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
     tools = sum(1 for s in steps if s["kind"] == Kind.TOOL and s["outcome"] not in not_runs)
     if steps:
         sentences.append(f"{calls} model call{'s' * (calls != 1)}, {tools} tool run{'s' * (tools != 1)}.")
+        counted = [step_tokens(s) for s in steps if s["kind"] == Kind.MODEL]
+        totals = [sum(c[i] for c in counted if c[i] is not None) if any(c[i] is not None for c in counted) else None
+                  for i in (0, 1)]
+        if any(total is not None for total in totals):
+            sentences.append(f"{tokens_text(*totals)} in all.")
     elif not safeguards_on(summary.get("config")):
         sentences.append("No step was recorded: with safeguards off the job writes only when it ends.")
     return " ".join(sentences)
