@@ -22,7 +22,7 @@ from pathlib import Path
 import rq
 
 from agent.runtime.worker_process import DEFAULT_WORKER_CLASS
-from bench import cost, latency, load, page, report, tracing_cost
+from bench import conversations, cost, latency, load, page, report, tracing_cost
 from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +50,8 @@ class Plan:
     page_turns: int = 6  # measured turns per length and condition
     page_hogs: tuple[int, ...] = (0, 2)  # CPU hogs per condition: an idle machine, then a busy one
     page_stops: int = 6  # Stop clicks per condition
+    list_sizes: tuple = (20, 1000, 10_000)  # conversations in the index when the sidebar's page is listed
+    memory_turns: tuple = ((1, 50), (10, 20), (100, 4))  # (turns per conversation, conversations measured)
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
@@ -82,6 +84,8 @@ QUICK = Plan(
     dispatch_turns=3,
     overhead_pairs=1,
     overhead_pairs_other=1,
+    list_sizes=(20, 200),
+    memory_turns=((1, 5), (10, 2)),
     first_step_repeats=1,
     throughput=(("simple", 1, 2), ("simple", 2, 4)),
     deadline_turns=4,
@@ -107,6 +111,10 @@ METHOD = {
     "tracing_overhead": "The same three-tool turn (4 model calls at {latency} s) called in-process, tracing off "
     "then on (the SDK's batch processor, OTLP/HTTP to a loopback collector), back to back, {pairs} pairs; ratio = "
     "on / off per pair, median. spans_build_ms: building one turn's spans from its final state, alone.",
+    "conversations_list": "The sidebar's page of 20 conversations listed from the index (a sorted set by last "
+    "write) with 20, 1,000 and 10,000 conversations stored (calculator turns written through the store's own "
+    "scripts); median of 50 listings, and the Redis commands one listing sends. memory_per_conversation: "
+    "MEMORY USAGE of a conversation's keys by its number of turns.",
     "dispatch_latency_ms": "2 idle workers per class, one instant turn (demo@0~0) at a time, after warm-up. "
     "start_ms: submit to RQ's job.started_at (stamped in the process that runs the job, after any fork or "
     "spawn). first_call_ms: submit to the start of the turn's first model call (also the job's import, "
@@ -178,6 +186,11 @@ def run(plan: Plan, seed: int, started: float) -> dict:
         results["publish_growth_1000_vs_10"] = round(rows[-1]["publish"]["bytes"] / rows[0]["publish"]["bytes"], 3)
         results["poll_growth_1000_vs_10"] = round(
             rows[-1]["poll_no_change"]["bytes"] / rows[0]["poll_no_change"]["bytes"], 3)
+
+        progress("conversations: listing cost and memory per conversation", started)
+        results["conversations_list"] = conversations.list_cost(lab.store, plan.list_sizes)
+        results["memory_per_conversation"] = conversations.memory_per_conversation(lab.store, plan.memory_turns)
+        lab.client.flushdb()
 
         progress("publish to observed: plain poll vs event-driven wait", started)
         results["publish_to_observed_ms"] = cost.publish_to_observed(
@@ -289,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
     }
     order = ("first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
-             "queue_overhead_ratio_by_class", "tracing_overhead", "dispatch_latency_ms", "publish_to_observed_ms",
+             "queue_overhead_ratio_by_class", "tracing_overhead", "conversations_list", "memory_per_conversation",
+             "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy",
              "page_tick_growth", "page_tick_bytes_growth", "page", "goals", "default_worker_class", "first_step",

@@ -53,11 +53,11 @@ def write_turn(store: Store, cid: str, index: int) -> None:
                   summary=turn_summary(tid, doc, now + 2))
 
 
-def list_cost(store: Store) -> dict:
+def list_cost(store: Store, sizes: tuple[int, ...] = LIST_SIZES) -> dict:
     """Milliseconds per listing of a page (median of LIST_REPEATS) and the Redis commands it sent, at each
     size of the index."""
     rows, have = [], 0
-    for size in LIST_SIZES:
+    for size in sizes:
         while have < size:
             write_turn(store, new_id(), have)
             have += 1
@@ -74,12 +74,12 @@ def list_cost(store: Store) -> dict:
     return {"page_rows": LIST_PAGE, "rows": rows}
 
 
-def memory_per_conversation(store: Store) -> list[dict]:
+def memory_per_conversation(store: Store, turn_counts: tuple = TURN_COUNTS) -> list[dict]:
     """Bytes a conversation's keys take (Redis's MEMORY USAGE, every element counted), by its turns.
 
     Not INFO's used_memory, which moves with the AOF's buffers and the allocator's caches."""
     rows = []
-    for turns, count in TURN_COUNTS:
+    for turns, count in turn_counts:
         sizes = []
         for _ in range(count):
             cid = new_id()

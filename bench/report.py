@@ -32,6 +32,11 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     "<= 1.02", _check(goals.get("queue_overhead_ratio"))))
         for kind, ratio in results.get("queue_overhead_ratio_by_class", {}).items():
             out.append((f"  with {kind} workers", f"{ratio:.4f}", "", ""))
+    listing = results.get("conversations_list")
+    if listing:
+        for row in listing["rows"]:
+            out.append((f"listing 20 of {row['conversations']:,} conversations", f"{row['list_ms_p50']:g} ms, "
+                        f"{row['redis_commands']} commands", "flat", ""))
     traced = results.get("tracing_overhead")
     if traced:
         out.append((f"tracing_overhead (on / off, {call} calls)", f"{traced['ratio']:.4f}", "<= 1.02",

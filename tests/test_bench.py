@@ -15,6 +15,7 @@ KEYS = (
     "first_step_ratio_write_at_end",
     "queue_overhead_ratio",
     "tracing_overhead",
+    "conversations_list",
     "dispatch_latency_ms",
     "publish_to_observed_ms",
     "cost_vs_history",
@@ -40,6 +41,8 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     assert results["first_step_ratio_write_at_end"] == 1.0  # nothing is visible before the final write
     assert [row["messages"] for row in results["cost_vs_history"]] == [10, 100, 1000]
     assert results["deadline_accuracy"]["turns_past_job_timeout"] == 0
+    listing = results["conversations_list"]["rows"]
+    assert listing[0]["redis_commands"] == listing[-1]["redis_commands"]  # the list does not scan keys
     assert results["tracing_overhead"]["export_requests"] >= 1  # the traced turns' spans reached the collector
     assert "first_step_ratio" in run.stdout  # the table
     assert (tmp_path / "throughput.png").stat().st_size > 0
