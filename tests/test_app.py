@@ -432,8 +432,9 @@ def elements(at: AppTest) -> int:
 def test_a_full_run_draws_the_same_amount_at_100_turns_as_at_12(store):
     # Before: every turn was drawn in full on every run, so a run cost grew with the conversation.
     sizes = {}
+    chats = {turns: chat_of(store, turns) for turns in (12, 100)}  # both first: the sidebar lists the same ones
     for turns in (12, 100):
-        at = app(chat_of(store, turns))
+        at = app(chats[turns])
         at.run()
         assert_no_exception(at)
         sizes[turns] = elements(at)
