@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from agent.providers.base import Completion, ProviderError, ToolCall
+from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
 from agent.store import Store
 from agent.turn.model_calls import PARTIAL_TEXT_CHARS
 from agent.turn.writer import LIVE_WRITE_INTERVAL_S, MAX_LIVE_CHARS
@@ -110,7 +110,7 @@ def test_a_call_cut_after_three_words_keeps_them_on_its_step_and_the_retry_start
         for word in ("Three", " words", " then"):
             on_text(word)
         wait_for(lambda: (live_of(store, cid) or {}).get("text") == "Three words then", 5, "the live text")
-        raise ProviderError("timeout", "no reply within 3.0 s")
+        raise ProviderError(ProviderErrorKind.TIMEOUT, "no reply within 3.0 s")
 
     def fresh(on_text, stop):
         seen["cleared"] = live_of(store, cid)  # the retry's wait was published: the cut text is gone
@@ -137,7 +137,7 @@ def test_an_error_mid_stream_that_ends_the_turn_keeps_the_partial_text_on_the_st
         store, streaming_model):
     def broken(on_text, stop):
         on_text("Half an ans")
-        raise ProviderError("malformed", "the stream broke off: an error event", status=400)
+        raise ProviderError(ProviderErrorKind.MALFORMED, "the stream broke off: an error event", status=400)
 
     streaming_model(broken)
     turn = make_turn(store)
@@ -160,7 +160,7 @@ def test_stop_mid_stream_keeps_the_text_marked_stopped_answers_every_tool_call_a
         wait_for(lambda: (live_of(store, cid) or {}).get("text") == "The answer is", 5, "the live text")
         store.request_cancel(turn.writer.turn_id, ttl_s=60)  # the user's Stop
         assert stop.wait(10), "the stop watch never set the call's stop event"
-        raise ProviderError("stopped", "stopped at your request")
+        raise ProviderError(ProviderErrorKind.STOPPED, "stopped at your request")
 
     streaming_model(calls_a_tool, stopped)
     turn = make_turn(store)
@@ -182,7 +182,7 @@ def test_a_partial_text_kept_on_a_step_is_bounded_and_says_how_much_arrived(stor
     def long_then_cut(on_text, stop):
         for _ in range(arrived // 100):
             on_text("y" * 100)
-        raise ProviderError("bad_request", "refused mid-stream", status=400)
+        raise ProviderError(ProviderErrorKind.BAD_REQUEST, "refused mid-stream", status=400)
 
     streaming_model(long_then_cut)
     turn = make_turn(store)

@@ -10,7 +10,7 @@ import redis
 from rq.timeouts import JobTimeoutException
 
 from agent.deadline import Clock
-from agent.providers.base import Completion, ProviderError, ToolCall
+from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
 from agent.queue import new_id
 from agent.store import Store
 from agent.turn.loop import Turn
@@ -153,7 +153,8 @@ def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
 
 
 def test_a_non_retryable_error_is_not_retried(store, scripted_model):
-    model = scripted_model(ProviderError("auth", "the API key was rejected (HTTP 401)", status=401), Completion("no"))
+    rejected = ProviderError(ProviderErrorKind.AUTH, "the API key was rejected (HTTP 401)", status=401)
+    model = scripted_model(rejected, Completion("no"))
     turn = make_turn(store)
     assert turn.run() == "failed"
     assert len(model.calls) == 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status, Usage
 from agent.deadline import CallTimeout, retry_wait_s
-from agent.providers.base import Completion, Provider, ProviderError
+from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
 from agent.settings import TurnConfig
 from agent.turn.exits import TurnEnded
@@ -30,6 +30,8 @@ LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
     "Do not call any tools."
 )
+# The step outcome of a failed call that says why; any other failure is an error.
+FAILED_CALL_OUTCOMES = {ProviderErrorKind.STOPPED: Outcome.STOPPED, ProviderErrorKind.TIMEOUT: Outcome.TIMEOUT}
 
 
 @dataclass
@@ -69,7 +71,7 @@ class ModelCalls:
             except ProviderError as exc:
                 self.writer.set_current(None)
                 partial, arrived = self.writer.end_live()
-                outcome = {"stopped": Outcome.STOPPED, "timeout": Outcome.TIMEOUT}.get(exc.kind, Outcome.ERROR)
+                outcome = FAILED_CALL_OUTCOMES.get(exc.kind, Outcome.ERROR)
                 self.record(started, outcome, timeout, remaining, attempt=attempt, detail=exc.message,
                             last_call=last_call, **partial_fields(partial, arrived), **left_out)
                 if outcome == Outcome.STOPPED:
@@ -107,12 +109,12 @@ class ModelCalls:
 
     def retry_or_end(self, exc: ProviderError, attempt: int) -> None:
         """Sleep before the next attempt when it fits in the budget; otherwise end the turn."""
-        status = Status.TIMED_OUT if exc.kind == "timeout" else Status.FAILED
+        status = Status.TIMED_OUT if exc.kind == ProviderErrorKind.TIMEOUT else Status.FAILED
         if not exc.retryable or attempt >= MAX_ATTEMPTS_PER_CALL:
             raise TurnEnded(status, exc.kind, f"The model call failed: {exc.message}.")
         wait_s = retry_wait_s(attempt, exc.retry_after_s)
         if not self.budget.wait_fits(wait_s):
-            if exc.kind == "rate_limited":
+            if exc.kind == ProviderErrorKind.RATE_LIMITED:
                 raise TurnEnded(
                     Status.FAILED,
                     exc.kind,
