@@ -14,9 +14,9 @@ import sys
 
 from rq.serializers import JSONSerializer
 
+from agent.hosting.services import ServiceError, check_redis
 from agent.runtime.connection import describe
 from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.runtime.services import ServiceError, check_redis
 from agent.settings import Settings, SettingsError
 
 DEFAULT_PORT = 9181  # rq-dashboard's own default

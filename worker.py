@@ -10,10 +10,10 @@ import argparse
 import os
 import sys
 
+from agent.hosting.pool import main as pool_main
+from agent.hosting.services import ServiceError, check_redis
 from agent.runtime.connection import describe
 from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering
-from agent.runtime.pool import main as pool_main
-from agent.runtime.services import ServiceError, check_redis
 from agent.settings import Settings, SettingsError
 
 

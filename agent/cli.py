@@ -32,10 +32,10 @@ import redis
 from agent import conversations_cli
 from agent.contract import LIST_FIELDS, Kind, Live, Outcome, Role, State, Status
 from agent.conversations import retention_words
+from agent.hosting import services
 from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
-from agent.runtime import services
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, SettingsError
 from agent.store import (

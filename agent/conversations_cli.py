@@ -17,8 +17,8 @@ from pathlib import Path
 from agent import export
 from agent.contract import Role
 from agent.conversations import DEFAULT_PAGE, info, list_conversations, retention_words
+from agent.hosting import services
 from agent.plain_text import plain_text, terminal_safe
-from agent.runtime import services
 from agent.settings import Settings
 from agent.store import Store
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import rq
 
-from agent.runtime.worker_process import DEFAULT_WORKER_CLASS
+from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from bench import conversations, cost, latency, load, page, report, tracing_cost
 from bench.lab import Lab
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.hosting.pool import PoolHandle
 from agent.queue import submit_turn
-from agent.runtime.pool import PoolHandle
 from agent.settings import TurnConfig
 from harness.pools import start_pool, stop_pool, worker_pids
 from harness.private_redis import PrivateRedis

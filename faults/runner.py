@@ -1,7 +1,7 @@
 """The seeded fault runner: `python -m faults --runs N --seed S`.
 
 Each run is one real turn: submitted through the queue, run by real RQ workers (a real
-`agent.runtime.pool` subprocess, with SimpleWorker or forking workers) against a real Redis server,
+`agent.hosting.pool` subprocess, with SimpleWorker or forking workers) against a real Redis server,
 calling a provider on loopback that misbehaves at random on every call (provider.py). On top
 of that, some runs get a process fault in the middle of the turn: SIGKILL of the job's
 process, SIGKILL of the whole worker, SIGTERM (warm shutdown), Redis paused (SIGSTOP, then
@@ -35,10 +35,10 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
+from agent.hosting.pool import PoolHandle
 from agent.lost_worker import LOST_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.loopback_server import LoopbackServer
-from agent.runtime.pool import PoolHandle
 from agent.settings import TurnConfig
 from faults.checks import check_observations
 from faults.provider import FaultProvider

@@ -1,4 +1,4 @@
-"""Worker pools (`python -m agent.runtime.pool`) started against a Redis, and stopped with nothing
+"""Worker pools (`python -m agent.hosting.pool`) started against a Redis, and stopped with nothing
 left behind: a forking worker's work horse runs in its own process group, so the pool's own stop
 can miss it."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import redis
 
-from agent.runtime.pool import PoolHandle, launch
+from agent.hosting.pool import PoolHandle, launch
 from harness.processes import children, kill, processes_with_env
 
 READY_TIMEOUT_S = 60.0  # seconds for a pool to say it is ready and its workers to register
 STOP_TIMEOUT_S = 15.0  # seconds for a pool to stop its workers before SIGKILL
-WORKER_COMMAND = "agent.runtime.worker_process"  # in the command line of every worker and work horse
+WORKER_COMMAND = "agent.hosting.worker_process"  # in the command line of every worker and work horse
 REGISTRATION_POLL_S = 0.05  # seconds between looks at RQ's worker registry
 
 

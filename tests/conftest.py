@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from agent.hosting.pool import PoolHandle
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
-from agent.runtime.pool import PoolHandle
 from agent.settings import TurnConfig
 from agent.store import Store
 from harness import pools

@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 
 from agent.contract import turn_summary
 from agent.endings import write_ending
+from agent.hosting import services
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
-from agent.runtime import services
 from agent.store import Store
 from agent.ui import render, timeline
 from agent.ui import state as ui

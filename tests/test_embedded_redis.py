@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from agent.hosting.services import ServiceError, check_redis
 from agent.runtime.connection import describe, is_memory_error, redis_problem, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, redis_binary
-from agent.runtime.services import ServiceError, check_redis
 from harness.private_redis import PrivateRedis
 from harness.processes import alive, processes_running
 from tests.conftest import ROOT

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from agent.providers.base import Completion, ProviderError, ToolCall
+from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
 from agent.store import Store
 from agent.turn.model_calls import PARTIAL_TEXT_CHARS
 from agent.turn.writer import LIVE_WRITE_INTERVAL_S, MAX_LIVE_CHARS
@@ -70,10 +70,10 @@ def test_a_stream_of_100_000_tiny_chunks_makes_about_one_live_write_per_interval
 
     streaming_model(flood)
     turn = make_turn(store)
-    cid = turn.writer.conversation_id
+    cid = turn.context.writer.conversation_id
     assert turn.run() == "done"
     state = store.read(cid)
-    live_writes = turn.writer.live.writes
+    live_writes = turn.context.writer.live.writes
     assert 1 <= live_writes <= timing["took_s"] / LIVE_WRITE_INTERVAL_S + EXTRA_WRITES, (live_writes, timing)
     # Every write is a version: begin, running, before the call, the live writes, the ending.
     assert state["version"] == 4 + live_writes
@@ -93,9 +93,9 @@ def test_the_page_sees_the_text_grow_then_the_message_land_in_the_write_that_cle
 
     streaming_model(visible)
     turn = make_turn(store)
-    cid = turn.writer.conversation_id
+    cid = turn.context.writer.conversation_id
     assert turn.run() == "done"
-    assert seen["first"] == {"turn_id": turn.writer.turn_id, "message_index": 1, "attempt": 1,
+    assert seen["first"] == {"turn_id": turn.context.writer.turn_id, "message_index": 1, "attempt": 1,
                              "text": "Seventeen times ", "status": "writing"}
     state = store.read(cid)
     assert state["live"] is None and state["history"][1] == {"role": "assistant",
@@ -110,7 +110,7 @@ def test_a_call_cut_after_three_words_keeps_them_on_its_step_and_the_retry_start
         for word in ("Three", " words", " then"):
             on_text(word)
         wait_for(lambda: (live_of(store, cid) or {}).get("text") == "Three words then", 5, "the live text")
-        raise ProviderError("timeout", "no reply within 3.0 s")
+        raise ProviderError(ProviderErrorKind.TIMEOUT, "no reply within 3.0 s")
 
     def fresh(on_text, stop):
         seen["cleared"] = live_of(store, cid)  # the retry's wait was published: the cut text is gone
@@ -120,7 +120,7 @@ def test_a_call_cut_after_three_words_keeps_them_on_its_step_and_the_retry_start
 
     streaming_model(cut, fresh)
     turn = make_turn(store)
-    cid = turn.writer.conversation_id
+    cid = turn.context.writer.conversation_id
     assert turn.run() == "done"
     state = store.read(cid)
     first, wait, second = state["steps"]
@@ -137,12 +137,12 @@ def test_an_error_mid_stream_that_ends_the_turn_keeps_the_partial_text_on_the_st
         store, streaming_model):
     def broken(on_text, stop):
         on_text("Half an ans")
-        raise ProviderError("malformed", "the stream broke off: an error event", status=400)
+        raise ProviderError(ProviderErrorKind.MALFORMED, "the stream broke off: an error event", status=400)
 
     streaming_model(broken)
     turn = make_turn(store)
     assert turn.run() == "failed"
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     (step,) = state["steps"]
     assert (step["outcome"], step["partial_text"]) == ("error", "Half an ans")
     assert state["live"] is None
@@ -158,13 +158,13 @@ def test_stop_mid_stream_keeps_the_text_marked_stopped_answers_every_tool_call_a
     def stopped(on_text, stop):
         on_text("The answer is")
         wait_for(lambda: (live_of(store, cid) or {}).get("text") == "The answer is", 5, "the live text")
-        store.request_cancel(turn.writer.turn_id, ttl_s=60)  # the user's Stop
+        store.request_cancel(turn.context.writer.turn_id, ttl_s=60)  # the user's Stop
         assert stop.wait(10), "the stop watch never set the call's stop event"
-        raise ProviderError("stopped", "stopped at your request")
+        raise ProviderError(ProviderErrorKind.STOPPED, "stopped at your request")
 
     streaming_model(calls_a_tool, stopped)
     turn = make_turn(store)
-    cid = turn.writer.conversation_id
+    cid = turn.context.writer.conversation_id
     assert turn.run() == "cancelled"
     state = store.read(cid)
     model_steps = [s for s in state["steps"] if s["kind"] == "model"]
@@ -182,19 +182,19 @@ def test_a_partial_text_kept_on_a_step_is_bounded_and_says_how_much_arrived(stor
     def long_then_cut(on_text, stop):
         for _ in range(arrived // 100):
             on_text("y" * 100)
-        raise ProviderError("bad_request", "refused mid-stream", status=400)
+        raise ProviderError(ProviderErrorKind.BAD_REQUEST, "refused mid-stream", status=400)
 
     streaming_model(long_then_cut)
     turn = make_turn(store)
     turn.run()
-    (step,) = store.read(turn.writer.conversation_id)["steps"]
+    (step,) = store.read(turn.context.writer.conversation_id)["steps"]
     assert len(step["partial_text"]) == PARTIAL_TEXT_CHARS and step["partial_chars"] == arrived
 
 
 def test_safeguards_off_passes_no_on_text_and_writes_no_live_text(store, streaming_model):
     model = streaming_model(answer("Nothing shows until the end."))
     turn = make_turn(store, FAST.with_changes(safeguards=False))
-    cid = turn.writer.conversation_id
+    cid = turn.context.writer.conversation_id
     assert turn.run() == "done"
     assert model.on_texts == [None]
     state = store.read(cid)
@@ -242,7 +242,7 @@ def test_a_live_write_that_fails_is_dropped_and_the_next_carries_the_whole_text(
 
     streaming_model(two_parts)
     turn = make_turn(store)
-    cid = turn.writer.conversation_id
+    cid = turn.context.writer.conversation_id
     assert turn.run() == "done"
 
 
@@ -267,8 +267,8 @@ def test_a_stalled_live_write_never_holds_the_call_or_the_turn(redis_client, str
     assert turn.run() == "done"
     assert time.monotonic() - started < store.stall_s - 1.5
     assert took["s"] < 1.5
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert state["history"][-1]["content"] == "z" * 1000
     # The stalled write reaches Redis after the ending: refused, it leaves no live text behind.
     assert wait_for(lambda: store.outcomes, store.stall_s + 5, "the stalled write to return") == ["CLOSED"]
-    assert store.read(turn.writer.conversation_id)["live"] is None
+    assert store.read(turn.context.writer.conversation_id)["live"] is None

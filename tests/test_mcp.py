@@ -20,10 +20,10 @@ import psutil
 import pytest
 from rq import Worker
 
+from agent.hosting.pool import launch
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.runtime.pool import launch
 from agent.store import Store
 from agent.tools import REGISTRY, mcp_stdio, run_tool, schemas, sources
 from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
@@ -374,7 +374,7 @@ def test_a_worker_stopped_while_its_mcp_servers_start_deregisters_at_once(privat
         "command": sys.executable, "args": [HOSTILE, "--start-delay", "60"], "env": {"MCP_TEST_MARK": mark}}}}))
     env = {**base_env, "REDIS_URL": private_redis.url, "AGENT_MCP_CONFIG": str(config),
            "AGENT_MCP_START_TIMEOUT": "60"}
-    worker = subprocess.Popen([sys.executable, "-m", "agent.runtime.worker_process", "--name", name], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "agent.hosting.worker_process", "--name", name], env=env,
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     connection = queue_client(private_redis.url)
     try:
@@ -439,7 +439,7 @@ def test_what_a_servers_tools_started_ends_with_its_worker_stopped_or_killed(pri
     config.write_text(json.dumps({"mcpServers": {
         "sleepy": {"command": sys.executable, "args": [HOSTILE, *sleeper_args], "env": {"MCP_TEST_MARK": mark}}}}))
     env = {**base_env, "REDIS_URL": private_redis.url, "AGENT_MCP_CONFIG": str(config)}
-    worker = subprocess.Popen([sys.executable, "-m", "agent.runtime.worker_process", "--name", f"sleepy-{mark[:8]}"],
+    worker = subprocess.Popen([sys.executable, "-m", "agent.hosting.worker_process", "--name", f"sleepy-{mark[:8]}"],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: len(sleepers(mark)) == len(SLEEPER_KINDS), 60, "a sleep 600 of each kind")

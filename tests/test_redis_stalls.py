@@ -278,7 +278,7 @@ def test_the_page_shows_a_stopped_server_in_words_and_works_once_it_is_continued
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from agent.runtime import services
+    from agent.hosting import services
 
     pid = server.pid
     monkeypatch.delenv("REDIS_URL", raising=False)

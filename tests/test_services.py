@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent.runtime import services
+from agent.hosting import services
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import Settings
 from harness.processes import alive, processes_with_env
@@ -129,9 +129,9 @@ def test_a_cli_whose_turn_no_worker_takes_says_how_to_start_one(private_env, tmp
 
 
 def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env, tmp_path):
+    from agent.hosting.pool import launch
     from agent.queue import get_queue, new_id, submit_turn
     from agent.runtime.connection import queue_client, state_client
-    from agent.runtime.pool import launch
     from agent.store import Store
     from tests.conftest import FAST
 

@@ -150,7 +150,7 @@ def test_every_call_left_when_a_stop_comes_between_tools_still_gets_a_result(sto
     monkeypatch.setattr("agent.turn.loop.make_provider", lambda config: _Once(Completion(None, calls)))
     turn = stopped_after_its_first_tool(make_turn(store), store)
     assert turn.run() == "cancelled"
-    history = store.read(turn.writer.conversation_id)["history"]
+    history = store.read(turn.context.writer.conversation_id)["history"]
     results = {m["tool_call_id"]: m["content"] for m in history if m["role"] == "tool"}
     assert results == {"c0": "4", "c1": UNANSWERED_CALL_RESULT, "c2": UNANSWERED_CALL_RESULT}
     assert history[-1]["content"] == "Stopped at your request."

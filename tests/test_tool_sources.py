@@ -11,7 +11,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from agent.runtime import services
+from agent.hosting import services
 from agent.tools.catalogue import CATALOGUE_KEY
 from agent.ui.tool_sources import CHOSEN_KEY, OFFERED_KEY, chosen
 from tests.conftest import ROOT

@@ -10,7 +10,7 @@ import redis
 from rq.timeouts import JobTimeoutException
 
 from agent.deadline import Clock
-from agent.providers.base import Completion, ProviderError, ToolCall
+from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
 from agent.queue import new_id
 from agent.store import Store
 from agent.turn.loop import Turn
@@ -49,7 +49,7 @@ def stopped_after_its_first_tool(turn: Turn, store: Store) -> Turn:
 
     def run_tool_then_stop(call):
         original(call)
-        store.request_cancel(turn.writer.turn_id, ttl_s=60)
+        store.request_cancel(turn.context.writer.turn_id, ttl_s=60)
 
     turn.tools.run_tool = run_tool_then_stop
     return turn
@@ -76,7 +76,7 @@ def test_the_history_sent_to_the_model_grows_by_each_tool_result(store, scripted
     assert turn.run() == "done"
     second = model.calls[1]["messages"]
     assert second[-1] == {"role": "tool", "tool_call_id": "c1", "content": "391"}
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert state["done"] and state["history"][-1]["content"] == "391"
 
 
@@ -85,7 +85,7 @@ def test_job_timeout_exception_propagates_after_the_ending_is_written(store, scr
     turn = make_turn(store)
     with pytest.raises(JobTimeoutException):
         turn.run()
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert state["done"] and state["status"] == "timed_out"
     assert state["error"]["kind"] == "job_timeout"
 
@@ -95,14 +95,14 @@ def test_a_shutdown_inside_a_call_still_writes_the_ending_and_propagates(store, 
     turn = make_turn(store)
     with pytest.raises(SystemExit):
         turn.run()
-    assert store.read(turn.writer.conversation_id)["status"] == "cancelled"
+    assert store.read(turn.context.writer.conversation_id)["status"] == "cancelled"
 
 
 def test_an_unexpected_error_ends_the_turn_failed_with_a_readable_message(store, scripted_model):
     scripted_model(KeyError("boom"))
     turn = make_turn(store)
     assert turn.run() == "failed"
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert "Something went wrong" in state["history"][-1]["content"]
 
 
@@ -124,7 +124,7 @@ def test_the_final_write_is_retried_when_redis_hiccups(redis_client, scripted_mo
     turn = make_turn(store)
     store.failures = 4  # the in-loop writes and the first tries of the final write fail
     assert turn.run() == "done"
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert state["done"]
     # Nothing was lost: the answer written late is still there, once.
     assert [m["content"] for m in state["history"]] == ["hi", "hello"]
@@ -136,7 +136,7 @@ def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_cl
     turn = make_turn(store)
     store.failures = 2
     turn.run()
-    history = store.read(turn.writer.conversation_id)["history"]
+    history = store.read(turn.context.writer.conversation_id)["history"]
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
 
 
@@ -146,18 +146,20 @@ def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
     scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
                           Completion("4"))
     turn = make_turn(store)
-    assert write_ending(store, turn.writer.conversation_id, turn.writer.turn_id, "failed", "worker_lost", "lost")
+    writer = turn.context.writer
+    assert write_ending(store, writer.conversation_id, writer.turn_id, "failed", "worker_lost", "lost")
     assert turn.run() == "closed"
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert state["status"] == "failed" and state["history"][-1]["content"] == "lost"
 
 
 def test_a_non_retryable_error_is_not_retried(store, scripted_model):
-    model = scripted_model(ProviderError("auth", "the API key was rejected (HTTP 401)", status=401), Completion("no"))
+    rejected = ProviderError(ProviderErrorKind.AUTH, "the API key was rejected (HTTP 401)", status=401)
+    model = scripted_model(rejected, Completion("no"))
     turn = make_turn(store)
     assert turn.run() == "failed"
     assert len(model.calls) == 1
-    assert "API key was rejected" in store.read(turn.writer.conversation_id)["history"][-1]["content"]
+    assert "API key was rejected" in store.read(turn.context.writer.conversation_id)["history"][-1]["content"]
 
 
 def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scripted_model):
@@ -167,7 +169,7 @@ def test_a_stop_request_ends_the_turn_cancelled_keeping_what_was_done(store, scr
     )
     turn = stopped_after_its_first_tool(make_turn(store), store)
     assert turn.run() == "cancelled"
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert [m["role"] for m in state["history"]] == ["user", "assistant", "tool", "assistant"]
     assert state["history"][-1]["content"] == "Stopped at your request."
     assert len(model.calls) == 1
@@ -235,7 +237,7 @@ def test_a_turn_records_a_bounded_number_of_steps_whatever_its_step_limit(store,
     scripted_model(*[calculator_calls(1)] * 100)
     turn = make_turn(store, FAST.with_changes(max_steps=100, job_timeout_s=60))
     assert turn.run() == "failed"
-    state = store.read(turn.writer.conversation_id)
+    state = store.read(turn.context.writer.conversation_id)
     assert state["error"]["kind"] == "step_limit"
     assert 10 <= len(state["steps"]) <= 10 + 2
     assert "the most one turn may record" in state["history"][-1]["content"]

@@ -49,9 +49,22 @@ class Completion:
         return message
 
 
+class ProviderErrorKind:
+    """Why a model call failed: a ProviderError's `kind`, stored as the ending's `error.kind`."""
+
+    TIMEOUT = "timeout"  # no complete answer within the call's timeout
+    CONNECTION = "connection"  # could not connect, or the connection broke (a stream cut off)
+    RATE_LIMITED = "rate_limited"  # HTTP 429
+    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or an error reported mid-stream
+    AUTH = "auth"  # no key, a rejected key, or a key that must not be sent
+    BAD_REQUEST = "bad_request"  # the provider refused the request, or no such provider
+    NOT_FOUND = "not_found"  # HTTP 404: no such model or endpoint
+    MALFORMED = "malformed"  # a response that is not what the API promises
+    STOPPED = "stopped"  # the call's stop event was set
+
+
 class ProviderError(Exception):
-    """A call failed. `kind` is one of: timeout, connection, rate_limited, server, auth,
-    bad_request, not_found, malformed, stopped (its stop event was set). `message` is for a person."""
+    """A call failed. `kind` is a ProviderErrorKind; `message` is for a person."""
 
     def __init__(
         self,
@@ -71,7 +84,7 @@ class ProviderError(Exception):
     def retryable(self) -> bool:
         if self.status is not None:
             return self.status in RETRYABLE_STATUSES or 500 <= self.status < 600
-        return self.kind in ("connection", "timeout")
+        return self.kind in (ProviderErrorKind.CONNECTION, ProviderErrorKind.TIMEOUT)
 
 
 TextListener = Callable[[str], None]  # receives each piece of an answer's text as it arrives
@@ -93,7 +106,7 @@ class Provider(Protocol):
         arrives: whole characters, one call per network read at most (tool calls never reach it).
         The pieces joined are the Completion's content; its time counts against the call's timeout,
         and an exception it raises ends the call and propagates unchanged. A streamed reply that ends
-        before its end marker is a "connection" error (cut off), never a shorter answer."""
+        before its end marker is a CONNECTION error (cut off), never a shorter answer."""
         ...
 
 

@@ -34,7 +34,7 @@ from rq.timeouts import JobTimeoutException
 from agent import job_alarm
 from agent.deadline import CallTimeout
 from agent.providers import decoding
-from agent.providers.base import ProviderError
+from agent.providers.base import ProviderError, ProviderErrorKind
 from agent.providers.sse import Event, EventStreamParser
 from agent.redaction import redact
 from agent.surrogates import scrub
@@ -134,7 +134,7 @@ def post_json(
     secret: str | None = None,
 ) -> HTTPReply:
     """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
-    `stop` is set (ProviderError "stopped"). Raises ProviderError, with `secret` (the key sent)
+    `stop` is set (a STOPPED ProviderError). Raises ProviderError, with `secret` (the key sent)
     redacted from its message (by `_quote`): a transport error can quote what the server sent."""
     return _run(_exchange(_session().client, url, headers, body, timeout, secret, None), stop)
 
@@ -230,17 +230,23 @@ async def _exchange(
     except TimeoutError as exc:
         raise _timed_out(timeout) from exc
     except httpx.ConnectTimeout as exc:
-        raise ProviderError("timeout", f"could not connect to the provider within {timeout.connect_s:.1f} s") from exc
+        raise ProviderError(
+            ProviderErrorKind.TIMEOUT, f"could not connect to the provider within {timeout.connect_s:.1f} s"
+        ) from exc
     except httpx.TimeoutException as exc:
         raise _timed_out(timeout) from exc
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        raise ProviderError("connection", f"the provider URL is not usable: {_quote(exc, secret)}") from exc
+        raise ProviderError(
+            ProviderErrorKind.CONNECTION, f"the provider URL is not usable: {_quote(exc, secret)}"
+        ) from exc
     except httpx.ConnectError as exc:
-        raise ProviderError("connection", f"could not connect to the provider: {_quote(exc, secret)}") from exc
+        raise ProviderError(
+            ProviderErrorKind.CONNECTION, f"could not connect to the provider: {_quote(exc, secret)}"
+        ) from exc
     except httpx.HTTPError as exc:
         # Reset, closed mid-body, protocol errors: the connection failed after it was made.
         reason = _quote(exc, secret) or type(exc).__name__
-        raise ProviderError("connection", f"the connection to the provider failed: {reason}") from exc
+        raise ProviderError(ProviderErrorKind.CONNECTION, f"the connection to the provider failed: {reason}") from exc
 
 
 async def _read_events(response: httpx.Response, on_events: EventsListener) -> None:
@@ -258,7 +264,7 @@ async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIt
     """The body of `response` as it arrives, its Content-Encoding undone by a BoundedDecoder: every
     reader of a body goes through here. Yields to the event loop after every decoding step, so the
     call's clocks (asyncio.timeout, the stop and job-alarm polls) run while a bomb is being read.
-    Raises ProviderError "malformed" for an unsupported, undecodable or too large body."""
+    Raises a MALFORMED ProviderError for an unsupported, undecodable or too large body."""
     try:
         decoder = decoding.BoundedDecoder(", ".join(response.headers.get_list("content-encoding")), limit_bytes)
         # Raw: httpx would inflate a whole chunk at once. Closed here, not left to the garbage collector.
@@ -275,7 +281,7 @@ async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIt
     except decoding.BodyTooLarge as exc:
         raise _too_large() from exc
     except decoding.DecodingError as exc:
-        raise ProviderError("malformed", f"the provider sent a malformed response: {exc}") from exc
+        raise ProviderError(ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: {exc}") from exc
 
 
 def _is_event_stream(headers: dict[str, str]) -> bool:
@@ -283,16 +289,17 @@ def _is_event_stream(headers: dict[str, str]) -> bool:
 
 
 def _timed_out(timeout: CallTimeout) -> ProviderError:
-    return ProviderError("timeout", f"the provider did not answer within {timeout.total_s:.1f} s")
+    return ProviderError(ProviderErrorKind.TIMEOUT, f"the provider did not answer within {timeout.total_s:.1f} s")
 
 
 def _stopped() -> ProviderError:
-    return ProviderError("stopped", "the call was stopped at your request")
+    return ProviderError(ProviderErrorKind.STOPPED, "the call was stopped at your request")
 
 
 def _too_large() -> ProviderError:
+    limit_mib = MAX_RESPONSE_BYTES // 2**20
     return ProviderError(
-        "malformed", f"the provider sent a malformed response: larger than {MAX_RESPONSE_BYTES // 2**20} MiB"
+        ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: larger than {limit_mib} MiB"
     )
 
 
@@ -321,28 +328,36 @@ def check_status(reply: HTTPReply, *, secret: str | None = None) -> None:
     retry_after_s = parse_retry_after(reply.headers)
     if status in (401, 403):
         if not secret:
-            raise ProviderError("auth", f"the provider requires an API key (HTTP {status})", status=status)
-        raise ProviderError("auth", f"the API key was rejected (HTTP {status})", status=status)
+            raise ProviderError(
+                ProviderErrorKind.AUTH, f"the provider requires an API key (HTTP {status})", status=status
+            )
+        raise ProviderError(ProviderErrorKind.AUTH, f"the API key was rejected (HTTP {status})", status=status)
     detail = error_text(reply.body, secret=secret)
     suffix = f": {detail}" if detail else ""
     if status == 404:
-        raise ProviderError("not_found", f"model or endpoint not found (HTTP 404){suffix}", status=status)
+        raise ProviderError(
+            ProviderErrorKind.NOT_FOUND, f"model or endpoint not found (HTTP 404){suffix}", status=status
+        )
     if status == 429:
         raise ProviderError(
-            "rate_limited",
+            ProviderErrorKind.RATE_LIMITED,
             f"the provider is rate limiting requests (HTTP 429){suffix}",
             status=status,
             retry_after_s=retry_after_s,
         )
     if status == 529:
         message = f"the provider is overloaded (HTTP 529){suffix}"
-        raise ProviderError("server", message, status=status, retry_after_s=retry_after_s)
+        raise ProviderError(ProviderErrorKind.SERVER, message, status=status, retry_after_s=retry_after_s)
     if status in (408, 409) or 500 <= status < 600:
         message = f"the provider failed (HTTP {status}){suffix}"
-        raise ProviderError("server", message, status=status, retry_after_s=retry_after_s)
+        raise ProviderError(ProviderErrorKind.SERVER, message, status=status, retry_after_s=retry_after_s)
     if 400 <= status < 500:
-        raise ProviderError("bad_request", f"the provider refused the request (HTTP {status}){suffix}", status=status)
-    raise ProviderError("malformed", f"the provider sent a malformed response: unexpected HTTP {status}", status=status)
+        raise ProviderError(
+            ProviderErrorKind.BAD_REQUEST, f"the provider refused the request (HTTP {status}){suffix}", status=status
+        )
+    raise ProviderError(
+        ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: unexpected HTTP {status}", status=status
+    )
 
 
 # An error reported inside a stream (after a 200) -> the HTTP status the same error has as a reply:
@@ -377,7 +392,9 @@ def raise_stream_error(data: Any, *, secret: str | None = None) -> None:
                 break
     body = json.dumps(data if isinstance(data, dict) else {}).encode()
     check_status(HTTPReply(status=status, headers={}, body=body), secret=secret)
-    raise ProviderError("server", "the provider reported an error mid-stream", status=status)  # not reached: 2xx
+    raise ProviderError(
+        ProviderErrorKind.SERVER, "the provider reported an error mid-stream", status=status
+    )  # not reached: 2xx
 
 
 def error_text(body: bytes, *, secret: str | None = None) -> str:

@@ -9,7 +9,15 @@ from typing import Any
 
 from agent.deadline import CallTimeout
 from agent.providers import streaming
-from agent.providers.base import Completion, ProviderError, RemoteModel, TextListener, ToolCall, Usage
+from agent.providers.base import (
+    Completion,
+    ProviderError,
+    ProviderErrorKind,
+    RemoteModel,
+    TextListener,
+    ToolCall,
+    Usage,
+)
 from agent.providers.http import raise_stream_error, redact, redact_json
 from agent.providers.spec import ProviderSpec
 from agent.providers.sse import Event
@@ -170,7 +178,7 @@ OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4
 
 def decode_json(body: bytes | str, *, secret: str | None = None) -> Any:
     """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
-    wherever it appears, or ProviderError("malformed")."""
+    wherever it appears, or a MALFORMED ProviderError."""
     try:
         return redact_json(scrub_json(json.loads(body)), secret)
     except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
@@ -178,7 +186,7 @@ def decode_json(body: bytes | str, *, secret: str | None = None) -> Any:
 
 
 def malformed(what: str) -> ProviderError:
-    return ProviderError("malformed", f"the provider sent a malformed response: {what}")
+    return ProviderError(ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: {what}")
 
 
 def parse_completion(data: Any) -> Completion:

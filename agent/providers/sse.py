@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-from agent.providers.base import ProviderError
+from agent.providers.base import ProviderError, ProviderErrorKind
 
 DEFAULT_EVENT = "message"  # an event with no `event:` field
 
@@ -102,4 +102,6 @@ class EventStreamParser:
 
 
 def _not_utf8() -> ProviderError:
-    return ProviderError("malformed", "the provider sent a malformed response: the event stream is not UTF-8")
+    return ProviderError(
+        ProviderErrorKind.MALFORMED, "the provider sent a malformed response: the event stream is not UTF-8"
+    )

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.deadline import CallTimeout
-from agent.providers.base import Completion, ProviderError, TextListener, Usage
+from agent.providers.base import Completion, ProviderError, ProviderErrorKind, TextListener, Usage
 from agent.providers.http import HTTPReply, check_status, error_text, post_json, post_stream, redact
 from agent.providers.sse import Event
 
@@ -29,7 +29,7 @@ class Assembler(Protocol):
         """Take the events of one network read; True once the stream's end marker was seen."""
 
     def result(self) -> Completion:
-        """The completion; ProviderError("connection") if the stream never reached its end marker."""
+        """The completion; a CONNECTION ProviderError if the stream never reached its end marker."""
 
 
 def complete(
@@ -144,4 +144,6 @@ def usage_of(raw: Any, input_name: str, output_name: str) -> Usage | None:
 
 def cut_off(marker: str) -> ProviderError:
     """A stream that ended before its end marker: the answer is incomplete, so no answer at all."""
-    return ProviderError("connection", f"the provider's stream ended before {marker}: the answer was cut off")
+    return ProviderError(
+        ProviderErrorKind.CONNECTION, f"the provider's stream ended before {marker}: the answer was cut off"
+    )

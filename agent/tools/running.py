@@ -4,7 +4,7 @@ bounded by the time it is given, without signals (RQ owns SIGALRM).
 A Python tool runs in a thread, which Python cannot kill. One that outlives its time is abandoned:
 it is asked to stop (an exception raised in it at its next bytecode, which a tool can swallow) and
 its OS thread is given the lowest CPU priority, so it weighs less on the rest of the turn; a worker
-that still holds one after its job is recycled (agent/runtime/worker_process.py), which is the only
+that still holds one after its job is recycled (agent/hosting/worker_process.py), which is the only
 sure end for arbitrary Python.
 """
 

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
 from agent.providers.base import ToolCall
+from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
-from agent.turn.policies import Clocks, Publishing
 from agent.turn.response_limits import PlannedCall
-from agent.turn.stop_watch import StopRequests
-from agent.turn.writer import StateWriter
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +27,8 @@ UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended fi
 class ToolRuns:
     """The turn's tool runs, each with the time that remains as its timeout."""
 
-    budget: Clocks
-    publishing: Publishing
-    writer: StateWriter
-    stops: StopRequests
+    context: TurnContext  # its config.tools: the tools this turn may run (None: every tool the worker has)
     history: list[Message]  # what the model sees: each result is added to it and to the state
-    offered: tuple[str, ...] | None  # the tools this turn may run (None: every tool the worker has)
     used: bool = False  # a tool has run in this turn
 
     def run_all(self, planned: list[PlannedCall]) -> None:
@@ -42,14 +36,14 @@ class ToolRuns:
         first_result = len(self.history)
         try:
             for index, item in enumerate(planned):
-                self.stops.check()
+                self.context.stops.check()
                 if item.refusal is not None:
                     self.refuse(item)
-                elif self.budget.remaining_s() <= 0:
+                elif self.context.budget.remaining_s() <= 0:
                     self.skip(planned[index:])
                 else:
                     self.run_tool(item.call)
-                self.publishing.tool_landed(self.writer, index, len(planned))
+                self.context.publishing.tool_landed(self.context.writer, index, len(planned))
         except TurnEnded:
             # A stop between or during tools: every call still gets a result, so the history can be sent as is.
             answered = {m.get("tool_call_id") for m in self.history[first_result:]}
@@ -61,49 +55,50 @@ class ToolRuns:
     def answer(self, call_id: str, content: str) -> None:
         message = {"role": Role.TOOL, "tool_call_id": call_id, "content": content}
         self.history.append(message)
-        self.writer.add_message(message)
+        self.context.writer.add_message(message)
 
     def run_tool(self, call: ToolCall) -> None:
-        remaining, timeout_s = self.budget.remaining_s(), self.budget.tool_timeout_s()
-        started = self.budget.now()
-        self.writer.set_current(Kind.TOOL, call.name, timeout_s)
-        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=timeout_s, stop=self.stops.event,
-                                        heartbeat=self.heartbeat, offered=self.offered)
+        budget, writer = self.context.budget, self.context.writer
+        remaining, timeout_s = budget.remaining_s(), budget.tool_timeout_s()
+        started = budget.now()
+        writer.set_current(Kind.TOOL, call.name, timeout_s)
+        result = tool_registry.run_tool(call.name, call.arguments, timeout_s=timeout_s, stop=self.context.stops.event,
+                                        heartbeat=self.heartbeat, offered=self.context.config.tools)
         self.used = True
-        self.writer.set_current(None)
+        writer.set_current(None)
         self.answer(call.id, result.output)
         outcome = Outcome.STOPPED if result.stopped else Outcome.OK if result.ok else Outcome.ERROR
-        self.writer.add_step(Kind.TOOL, call.name, started, outcome, timeout_s=round(timeout_s, 3),
-                             remaining_s=round(remaining, 3), arguments=call.arguments[:RECORDED_CHARS],
-                             result=result.output[:RECORDED_CHARS], call_id=call.id)
+        writer.add_step(Kind.TOOL, call.name, started, outcome, timeout_s=round(timeout_s, 3),
+                        remaining_s=round(remaining, 3), arguments=call.arguments[:RECORDED_CHARS],
+                        result=result.output[:RECORDED_CHARS], call_id=call.id)
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
             raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, f"Stopped at your request, while the {call.name} "
                             f"tool was running: it was cut short after {result.duration_s:.1f} s.")
 
     def heartbeat(self) -> None:
-        self.publishing.tool_running(self.writer)
+        self.context.publishing.tool_running(self.context.writer)
 
     def refuse(self, item: PlannedCall) -> None:
         """A call the response's limits refused: its error goes back to the model; nothing runs."""
         self.answer(item.call.id, item.refusal)
         extra = {"refused_calls": item.refused_calls} if item.refused_calls else {}
-        self.writer.add_step(Kind.TOOL, item.call.name, self.budget.now(),
-                             Outcome.REFUSED if item.refused_calls else Outcome.ERROR,
-                             arguments=item.call.arguments[:RECORDED_CHARS], result=item.refusal,
-                             call_id=item.call.id, **extra)
+        self.context.writer.add_step(Kind.TOOL, item.call.name, self.context.budget.now(),
+                                     Outcome.REFUSED if item.refused_calls else Outcome.ERROR,
+                                     arguments=item.call.arguments[:RECORDED_CHARS], result=item.refusal,
+                                     call_id=item.call.id, **extra)
 
     def skip(self, left: list[PlannedCall]) -> None:
         """The deadline has passed: answer every call left in one step, and end the turn."""
-        now = self.budget.now()
+        now, writer = self.context.budget.now(), self.context.writer
         for item in left:
             self.answer(item.call.id, item.refusal or NOT_RUN_RESULT)
         not_run = sum(1 for item in left if item.refusal is None)
         noun = "tool call" if not_run == 1 else "tool calls"
-        self.writer.add_step(Kind.TOOL, f"{not_run} {noun} not run", now, Outcome.SKIPPED, remaining_s=0.0,
-                             not_run_calls=not_run, arguments="{}", result=NOT_RUN_RESULT,
-                             detail=f"the deadline came before {not_run} {noun} could start")
-        log.info("turn %s: deadline passed with %d tool calls left; none started", self.writer.turn_id, not_run)
+        writer.add_step(Kind.TOOL, f"{not_run} {noun} not run", now, Outcome.SKIPPED, remaining_s=0.0,
+                        not_run_calls=not_run, arguments="{}", result=NOT_RUN_RESULT,
+                        detail=f"the deadline came before {not_run} {noun} could start")
+        log.info("turn %s: deadline passed with %d tool calls left; none started", writer.turn_id, not_run)
         raise TurnEnded(
             Status.TIMED_OUT,
             ErrorKind.DEADLINE,

@@ -27,8 +27,8 @@ from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestTy
 from streamlit_autorefresh import st_autorefresh
 
 from agent.contract import Status
+from agent.hosting import services
 from agent.hosts import host_allowed
-from agent.runtime import services
 from agent.runtime.connection import is_memory_error, redis_problem
 from agent.settings import (
     ALLOWED_HOSTS_VARIABLE,

@@ -15,6 +15,7 @@ from rq import Queue
 from agent.contract import ErrorKind, State, Status
 from agent.conversations import retention_words
 from agent.endings import write_ending
+from agent.hosting import services
 from agent.lost_worker import lost_worker_check
 from agent.queue import (
     BadMessage,
@@ -26,7 +27,6 @@ from agent.queue import (
     running_workers,
     submit_turn,
 )
-from agent.runtime import services
 from agent.settings import Settings, TurnConfig
 from agent.store import ConversationFull, ConversationGone, Store, StoreFull, TurnInFlight, is_conversation_id
 from agent.ui.markdown import inert

@@ -1,6 +1,6 @@
 """The worker pool: a small supervisor process that runs N workers and the demo provider.
 
-`python -m agent.runtime.pool --workers N [--parent-pid P] [--log-file PATH]`. The app or CLI starts
+`python -m agent.hosting.pool --workers N [--parent-pid P] [--log-file PATH]`. The app or CLI starts
 it as its own process (never a fork of the Streamlit process, which has threads). It restarts a
 worker that dies (a killed job takes its worker with it), stops every worker by its process group
 on SIGTERM/SIGINT, and stops by itself when the process that started it is gone. With --log-file,
@@ -25,7 +25,7 @@ from pathlib import Path
 from agent import PROJECT_ROOT
 from agent.runtime.logs import FORMAT, LOG_BACKUPS, LOG_MAX_BYTES, log_to_rotating_file, relay
 
-log = logging.getLogger("agent.runtime.pool")
+log = logging.getLogger("agent.hosting.pool")
 
 WATCH_INTERVAL_S = 0.2  # seconds between checks of the parent and the workers
 WARM_STOP_S = 1.5  # seconds a worker gets to finish on its own before a cold stop (RQ ignores a 2nd signal < 1 s)
@@ -53,7 +53,7 @@ class Pool:
     def spawn(self, index: int) -> None:
         name = f"agent-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}"
         self.procs[index] = subprocess.Popen(
-            [sys.executable, "-m", "agent.runtime.worker_process", "--with-parent",
+            [sys.executable, "-m", "agent.hosting.worker_process", "--with-parent",
              "--class", self.worker_class, "--name", name],
             env=self.env,
             stdin=subprocess.DEVNULL,
@@ -111,7 +111,7 @@ class Pool:
 
 @dataclass
 class PoolHandle:
-    """A running `python -m agent.runtime.pool` as seen by the process that started it."""
+    """A running `python -m agent.hosting.pool` as seen by the process that started it."""
 
     proc: subprocess.Popen
     demo_url: str | None
@@ -158,7 +158,7 @@ def launch(
             child_env.pop(key, None)
         else:
             child_env[key] = value
-    command = [sys.executable, "-m", "agent.runtime.pool", "--workers", str(workers), "--class", worker_class,
+    command = [sys.executable, "-m", "agent.hosting.pool", "--workers", str(workers), "--class", worker_class,
                "--parent-pid", str(os.getpid()), "--log-file", str(log_path), "--log-max-bytes", str(log_max_bytes),
                "--log-backups", str(log_backups)]
     if not demo:
@@ -208,7 +208,7 @@ def parent_alive(pid: int | None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.runtime.pool")
+    parser = argparse.ArgumentParser(prog="python -m agent.hosting.pool")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--class", dest="worker_class", default="simple")
     parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")

@@ -1,4 +1,4 @@
-"""One RQ worker process: `python -m agent.runtime.worker_process`. The pool and worker.py start these."""
+"""One RQ worker process: `python -m agent.hosting.worker_process`. The pool and worker.py start these."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from rq.serializers import JSONSerializer
 
 import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
 from agent import tracing
+from agent.hosting.pool import RECYCLE_EXIT_CODE
 from agent.queue import QUEUE_NAME, SafeJob
 from agent.runtime.connection import queue_client, redis_problem, state_client
-from agent.runtime.pool import RECYCLE_EXIT_CODE
 from agent.runtime.with_parent import die_with_parent
 from agent.tools import catalogue
 from agent.tools import sources as tool_sources
@@ -85,7 +85,7 @@ def make_worker(url: str, kind: str = DEFAULT_WORKER_CLASS, name: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.runtime.worker_process", description="Run one RQ worker.")
+    parser = argparse.ArgumentParser(prog="python -m agent.hosting.worker_process", description="Run one RQ worker.")
     parser.add_argument("--name")
     parser.add_argument("--class", dest="kind", choices=sorted(WORKER_CLASSES), default=DEFAULT_WORKER_CLASS)
     parser.add_argument("--burst", action="store_true", help="stop when the queue is empty")

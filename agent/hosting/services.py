@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from agent import tracing
-from agent.runtime import pool
+from agent.hosting import pool
 from agent.runtime.connection import describe, is_disk_error, queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering, data_dir
 from agent.settings import Settings
