@@ -445,3 +445,24 @@ def test_an_idle_tab_sees_a_turn_started_in_another_tab(server, browser):
     finally:
         first.close()
         second.close()
+
+
+def test_an_open_tab_whose_conversation_expired_says_so_without_a_reload(server, page):
+    from agent.runtime.connection import state_client
+    from agent.store import Keys, Store
+    from harness.waiting import wait_for
+
+    ask(page, server.url, "What is 31*23?")
+    page.wait_for_url("**/?c=*", timeout=15000)
+    wait_settled(page, "31*23 = 713", timeout_s=30)
+    cid = page.url.split("c=", 1)[1].split("&", 1)[0]
+    client = state_client(server.redis_url())
+    try:
+        for key in Keys.of(cid).all:  # as Redis expires them after the conversation's TTL
+            client.expire(key, 1)
+        wait_for(lambda: Store(client, ttl_s=600).read(cid) is None, 10, "the conversation expired")
+    finally:
+        client.close()
+    # The tab sits open and idle; it learns of the loss from its own follower, not from a reload.
+    page.get_by_text("The conversation this tab was showing has expired").first.wait_for(timeout=20000)
+    page.wait_for_selector(f"{INPUT}:not([disabled])", timeout=10000)  # and a new chat can be sent at once

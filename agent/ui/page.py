@@ -54,6 +54,7 @@ SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns
 SLICE_S = 0.1  # seconds the follower waits at a time: a click outside it is answered within this
 HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
 STATUS_REDRAW_S = 1.0  # seconds between redraws of the budget bar and the lost-worker check, in flight
+IDLE_CHECK_S = 2.0  # seconds between an idle follower's checks that its conversation still exists (one HGET)
 IDLE_TICK_MS = 3000  # milliseconds between the idle page's ticks (each a message, not a run, while it holds)
 EXAMPLES = (
     "What is 17*23, and what time is it in Tokyo?",
@@ -334,7 +335,9 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
             _give_way()
             if watch.error is not None:
                 raise watch.error
-            stale = live is not None and time.monotonic() >= next_status
+            # In flight: the budget bar's clock and the lost-worker check. Idle: whether the conversation
+            # is still there (an expired or deleted one writes nothing to wake the watch).
+            stale = time.monotonic() >= next_status
             if not moved and not stale:
                 continue
             # No wait here: the watch already waited. Unchanged, this is the lost-worker check.
@@ -343,6 +346,7 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
                 st.rerun(scope="app")
             if live is None:
                 state = fresh
+                next_status = time.monotonic() + IDLE_CHECK_S
                 continue
             text_only = ui.text_only_change(state, fresh)
             steps_moved = ui.steps_moved(state, fresh)

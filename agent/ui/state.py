@@ -147,7 +147,8 @@ def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait
         cached = None
     version = store.version(cid)
     if version is None:
-        session.pop(VIEW_KEY, None)
+        # The view stays: the full run this leads to tells "this tab was showing it" (expired, deleted)
+        # from "a link to an unknown conversation" by it, and drops it then.
         return Poll(None, changed=cached is not None)
     in_flight = cached is not None and not cached["state"]["done"]
     if in_flight and version == cached["version"] and wait_ms > 0:
