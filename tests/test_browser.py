@@ -306,13 +306,6 @@ def test_a_reply_links_only_to_web_pages_and_mail_addresses_in_the_browser(serve
     assert page.locator('[data-testid="stChatMessage"] [data-testid="stMarkdownContainer"] img').count() == 0
 
 
-def test_stopping_the_page_stops_its_redis_and_workers(server):
-    server.note_redis()
-    assert server.leftovers(timeout_s=0), "the pool and Redis ran while the page did"
-    server.stop()
-    assert server.leftovers() == []
-
-
 LONG_CHAT_TURNS = 30
 LONG_CHAT_SETTLE_S = 3.0  # seconds from a turn's final write to the page settled (answer, no polling, input on)
 LONG_CHAT_HOGS = 2  # busy loops: a 2-core machine with something else running
@@ -466,3 +459,11 @@ def test_an_open_tab_whose_conversation_expired_says_so_without_a_reload(server,
     # The tab sits open and idle; it learns of the loss from its own follower, not from a reload.
     page.get_by_text("The conversation this tab was showing has expired").first.wait_for(timeout=20000)
     page.wait_for_selector(f"{INPUT}:not([disabled])", timeout=10000)  # and a new chat can be sent at once
+
+
+# Last: it stops the module's page server the tests above share.
+def test_stopping_the_page_stops_its_redis_and_workers(server):
+    server.note_redis()
+    assert server.leftovers(timeout_s=0), "the pool and Redis ran while the page did"
+    server.stop()
+    assert server.leftovers() == []
