@@ -188,6 +188,15 @@ def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = Non
         server.kill_leftovers()
 
 
+HOG_LOOP = """
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    for _ in range(1_000_000):
+        pass
+"""
+
+
 @contextlib.contextmanager
 def cpu_hogs(count: int):
     """`count` busy loops, one process each, for a machine as busy as a shared demo laptop.
@@ -195,7 +204,8 @@ def cpu_hogs(count: int):
     Under `make test-under-load` its hogs count towards `count` (CPU_HOGS_RUNNING), so a test
     asks for the load it means, not that load on top of the suite's own."""
     count = max(0, count - int(os.environ.get("CPU_HOGS_RUNNING") or 0))
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+    # Each loop also ends by itself once this process is gone (a test run killed outright runs no finally).
+    procs = [subprocess.Popen([sys.executable, "-c", HOG_LOOP, str(os.getpid())], stdin=subprocess.DEVNULL,
                               start_new_session=True) for _ in range(count)]
     try:
         yield procs

@@ -186,8 +186,8 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     # Then the turn in flight (or, when it has ended, its frame emptied), before the rest of the page.
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[HANDOFF_KEY] = state
-        with live_box:
-            _follow(settings, be, cid, state["turn_id"], in_flight)
+    with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
+        _follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
 
     # First in the sidebar: a new chat and the conversations to come back to (filled after the input is
     # drawn), then the next turn's settings.
@@ -264,7 +264,7 @@ def _live_places() -> _Live:
 
 
 @st.fragment
-def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_flight: bool) -> None:
+def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool) -> None:
     """The turn in flight (or nothing, when the conversation is idle), kept up to date within this run.
 
     In a full run it draws what the run read. Its streamlit-autorefresh component (one per
@@ -288,9 +288,16 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_fligh
             st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
 
 
-def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str, in_flight: bool,
+def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool,
                  following: list[bool]) -> None:
     session = st.session_state
+    if turn_id is None:
+        # A new chat: nothing to follow yet, but its component is drawn now, under the key its first turn
+        # will use (the chat's id does not change when the message is sent). A browser takes seconds to
+        # load a component's frame on a busy machine; loaded here, the first turn is followed at once.
+        st_autorefresh(interval=IDLE_TICK_MS, key=f"follow-{cid}")
+        following.append(True)
+        return
     state = session.pop(HANDOFF_KEY, None)
     full_run = state is not None
     if not full_run:
