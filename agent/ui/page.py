@@ -292,11 +292,9 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
                  following: list[bool]) -> None:
     session = st.session_state
     if turn_id is None:
-        # A new chat: nothing to follow yet, but its component is drawn now, under the key its first turn
-        # will use (the chat's id does not change when the message is sent). A browser takes seconds to
-        # load a component's frame on a busy machine; loaded here, the first turn is followed at once.
-        st_autorefresh(interval=IDLE_TICK_MS, key=f"follow-{cid}")
-        following.append(True)
+        # A new chat: nothing to follow yet, but its component is drawn now, where and under the key its
+        # first turn will draw it (the chat's id does not change when the message is sent).
+        _follow_component(settings, cid, in_flight=False, following=following)
         return
     state = session.pop(HANDOFF_KEY, None)
     full_run = state is not None
@@ -309,6 +307,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
             return
         if _turn_moved(state, turn_id, in_flight):
             st.rerun(scope="app")
+    _follow_component(settings, cid, in_flight=in_flight, following=following)
     live = None
     if not in_flight:
         st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
@@ -316,12 +315,18 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         live = _live_places()
         _draw_turn(live, state)
         _draw_status(settings, be, live, state, chart=True)
-    # A tick costs no run while the follower holds (Streamlit queues it behind the run), so the
-    # interval is only how soon a follower starts after a full run: short in flight, longer idle.
-    st_autorefresh(interval=settings.poll_interval_ms if in_flight else IDLE_TICK_MS, key=f"follow-{cid}")
-    following.append(True)
     if not full_run:  # a full run cannot ask for a fragment rerun, nor hold: the next tick starts one
         _hold(settings, be, cid, state, live)
+
+
+def _follow_component(settings: Settings, cid: str, *, in_flight: bool, following: list[bool]) -> None:
+    """The streamlit-autorefresh component, first in the fragment in every run (a new chat, idle, in
+    flight), under one key per conversation: the browser keeps the same frame, instead of loading a new
+    one (seconds, on a busy machine) just when a turn starts. A tick costs no run while the follower
+    holds (Streamlit queues it behind the run), so the interval is only how soon a follower starts
+    after a full run: short in flight, longer idle."""
+    st_autorefresh(interval=settings.poll_interval_ms if in_flight else IDLE_TICK_MS, key=f"follow-{cid}")
+    following.append(True)
 
 
 def _turn_moved(state: dict | None, turn_id: str, in_flight: bool) -> bool:
