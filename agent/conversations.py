@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+import redis
+
 from agent.store import INDEX_KEY, Keys, Store
 
 DEFAULT_PAGE = 50  # conversations one listing returns
@@ -68,14 +70,17 @@ def _page(store: Store, start: int, count: int) -> tuple[list[ConversationInfo],
     with store.redis.pipeline(transaction=False) as pipe:
         for member, _ in entries:
             pipe.hmget(Keys.of(_text(member)).meta, "title", "turns", "done")
-        metas = pipe.execute()
+        metas = pipe.execute(raise_on_error=False)  # one conversation's wrong-typed keys spoil no other row
     infos, gone = [], []
-    for (member, score), (title, turns, done) in zip(entries, metas, strict=True):
+    for (member, score), meta in zip(entries, metas, strict=True):
+        if isinstance(meta, Exception):
+            infos.append(ConversationInfo(_text(member), UNREADABLE_TITLE, float(score), 0, False))
+            continue
+        title, turns, done = meta
         if done is None:  # its keys expired: the entry goes too
             gone.append(member)
             continue
-        infos.append(ConversationInfo(_text(member), _text(title or b""), float(score), int(turns or 0),
-                                      done != b"1"))
+        infos.append(_row(_text(member), title, float(score), turns, done))
     if gone:
         store.redis.zrem(INDEX_KEY, *gone)
     return infos, len(entries)
@@ -102,15 +107,30 @@ def sweep_expired(store: Store, now: float | None = None) -> int:
 
 def info(store: Store, conversation_id: str) -> ConversationInfo | None:
     """One conversation's row, or None when it does not exist."""
-    title, turns, done = store.redis.hmget(Keys.of(conversation_id).meta, "title", "turns", "done")
+    try:
+        title, turns, done = store.redis.hmget(Keys.of(conversation_id).meta, "title", "turns", "done")
+    except redis.ResponseError:  # keys of the wrong kind: the page says it cannot be read
+        return ConversationInfo(conversation_id, UNREADABLE_TITLE, 0.0, 0, False)
     if done is None:
         return None
     score = store.redis.zscore(INDEX_KEY, conversation_id)
-    return ConversationInfo(conversation_id, _text(title or b""), float(score or 0), int(turns or 0), done != b"1")
+    return _row(conversation_id, title, float(score or 0), turns, done)
+
+
+def _row(conversation_id: str, title, score: float, turns, done) -> ConversationInfo:
+    """A row from what the meta hash holds, whatever it holds (a hand-written hash may hold anything)."""
+    try:
+        count = max(0, int(turns or 0))
+    except (TypeError, ValueError):
+        count = 0
+    return ConversationInfo(conversation_id, _text(title or b""), score, count, done != b"1")
+
+
+UNREADABLE_TITLE = "(cannot be read)"
 
 
 def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def retention_words(ttl_s: int) -> str:
