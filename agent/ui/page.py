@@ -183,26 +183,24 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     if in_flight:
         with stop_box:
             _stop_control(settings, be, state)
-    # Then the turn in flight (or, when it has ended, its frame emptied), before the rest of the page.
-    if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
-        session[HANDOFF_KEY] = state
-    with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
-        _follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
-
     # First in the sidebar: a new chat and the conversations to come back to (filled after the input is
     # drawn), then the next turn's settings.
     top = st.sidebar.container()
     st.sidebar.divider()
     config, config_error = sidebar.render_sidebar(settings.turn)
     tool_sources.render_tool_sources(be.store.redis)
-    # Streamlit pins the input to the bottom wherever it is called.
-    st.chat_input(
-        "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
-        key=INPUT_KEY,
-        disabled=in_flight or config is None,
-        on_submit=_on_send,
-        args=(settings, be, cid),
-    )
+    # Streamlit pins the input to the bottom wherever it is called. A run that starts a turn turns it off
+    # before it shows the turn; one that ends a turn empties the turn's frame before it turns it back on:
+    # the page never shows a turn in flight with the input on.
+    if in_flight:
+        _chat_input(settings, be, cid, in_flight, config)
+    # Then the turn in flight (or, when it has ended, its frame emptied).
+    if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
+        session[HANDOFF_KEY] = state
+    with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
+        _follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
+    if not in_flight:
+        _chat_input(settings, be, cid, in_flight, config)
     top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
     conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
                                           show_list=settings.show_conversations)
@@ -224,6 +222,16 @@ def _page(settings: Settings, be: ui.Backend) -> None:
                    "Press **Stop** to end it early.")
     elif config is None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
+
+
+def _chat_input(settings: Settings, be: ui.Backend, cid: str, in_flight: bool, config) -> None:
+    st.chat_input(
+        "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
+        key=INPUT_KEY,
+        disabled=in_flight or config is None,
+        on_submit=_on_send,
+        args=(settings, be, cid),
+    )
 
 
 def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
