@@ -8,6 +8,7 @@ configuration (for the smoke test) and writes wherever `--out` says.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -243,18 +244,22 @@ def judge(results: dict) -> dict:
         goals |= page.goals(results["page"])
         goals["page_tick_growth"] = (results["page_tick_growth"] or 0) <= 1.5 and (
             results["page_tick_bytes_growth"] or 0) <= 1.5
-    if "deadline_accuracy" not in results:
-        return goals
-    deadline = results["deadline_accuracy"]
-    return goals | {
-        "first_step_ratio": results["first_step_ratio"] <= 0.35,
-        "queue_overhead_ratio": results["queue_overhead_ratio"] <= 1.02,
-        "tracing_overhead_ratio": results["tracing_overhead"]["ratio"] <= 1.02,
-        "publish_to_observed_p50": results["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
+    # Each goal is judged from its own figures, when the results hold them (a `--page-only` run merges
+    # into an earlier run's file, which may predate a section).
+    checks = {
+        "first_step_ratio": lambda r: r["first_step_ratio"] <= 0.35,
+        "queue_overhead_ratio": lambda r: r["queue_overhead_ratio"] <= 1.02,
+        "tracing_overhead_ratio": lambda r: r["tracing_overhead"]["ratio"] <= 1.02,
+        "publish_to_observed_p50": lambda r: r["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
         # O(1) poll and O(new messages) publish: 100x the history, (nearly) the same bytes.
-        "cost_vs_history": results["poll_growth_1000_vs_10"] <= 1.1 and results["publish_growth_1000_vs_10"] <= 1.2,
-        "deadline_accuracy": deadline["turns_past_job_timeout"] == 0 and deadline["killed_by_queue"] == 0,
+        "cost_vs_history": lambda r: r["poll_growth_1000_vs_10"] <= 1.1 and r["publish_growth_1000_vs_10"] <= 1.2,
+        "deadline_accuracy": lambda r: (r["deadline_accuracy"]["turns_past_job_timeout"] == 0
+                                        and r["deadline_accuracy"]["killed_by_queue"] == 0),
     }
+    for name, check in checks.items():
+        with contextlib.suppress(KeyError):
+            goals[name] = check(results)
+    return goals
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,7 +112,9 @@ def _condition(lengths: tuple[int, ...], turns_per_length: int, stops: int, hog_
                         draws += [r.draw_s for r in ticks]
                         sizes += [r.draw_bytes for r in ticks]
                         updates += [b for r in ticks for b in r.update_bytes]
-                        full_runs += [r.duration_s for r in wire.finished(mark, fragment=False)]
+                        # The full run that ended the turn (the one that started it follows the turn
+                        # until the follower takes over, so its length is not what it cost to draw).
+                        full_runs += [r.duration_s for r in wire.finished(mark, fragment=False)[-1:]]
                     rows.append({
                         "turns": length,
                         "tick_draw_ms": summary(draws, scale=1000),

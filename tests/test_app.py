@@ -367,6 +367,42 @@ def test_the_timeline_has_a_bar_and_a_timeout_per_step_and_both_clocks():
     assert timeline.timeline_chart(steps, summary) is not None
 
 
+def test_the_timeline_is_valid_vega_lite_for_every_kind_of_turn():
+    """The spec is written as a dict (no Altair at run time): Vega-Lite's own schema checks it, over
+    seeded random turns (kinds, outcomes, clocks present or not, a step running now, zoom)."""
+    import random
+
+    import jsonschema
+    from altair.vegalite.v6.schema import SCHEMA_URL, load_schema
+
+    validator = jsonschema.Draft7Validator(load_schema())
+    rng = random.Random(12)
+    assert timeline.VEGA_LITE_SCHEMA == SCHEMA_URL, "the version Streamlit's Altair draws"
+    for _ in range(40):
+        t0 = 1000.0
+        steps = []
+        for n in range(rng.randint(0, 6)):
+            kind = rng.choice(["model", "tool", "retry", "skip"])
+            one = step("t", n + 1, kind, rng.choice(["demo", "calculator", "wait"]), t0 + n, attempt=rng.randint(1, 3))
+            one["outcome"] = rng.choice(["ok", "timeout", "error", "skipped", "refused"])
+            one["timeout_s"] = rng.choice([None, 0.5, 8.0])
+            steps.append(one)
+        clocks = {"started_at": t0}
+        if rng.random() < 0.8:
+            clocks |= {"deadline_at": t0 + 40, "job_timeout_at": t0 + 50}
+        summary = turn_summary("t", clocks, t0 + 9)
+        running = None
+        if rng.random() < 0.5:
+            running = {"kind": "model", "name": "demo", "started_at": t0 + 8, "timeout_s": 5}
+        spec = timeline.timeline_chart(steps, summary, now=t0 + 9 if running else None, current=running,
+                                       zoom=rng.random() < 0.5)
+        if not steps and not running:
+            assert spec is None
+            continue
+        errors = sorted(validator.iter_errors(spec), key=str)
+        assert not errors, errors[0].message
+
+
 def test_turns_are_split_at_each_user_message_with_their_own_steps():
     state = {"history": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
                          {"role": "user", "content": "b"}],
@@ -804,6 +840,25 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
         write_ending(store, cid, turn_id, "cancelled", "cancelled", "Stopped.")
         assert watch.wait(5.0), "the ending woke it"
         assert watch.error is None
+    finally:
+        watch.close()
+
+
+def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_not_a_thread_traceback(store):
+    from agent.store import Keys
+    from agent.ui.watch import VersionWatch
+    from agent.well_formed import UnreadableState
+
+    cid, turn_id = make_status(store, "running")
+    watch = VersionWatch(store, cid, store.version(cid))
+    try:
+        # A hostile write: the version stops being a whole number, and the event stream moves.
+        store.redis.hset(Keys.of(cid).meta, "version", "7\n")
+        store.redis.xadd(Keys.of(cid).events, {"v": "8"})
+        assert watch.wait(5.0), "the watch woke"
+        assert isinstance(watch.error, UnreadableState)
+        watch._thread.join(5.0)
+        assert not watch._thread.is_alive(), "the thread ended: nothing left to watch"
     finally:
         watch.close()
 

@@ -414,9 +414,8 @@ def test_stop_mid_stream_is_acknowledged_at_once_and_ends_the_turn_keeping_what_
         ask(page, stream_page.url, "Tell me a very long story.")
         page.wait_for_function("() => (window.__wordCounts.at(-1) || [0, 0])[1] >= 3", timeout=30000)
         page.get_by_role("button", name="Stop").click()
-        page.get_by_text("Stopping…").first.wait_for(timeout=10000)
         wait_settled(page, "Stopped.", timeout_s=30)
-        clicked, acknowledged = stop_times(page)
+        clicked, acknowledged = stop_times(page)  # "Stopping…" as the page's observer saw it, however briefly
         assert clicked is not None and acknowledged is not None and acknowledged >= clicked
         shown = word_counts(page)[-1][1]
         assert 3 <= shown < LONG_STREAM_WORDS, "what was written before Stop stays on screen, and no more"
@@ -464,6 +463,52 @@ def test_an_open_tab_whose_conversation_expired_says_so_without_a_reload(server,
     # The tab sits open and idle; it learns of the loss from its own follower, not from a reload.
     page.get_by_text("The conversation this tab was showing has expired").first.wait_for(timeout=20000)
     page.wait_for_selector(f"{INPUT}:not([disabled])", timeout=10000)  # and a new chat can be sent at once
+
+
+def test_deleting_a_conversation_in_flight_from_another_tab_ends_its_turn_and_the_first_tab_says_so(server, browser):
+    from agent.queue import job_status
+    from agent.runtime.connection import queue_client, state_client
+    from agent.store import Keys, Store
+    from harness.waiting import wait_for
+
+    first, second = (browser.new_context(viewport={"width": 1280, "height": 1000}) for _ in range(2))
+    client = state_client(server.redis_url())
+    try:
+        one, two = first.new_page(), second.new_page()
+        ask(one, server.url, "Please be slow 20 seconds, then tell me the time in Paris.")
+        one.wait_for_url("**/?c=*", timeout=15000)
+        cid = one.url.split("c=", 1)[1].split("&", 1)[0]
+        store = Store(client, ttl_s=600)
+        meta = wait_for(lambda: (m := store.read_meta(cid)) and (m["current_step"] or {}).get("kind") == "tool" and m,
+                        30, "the turn runs its 20 s tool")
+        one.get_by_role("button", name="Stop").wait_for(timeout=15000)  # the first tab follows it, in flight
+
+        two.goto(one.url)
+        two.get_by_text("This conversation").first.click()  # the sidebar's expander for the open conversation
+        two.get_by_role("button", name="Delete…").click()
+        two.get_by_text("Its reply in flight is stopped.").first.wait_for(timeout=10000)
+        two.get_by_role("button", name="Delete", exact=True).click()
+        two.get_by_text("The conversation was deleted. This is a new chat.").first.wait_for(timeout=15000)
+
+        # The first tab, left alone, learns it from its own follower: it says so and offers a new chat.
+        one.get_by_text("The conversation this tab was showing was deleted").first.wait_for(timeout=20000)
+        one.wait_for_selector(f"{INPUT}:not([disabled])", timeout=10000)
+        assert one.get_by_role("button", name="Stop").count() == 0
+        assert "c=" not in one.url
+
+        # The worker's turn stopped long before its 20 s tool would have ended, and wrote nothing back.
+        queue = queue_client(server.redis_url())
+        try:
+            wait_for(lambda: job_status(queue, meta["job_id"]) in ("finished", "failed", None), 15, "the job ended")
+            assert job_status(queue, meta["job_id"]) in ("finished", None)
+            assert time.time() < meta["current_step"]["started_at"] + 20, "it ended before its tool would have"
+        finally:
+            queue.close()
+        assert client.exists(*Keys.of(cid).all) == 0
+    finally:
+        client.close()
+        first.close()
+        second.close()
 
 
 # Last: it stops the module's page server the tests above share.

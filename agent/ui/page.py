@@ -14,6 +14,7 @@ so nothing can livelock the page.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -47,11 +48,16 @@ from agent.well_formed import UnreadableState, number
 
 log = logging.getLogger(__name__)
 
+# Everything imported so far (Streamlit, Altair, pandas, the product) lives as long as the server: out
+# of the collector's reach, a full collection no longer walks it (~150 ms each, with the GIL held).
+# This module is imported once per server process (app.py, which Streamlit re-executes, imports it).
+gc.freeze()
+
 INPUT_KEY = "chat_input"
 REDIS_RETRY_MS = 3000  # milliseconds between retries while Redis does not answer
 HANDOFF_KEY = "agent_follow_handoff"  # the state a full run read, handed to the fragment it draws
 SHOW_ALL_KEY = "agent_show_all_turns"  # the conversation id whose earlier turns the user asked to see
-SLICE_S = 0.1  # seconds the follower waits at a time: a click outside it is answered within this
+SLICE_S = 0.05  # seconds the follower waits at a time: a click outside it is answered within this
 HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
 STATUS_REDRAW_S = 1.0  # seconds between redraws of the budget bar and the lost-worker check, in flight
 IDLE_CHECK_S = 2.0  # seconds between an idle follower's checks that its conversation still exists (one HGET)
@@ -198,7 +204,7 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[HANDOFF_KEY] = state
     with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
-        _follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
+        live = _follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
     if not in_flight:
         _chat_input(settings, be, cid, in_flight, config)
     top.button("🗨️ New chat", on_click=_new_chat, width="stretch")
@@ -222,6 +228,8 @@ def _page(settings: Settings, be: ui.Backend) -> None:
                    "Press **Stop** to end it early.")
     elif config is None:
         st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
+    if live is not None:  # everything is drawn: follow the turn from here until the follower takes over
+        _bridge(settings, be, cid, state, live)
 
 
 def _chat_input(settings: Settings, be: ui.Backend, cid: str, in_flight: bool, config) -> None:
@@ -272,19 +280,20 @@ def _live_places() -> _Live:
 
 
 @st.fragment
-def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool) -> None:
+def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool) -> _Live | None:
     """The turn in flight (or nothing, when the conversation is idle), kept up to date within this run.
 
     In a full run it draws what the run read. Its streamlit-autorefresh component (one per
     conversation, so the browser keeps the same one) starts a fragment run after a full run; that run
     follows the event stream for up to HOLD_S, drawing each write as it lands, then restarts itself.
     Ticks that come meanwhile only queue one rerun, which restarts a run that ended any other way.
-    When a turn starts or ends it asks for one full run, which draws the page around it.
+    When a turn starts or ends it asks for one full run, which draws the page around it. In a full run
+    it returns the places it drew for a turn in flight, which the run follows once the page is drawn.
 
     An exception here is not caught by main(): it is said in a sentence, and the following goes on."""
     following: list[bool] = []  # the body appends once it has drawn the autorefresh component
     try:
-        _follow_body(settings, be, cid, turn_id, in_flight, following)
+        return _follow_body(settings, be, cid, turn_id, in_flight, following)
     except UnreadableState as exc:
         log.warning("%s", exc)
         st.rerun(scope="app")  # the full run says so, and offers a new chat
@@ -294,16 +303,33 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, i
                    "looking for it.", icon="⚠️")
         if not following:
             st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
+    return None
+
+
+def _bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live) -> None:
+    """A full run that found a turn in flight (it started it, or Stop was pressed) follows it once the
+    whole page is drawn, so the first words, a step or the ending show at once rather than after the
+    follower's first tick. It gives way to that tick (the follower takes over), to any click, and
+    to the turn's start or end (one more full run); it lasts at most two ticks."""
+    try:
+        _hold(settings, be, cid, state, live, limit_s=2 * settings.poll_interval_ms / 1000)
+    except UnreadableState as exc:
+        log.warning("%s", exc)
+        st.rerun(scope="app")  # the next full run says so, and offers a new chat
+    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback; the follower goes on
+        log.exception("the turn in flight could not be followed")
+        st.warning(f"The reply being written could not be followed ({type(exc).__name__}); this page keeps "
+                   "looking for it.", icon="⚠️")
 
 
 def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool,
-                 following: list[bool]) -> None:
+                 following: list[bool]) -> _Live | None:
     session = st.session_state
     if turn_id is None:
         # A new chat: nothing to follow yet, but its component is drawn now, where and under the key its
         # first turn will draw it (the chat's id does not change when the message is sent).
         _follow_component(settings, cid, in_flight=False, following=following)
-        return
+        return None
     state = session.pop(HANDOFF_KEY, None)
     full_run = state is not None
     if not full_run:
@@ -312,7 +338,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         except redis.RedisError as exc:
             log.warning("redis failed during a poll: %s", exc)
             _redis_down(exc)
-            return
+            return None
         if _turn_moved(state, turn_id, in_flight):
             st.rerun(scope="app")
     _follow_component(settings, cid, in_flight=in_flight, following=following)
@@ -323,8 +349,11 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         live = _live_places()
         _draw_turn(live, state)
         _draw_status(settings, be, live, state, chart=True)
-    if not full_run:  # a full run cannot ask for a fragment rerun, nor hold: the next tick starts one
-        _hold(settings, be, cid, state, live)
+    if full_run:  # the run follows the turn in flight once it has drawn the rest of the page (_bridge)
+        return live
+    if _hold(settings, be, cid, state, live, limit_s=HOLD_S):
+        st.rerun(scope="fragment")  # a fresh run: a fresh draw, a fresh watch
+    return None
 
 
 def _follow_component(settings: Settings, cid: str, *, in_flight: bool, following: list[bool]) -> None:
@@ -342,17 +371,20 @@ def _turn_moved(state: dict | None, turn_id: str, in_flight: bool) -> bool:
     return state is None or state["turn_id"] != turn_id or state["done"] == in_flight
 
 
-def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live | None) -> None:
-    """Follow the event stream for up to HOLD_S: each write is drawn as it lands, and every SLICE_S the
-    run gives way to whatever else waits (a click outside cuts it; another fragment's rerun goes first)."""
+def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live | None, *, limit_s: float) -> bool:
+    """Follow the event stream for up to `limit_s` (then True): each write is drawn as it lands, and
+    every SLICE_S the run gives way to whatever else waits. A click outside cuts it. Another fragment's
+    rerun goes first: a fragment run asks to run again after it; a full run simply ends (the follower
+    takes over). False when it gave way or Redis failed (said on the page, which retries)."""
     session = st.session_state
     watch = VersionWatch(be.store, cid, state["version"])
     try:
-        end = time.monotonic() + HOLD_S
+        end = time.monotonic() + limit_s
         next_status = time.monotonic() + STATUS_REDRAW_S
         while time.monotonic() < end:
             moved = watch.wait(SLICE_S)
-            _give_way()
+            if _give_way():
+                return False
             if watch.error is not None:
                 raise watch.error
             # In flight: the budget bar's clock and the lost-worker check. Idle: whether the conversation
@@ -382,18 +414,26 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
     except redis.RedisError as exc:
         log.warning("redis failed while following a conversation: %s", exc)
         _redis_down(exc)
-        return
+        return False
     finally:
         watch.close()
-    st.rerun(scope="fragment")
+    return True
 
 
-def _give_way() -> None:
-    """A yield point: a full run waiting (a click outside this fragment) cuts this run here, and a
-    fragment's rerun waiting (a toggle in an earlier turn, the net) is let through, this one after it."""
+def _give_way() -> bool:
+    """A yield point: a full run waiting (a click outside) cuts this run here. A fragment's rerun waiting
+    (a toggle in an earlier turn, the follower's tick) is let through: a fragment run asks to run again
+    after it; a full run is told to end (True)."""
     _ = INPUT_KEY in st.session_state  # reading session state is where Streamlit honours a waiting rerun
-    if _fragment_rerun_waiting():
+    if not _fragment_rerun_waiting():
+        return False
+    if _in_fragment_run():
         st.rerun(scope="fragment")
+    return True
+
+
+def _in_fragment_run() -> bool:
+    return bool(getattr(get_script_run_ctx(), "fragment_ids_this_run", None))
 
 
 def waiting_fragment_ids(requests) -> list[str]:
@@ -425,7 +465,7 @@ def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict, *
     if chart and state["status"] != Status.QUEUED:
         figure = timeline_chart(turn["steps"], turn["summary"], now=ui.now(), current=state.get("current_step"))
         if figure is not None:
-            live.chart.altair_chart(figure, width="stretch")
+            live.chart.vega_lite_chart(figure, width="stretch")
 
 
 def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:

@@ -384,10 +384,8 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
 
 @st.cache_data(max_entries=512, show_spinner=False)
 def finished_chart_spec(steps_json: str, summary_json: str, zoom: bool) -> dict | None:
-    """A finished turn's timeline never changes: build it once (Altair takes ~70 ms a chart), not
-    on every poll, so a long conversation still renders well inside the refresh interval."""
-    chart = timeline_chart(json.loads(steps_json), json.loads(summary_json), zoom=zoom)
-    return None if chart is None else chart.to_dict()
+    """A finished turn's timeline never changes: built once, not on every run of the page."""
+    return timeline_chart(json.loads(steps_json), json.loads(summary_json), zoom=zoom)
 
 
 def render_turn_clocks(turn: dict, *, expanded: bool) -> None:

@@ -1,11 +1,9 @@
 """The three clocks as a picture: one bar per step against the deadline and the job timeout.
 
-`timeline_rows` is pure (steps + a turn summary -> rows); `timeline_chart` draws them with Altair.
+`timeline_rows` is pure (steps + a turn summary -> rows); `timeline_chart` turns them into a Vega-Lite spec.
 """
 
 from __future__ import annotations
-
-import altair as alt
 
 from agent.contract import Kind, Outcome, Step, TurnSummary
 
@@ -23,6 +21,7 @@ COLOURS = {  # colour-blind friendly, and failures stand out
     TIMEOUT_LABEL: "#D3D8DE",
 }
 MIN_BAR_FRACTION = 0.006  # of the x range: a 3 ms step still shows as a sliver
+VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"  # the version Streamlit draws
 CHART_TITLE = "How this turn used its time"
 CHART_SUBTITLE = [
     "Each coloured bar is one step; the grey bar behind it is the timeout that step was given.",
@@ -110,7 +109,10 @@ def clock_rules(summary: TurnSummary) -> list[dict]:
 
 
 def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None = None, current: dict | None = None,
-                   zoom: bool = False) -> alt.LayerChart | None:
+                   zoom: bool = False) -> dict | None:
+    """The Vega-Lite spec, written as the dict it is: building it through Altair (and its schema
+    validation) took 170-280 ms a chart, most of a page run; this takes well under a millisecond.
+    `tests/test_app.py` validates it against Vega-Lite's schema."""
     rows = timeline_rows(steps, summary, now=now, current=current)
     if not rows:
         return None
@@ -121,50 +123,56 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         domain_end = max(last * 1.15, 0.05)
     else:
         domain_end = horizon_s(summary, steps, now) * 1.03
-    x_scale = alt.Scale(domain=[0, domain_end], nice=False)
+    x_scale = {"domain": [0, domain_end], "nice": False}
     present = {r["what"] for r in rows}
     legend_domain = [k for k in COLOURS if k in present]
-    colour = alt.Color(
-        "what:N",
-        title=None,
-        scale=alt.Scale(domain=legend_domain, range=[COLOURS[k] for k in legend_domain]),
-        legend=alt.Legend(orient="bottom", columns=5, symbolType="square"),
-    )
+    colour = {"field": "what", "type": "nominal", "title": None,
+              "scale": {"domain": legend_domain, "range": [COLOURS[k] for k in legend_domain]},
+              "legend": {"orient": "bottom", "columns": 5, "symbolType": "square"}}
     order = [r["step"] for r in rows if r["layer"] == "step"]
     # The outer padding leaves a free band at the top for the clocks' labels.
-    y = alt.Y("step:N", sort=order, title=None, axis=alt.Axis(labelLimit=220, ticks=False),
-              scale=alt.Scale(paddingInner=0.25, paddingOuter=0.9))
+    y = {"field": "step", "type": "nominal", "sort": order, "title": None,
+         "axis": {"labelLimit": 220, "ticks": False}, "scale": {"paddingInner": 0.25, "paddingOuter": 0.9}}
     tooltip = [
-        alt.Tooltip("step:N", title="step"),
-        alt.Tooltip("what:N", title="kind"),
-        alt.Tooltip("start_s:Q", title="started at (s)", format=".2f"),
-        alt.Tooltip("took_s:Q", title="took (s)", format=".3f"),
-        alt.Tooltip("timeout_s:Q", title="timeout (s)", format=".1f"),
-        alt.Tooltip("detail:N", title="detail"),
+        {"field": "step", "type": "nominal", "title": "step"},
+        {"field": "what", "type": "nominal", "title": "kind"},
+        {"field": "start_s", "type": "quantitative", "title": "started at (s)", "format": ".2f"},
+        {"field": "took_s", "type": "quantitative", "title": "took (s)", "format": ".3f"},
+        {"field": "timeout_s", "type": "quantitative", "title": "timeout (s)", "format": ".1f"},
+        {"field": "detail", "type": "nominal", "title": "detail"},
     ]
-    x = alt.X("start_s:Q", scale=x_scale, title="seconds since the job started")
-    timeouts = alt.Chart(alt.Data(values=[r for r in rows if r["layer"] == "timeout"])).mark_bar(
-        size=20, opacity=0.8, clip=True).encode(x=x, x2="end_s:Q", y=y, color=colour, tooltip=tooltip)
-    bars = alt.Chart(alt.Data(values=[r for r in rows if r["layer"] == "step"])).mark_bar(
-        size=11, clip=True, cornerRadius=2).encode(x=x, x2="end_s:Q", y=y, color=colour, tooltip=tooltip)
-    layers = [timeouts, bars] if any(r["layer"] == "timeout" for r in rows) else [bars]
+    x = {"field": "start_s", "type": "quantitative", "scale": x_scale, "title": "seconds since the job started"}
+    bar_encoding = {"x": x, "x2": {"field": "end_s"}, "y": y, "color": colour, "tooltip": tooltip}
+
+    def layer(values: list[dict], mark: dict, encoding: dict) -> dict:
+        return {"data": {"values": values}, "mark": mark, "encoding": encoding}
+
+    def at_x(field: str) -> dict:
+        return {"field": field, "type": "quantitative", "scale": x_scale}
+
+    timeouts = [r for r in rows if r["layer"] == "timeout"]
+    timeout_mark = {"type": "bar", "size": 20, "opacity": 0.8, "clip": True}
+    layers = [layer(timeouts, timeout_mark, bar_encoding)] if timeouts else []
+    layers.append(layer([r for r in rows if r["layer"] == "step"],
+                        {"type": "bar", "size": 11, "clip": True, "cornerRadius": 2}, bar_encoding))
     if len(rules) == 2:
-        margin = alt.Chart(alt.Data(values=[{"from": rules[0]["at_s"], "to": rules[1]["at_s"]}])).mark_rect(
-            color="#F2A65A", opacity=0.13, clip=True
-        ).encode(x=alt.X("from:Q", scale=x_scale), x2="to:Q")
-        layers.insert(0, margin)
+        layers.insert(0, layer([{"from": rules[0]["at_s"], "to": rules[1]["at_s"]}],
+                               {"type": "rect", "color": "#F2A65A", "opacity": 0.13, "clip": True},
+                               {"x": at_x("from"), "x2": {"field": "to"}}))
     for rule in rules:
-        at = alt.Chart(alt.Data(values=[rule]))
-        x_at = alt.X("at_s:Q", scale=x_scale)
-        layers.append(at.mark_rule(strokeDash=[6, 3], strokeWidth=2, clip=True, color=rule["colour"]).encode(x=x_at))
-        layers.append(at.mark_text(align="right", baseline="top", dx=-5, y=rule["y_px"], fontSize=12,
-                                   fontWeight="bold", color=rule["colour"]).encode(x=x_at, text="clock:N"))
+        layers.append(layer([rule], {"type": "rule", "strokeDash": [6, 3], "strokeWidth": 2, "clip": True,
+                                     "color": rule["colour"]}, {"x": at_x("at_s")}))
+        layers.append(layer([rule], {"type": "text", "align": "right", "baseline": "top", "dx": -5, "y": rule["y_px"],
+                                     "fontSize": 12, "fontWeight": "bold", "color": rule["colour"]},
+                            {"x": at_x("at_s"), "text": {"field": "clock", "type": "nominal"}}))
     if now is not None:
-        layers.append(alt.Chart(alt.Data(values=[{"at_s": round(now - t0, 3)}])).mark_rule(
-            color="#333", strokeWidth=1.5, clip=True).encode(x=alt.X("at_s:Q", scale=x_scale)))
+        layers.append(layer([{"at_s": round(now - t0, 3)}], {"type": "rule", "color": "#333", "strokeWidth": 1.5,
+                                                             "clip": True}, {"x": at_x("at_s")}))
     # Streamlit fits title, legend and axes inside this height, so it counts them too.
-    height = 220 + 36 * len(order)
-    return alt.layer(*layers).properties(
-        height=height,
-        title=alt.Title(CHART_TITLE, subtitle=CHART_SUBTITLE, anchor="start", subtitleColor="#555"),
-    )
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
+        "layer": layers,
+        "height": 220 + 36 * len(order),
+        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE, "anchor": "start", "subtitleColor": "#555"},
+    }

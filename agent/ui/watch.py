@@ -10,6 +10,7 @@ import threading
 import redis
 
 from agent.store import MAX_BLOCK_MS, Store
+from agent.well_formed import UnreadableState
 
 
 class VersionWatch:
@@ -21,7 +22,7 @@ class VersionWatch:
         self._seen = seen
         self._moved = threading.Event()
         self._closed = threading.Event()
-        self.error: redis.RedisError | None = None
+        self.error: redis.RedisError | UnreadableState | None = None  # raised by `wait`'s caller
         self._thread = threading.Thread(target=self._run, name=f"watch-{conversation_id}", daemon=True)
         self._thread.start()
 
@@ -30,10 +31,14 @@ class VersionWatch:
         while not self._closed.is_set():
             try:
                 version = self._store.wait_version(self._cid, seen, MAX_BLOCK_MS)
-            except redis.RedisError as exc:
+            except (redis.RedisError, UnreadableState) as exc:  # said on the page by the run that waits
                 self.error = exc
                 self._moved.set()
                 return
+            except ValueError:  # its client was closed under its blocking read (a shutdown), after `close`
+                if self._closed.is_set():
+                    return
+                raise
             if version != seen:
                 seen = version
                 self._moved.set()
