@@ -9,11 +9,11 @@ from typing import Any
 
 from agent.deadline import CallTimeout
 from agent.providers import streaming
-from agent.providers.base import Completion, RemoteModel, TextListener, ToolCall, Usage
-from agent.providers.http import raise_stream_error, redact
-from agent.providers.openai import decode_json, malformed
+from agent.providers.base import Completion, TextListener, ToolCall, Usage
+from agent.providers.http import decode_json, malformed, raise_stream_error, redact
 from agent.providers.spec import ProviderSpec
 from agent.providers.sse import DEFAULT_EVENT, Event
+from agent.providers.streaming import StreamedModel
 from agent.surrogates import scrub_json
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -23,10 +23,7 @@ _UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
 _IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # reasoning the history does not keep
 
 
-class AnthropicProvider(RemoteModel):
-    # Set once a server refuses to stream: later calls of this client ask it plainly.
-    _plain_only = False
-
+class AnthropicProvider(StreamedModel):
     def __init__(self, base_url: str, model: str, api_key: str | None, max_tokens: int = DEFAULT_MAX_TOKENS):
         super().__init__(base_url, model, api_key)
         self.max_tokens = max_tokens
@@ -49,15 +46,8 @@ class AnthropicProvider(RemoteModel):
                    "accept": "text/event-stream, application/json"}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        completion, refused = streaming.complete(
-            f"{self.base_url}/v1/messages", headers=headers, body=body, stream_fields={"stream": True},
-            timeout=timeout, stop=stop, secret=self._api_key,
-            assembler=None if self._plain_only else MessageStream(on_text, self._api_key),
-            parse_plain=lambda data: parse_message(decode_json(data, secret=self._api_key)), on_text=on_text,
-        )
-        if refused:
-            self._plain_only = True
-        return completion
+        return self._call("/v1/messages", headers=headers, body=body, stream_fields={"stream": True},
+                          timeout=timeout, stop=stop, on_text=on_text, assembler=MessageStream, parse=parse_message)
 
 
 class MessageStream:

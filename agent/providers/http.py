@@ -37,7 +37,7 @@ from agent.providers import decoding
 from agent.providers.base import ProviderError, ProviderErrorKind
 from agent.providers.sse import Event, EventStreamParser
 from agent.redaction import redact
-from agent.surrogates import scrub
+from agent.surrogates import scrub, scrub_json
 
 log = logging.getLogger(__name__)
 
@@ -468,3 +468,16 @@ def _finite(text: str) -> float | None:
     if not math.isfinite(value) or value < 0:
         return None
     return value
+
+
+def decode_json(body: bytes | str, *, secret: str | None = None) -> Any:
+    """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
+    wherever it appears, or a MALFORMED ProviderError."""
+    try:
+        return redact_json(scrub_json(json.loads(body)), secret)
+    except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
+        raise malformed("the body is not JSON") from exc
+
+
+def malformed(what: str) -> ProviderError:
+    return ProviderError(ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: {what}")

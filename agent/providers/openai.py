@@ -3,7 +3,6 @@ streamed (server-sent events) unless the server refuses to stream."""
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -11,26 +10,20 @@ from agent.deadline import CallTimeout
 from agent.providers import streaming
 from agent.providers.base import (
     Completion,
-    ProviderError,
-    ProviderErrorKind,
-    RemoteModel,
     TextListener,
     ToolCall,
     Usage,
 )
-from agent.providers.http import raise_stream_error, redact, redact_json
+from agent.providers.http import decode_json, malformed, raise_stream_error, redact
 from agent.providers.spec import ProviderSpec
 from agent.providers.sse import Event
-from agent.surrogates import scrub_json
+from agent.providers.streaming import StreamedModel
 
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}  # usage comes in a last chunk
 DONE_MARKER = "[DONE]"
 
 
-class OpenAIProvider(RemoteModel):
-    # Set once a server refuses to stream: later calls of this client ask it plainly.
-    _plain_only = False
-
+class OpenAIProvider(StreamedModel):
     def complete(
         self,
         messages: list[dict],
@@ -45,15 +38,8 @@ class OpenAIProvider(RemoteModel):
         headers = {"content-type": "application/json", "accept": "text/event-stream, application/json"}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        completion, refused = streaming.complete(
-            f"{self.base_url}/chat/completions", headers=headers, body=body, stream_fields=STREAM_FIELDS,
-            timeout=timeout, stop=stop, secret=self._api_key,
-            assembler=None if self._plain_only else ChatStream(on_text, self._api_key),
-            parse_plain=lambda data: parse_completion(decode_json(data, secret=self._api_key)), on_text=on_text,
-        )
-        if refused:
-            self._plain_only = True
-        return completion
+        return self._call("/chat/completions", headers=headers, body=body, stream_fields=STREAM_FIELDS,
+                          timeout=timeout, stop=stop, on_text=on_text, assembler=ChatStream, parse=parse_completion)
 
 
 class ChatStream:
@@ -174,19 +160,6 @@ class _CallParts:
 
 OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4o-mini", url_variable="OPENAI_BASE_URL",
                       default_url="https://api.openai.com/v1", key_variable="OPENAI_API_KEY")
-
-
-def decode_json(body: bytes | str, *, secret: str | None = None) -> Any:
-    """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
-    wherever it appears, or a MALFORMED ProviderError."""
-    try:
-        return redact_json(scrub_json(json.loads(body)), secret)
-    except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
-        raise malformed("the body is not JSON") from exc
-
-
-def malformed(what: str) -> ProviderError:
-    return ProviderError(ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: {what}")
 
 
 def parse_completion(data: Any) -> Completion:

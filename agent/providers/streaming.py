@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.deadline import CallTimeout
-from agent.providers.base import Completion, ProviderError, ProviderErrorKind, TextListener, Usage
-from agent.providers.http import HTTPReply, check_status, error_text, post_json, post_stream, redact
+from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
+from agent.providers.http import HTTPReply, check_status, decode_json, error_text, post_json, post_stream, redact
 from agent.providers.sse import Event
 
 MIN_FALLBACK_S = 0.5  # seconds; with less left after a refusal, the refusal is the answer
@@ -30,6 +30,27 @@ class Assembler(Protocol):
 
     def result(self) -> Completion:
         """The completion; a CONNECTION ProviderError if the stream never reached its end marker."""
+
+
+class StreamedModel(RemoteModel):
+    """A client over HTTP that asks for a stream, and asks plainly from the first refusal on."""
+
+    _plain_only = False  # set once a server refuses to stream: later calls of this client ask it plainly
+
+    def _call(self, path: str, *, headers: dict, body: dict, stream_fields: dict, timeout: CallTimeout,
+              stop: threading.Event | None, on_text: TextListener | None,
+              assembler: Callable[[TextListener | None, str | None], Assembler],
+              parse: Callable[[Any], Completion]) -> Completion:
+        """One call: `assembler(on_text, secret)` reads the stream, `parse` a plain reply's decoded JSON."""
+        completion, refused = complete(
+            f"{self.base_url}{path}", headers=headers, body=body, stream_fields=stream_fields,
+            timeout=timeout, stop=stop, secret=self._api_key,
+            assembler=None if self._plain_only else assembler(on_text, self._api_key),
+            parse_plain=lambda data: parse(decode_json(data, secret=self._api_key)), on_text=on_text,
+        )
+        if refused:
+            self._plain_only = True
+        return completion
 
 
 def complete(
