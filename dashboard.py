@@ -14,9 +14,8 @@ import sys
 
 from rq.serializers import JSONSerializer
 
-from agent.hosting.services import ServiceError, check_redis
+from agent.hosting.services import ServiceError, redis_for_command
 from agent.runtime.connection import describe
-from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import Settings, SettingsError
 
 DEFAULT_PORT = 9181  # rq-dashboard's own default
@@ -76,25 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    embedded = None
-    url = settings.redis_url
-    if url is None:
-        embedded = EmbeddedRedis()
-        url = embedded.acquire()
     try:
-        check_redis(url)
-        if args.rq_info is not None:
-            return rq_info(url, args.rq_info)
-        print(f"rq-dashboard on http://{args.host}:{args.port}/ for {describe(url)}; Ctrl-C to stop", file=sys.stderr)
-        make_app(url).run(host=args.host, port=args.port, use_reloader=False)
-        return 0
+        with redis_for_command(settings) as url:
+            if args.rq_info is not None:
+                return rq_info(url, args.rq_info)
+            print(f"rq-dashboard on http://{args.host}:{args.port}/ for {describe(url)}; Ctrl-C to stop",
+                  file=sys.stderr)
+            make_app(url).run(host=args.host, port=args.port, use_reloader=False)
+            return 0
     except ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if embedded is not None:
-            embedded.release()
-
 
 if __name__ == "__main__":
     sys.exit(main())

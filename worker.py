@@ -11,9 +11,8 @@ import os
 import sys
 
 from agent.hosting.pool import main as pool_main
-from agent.hosting.services import ServiceError, check_redis
+from agent.hosting.services import ServiceError, redis_for_command
 from agent.runtime.connection import describe
-from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering
 from agent.settings import Settings, SettingsError
 
 
@@ -31,32 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     if workers < 1:
         print("--workers: must be at least 1", file=sys.stderr)
         return 2
-    embedded = None
-    url = settings.redis_url
-    if url is None:
-        # Same machine, no REDIS_URL: join the embedded server the app uses.
-        embedded = EmbeddedRedis()
-        try:
-            url = embedded.acquire(wait_s=settings.redis_wait_s)
-        except RedisNotAnswering as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except (OSError, RuntimeError) as exc:
-            print(f"error: could not start the embedded Redis: {exc}", file=sys.stderr)
-            return 2
     try:
-        check_redis(url)
+        with redis_for_command(settings) as url:
+            os.environ["REDIS_URL"] = url
+            print(f"{workers} workers on {describe(url)}; Ctrl-C to stop", file=sys.stderr)
+            return pool_main(["--workers", str(workers), "--class", args.worker_class])
     except ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    os.environ["REDIS_URL"] = url
-    print(f"{workers} workers on {describe(url)}; Ctrl-C to stop", file=sys.stderr)
-    try:
-        return pool_main(["--workers", str(workers), "--class", args.worker_class])
-    finally:
-        if embedded is not None:
-            embedded.release()
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,10 +8,12 @@ on a hot reload, so the process-wide record lives on the `sys` module, guarded b
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,19 +101,7 @@ def shutdown() -> None:
 
 
 def _start(settings: Settings, workers: int, drain: bool = False) -> Services:
-    embedded = None
-    if settings.redis_url:
-        url = settings.redis_url
-    else:
-        embedded = EmbeddedRedis()
-        try:
-            # Waits (saying so on stderr) for a server that runs but does not answer; never replaces it.
-            url = embedded.acquire(wait_s=settings.redis_wait_s)
-        except RedisNotAnswering as exc:
-            raise ServiceError(str(exc)) from exc
-        except (OSError, RuntimeError) as exc:
-            raise ServiceError(f"could not start the embedded Redis: {exc}") from exc
-    check_redis(url)
+    url, embedded = acquire_redis(settings)
     services = Services(redis_url=url, embedded=embedded, workers=workers, drain=drain)
     if workers > 0:
         try:
@@ -121,6 +111,39 @@ def _start(settings: Settings, workers: int, drain: bool = False) -> Services:
             services.stop()
             raise
     return services
+
+
+def acquire_redis(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
+    """REDIS_URL, or the embedded server the app uses (joined, or started; waited for, saying so on
+    stderr, when it runs but does not answer: never replaced), once it answers. An embedded server is
+    the caller's to release. ServiceError, in one sentence, when there is no Redis to be had."""
+    if settings.redis_url:
+        check_redis(settings.redis_url)
+        return settings.redis_url, None
+    embedded = EmbeddedRedis()
+    try:
+        url = embedded.acquire(wait_s=settings.redis_wait_s)
+    except RedisNotAnswering as exc:
+        raise ServiceError(str(exc)) from exc
+    except (OSError, RuntimeError) as exc:
+        raise ServiceError(f"could not start the embedded Redis: {exc}") from exc
+    try:
+        check_redis(url)
+    except BaseException:
+        embedded.release()
+        raise
+    return url, embedded
+
+
+@contextlib.contextmanager
+def redis_for_command(settings: Settings) -> Iterator[str]:
+    """`acquire_redis` for a command's lifetime (worker.py, dashboard.py): released when it ends."""
+    url, embedded = acquire_redis(settings)
+    try:
+        yield url
+    finally:
+        if embedded is not None:
+            embedded.release()
 
 
 def check_redis(url: str) -> None:
