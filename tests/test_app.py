@@ -4,26 +4,22 @@ turn must actually run). States are written with the Store API to see how each o
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
-import streamlit as st
 from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
 from agent.contract import turn_summary
 from agent.endings import write_ending
-from agent.hosting import services
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.store import Store
 from agent.ui import render, timeline
 from agent.ui import state as ui
 from agent.ui.markdown import safe_markdown
-from tests.conftest import FAST, ROOT, wait_done
+from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
+from tests.conftest import FAST, wait_done
 
-APP = str(ROOT / "app.py")
-RUN_TIMEOUT_S = 15
 ENV = {
     "AGENT_PROVIDER": "demo",
     "AGENT_MODEL": FAST.model,
@@ -38,42 +34,8 @@ ENV = {
 
 @pytest.fixture(scope="module", autouse=True)
 def app_env(redis_url):
-    """The app reads REDIS_URL and friends from the environment; its services are process-wide, so
-    they are stopped (and Streamlit's resource cache cleared) when this module is done."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REDIS_URL", redis_url)
-        for name, value in ENV.items():
-            mp.setenv(name, value)
+    with page_environment(redis_url, ENV):
         yield
-        services.shutdown()
-        st.cache_resource.clear()
-
-
-def app(cid: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=RUN_TIMEOUT_S)
-    if cid:
-        at.query_params["c"] = cid
-    return at
-
-
-def texts(at: AppTest) -> str:
-    """Every piece of text on the page, for plain assertions."""
-    parts = []
-    for kind in ("markdown", "caption", "error", "warning", "info", "success", "code", "title", "toast"):
-        parts += [str(e.value) for e in getattr(at, kind)]
-    parts += [str(e.label) for e in at.expander]
-    # Untrusted text reaches the page with its Markdown characters escaped; read it as shown.
-    return re.sub(r"\\(.)", r"\1", "\n".join(parts))
-
-
-def autorefreshes(at: AppTest) -> list[dict]:
-    """The arguments of each streamlit-autorefresh component (AppTest shows one as an unknown element)."""
-    found = []
-    for node in _walk(at._tree):
-        proto = getattr(node, "proto", None)
-        if "autorefresh" in str(getattr(proto, "component_name", "")):
-            found.append(json.loads(proto.json_args))
-    return found
 
 
 def autorefresh_present(at: AppTest) -> bool:
@@ -82,12 +44,6 @@ def autorefresh_present(at: AppTest) -> bool:
     from agent.ui.page import IDLE_TICK_MS
 
     return any(args.get("interval") != IDLE_TICK_MS for args in autorefreshes(at))
-
-
-def _walk(node):
-    yield node
-    for child in getattr(node, "children", {}).values():
-        yield from _walk(child)
 
 
 def assert_no_exception(at: AppTest) -> None:
@@ -462,7 +418,7 @@ def chat_of(store: Store, turns: int) -> str:
 
 
 def elements(at: AppTest) -> int:
-    return sum(1 for _ in _walk(at._tree))
+    return sum(1 for _ in walk(at._tree))
 
 
 def test_a_full_run_draws_the_same_amount_at_100_turns_as_at_12(store):

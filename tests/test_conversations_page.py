@@ -12,8 +12,9 @@ from agent.queue import job_status, new_id, submit_turn
 from agent.store import INDEX_KEY, Keys
 from agent.ui import conversations as conversations_ui
 from harness.waiting import wait_for
+from tests.apptest_page import app, texts, walk
 from tests.conftest import FAST
-from tests.test_app import app, app_env, assert_no_exception, autorefresh_present, begin, make_done, texts
+from tests.test_app import app_env, assert_no_exception, autorefresh_present, begin, make_done
 
 __all__ = ["app_env"]  # the app's environment, for every test here
 
@@ -182,17 +183,11 @@ def test_both_downloads_are_offered_and_hold_the_conversation(store):
     cid = done_conversation(store, "What is 17*23?", "17*23 = **391**")
     at = app(cid)
     at.run()
-    kinds = [getattr(node, "type", "") for node in _walk(at._tree)]
+    kinds = [getattr(node, "type", "") for node in walk(at._tree)]
     assert kinds.count("download_button") == 2
     assert conversations_ui._export(store, cid, "json") == to_json(store.read(cid))
     markdown = conversations_ui._export(store, cid, "md")
     assert "What is 17*23?" in markdown and "17*23 = **391**" in markdown
-
-
-def _walk(node):
-    yield node
-    for child in getattr(node, "children", {}).values():
-        yield from _walk(child)
 
 
 def test_opening_another_conversation_keeps_a_message_that_was_not_sent(store):

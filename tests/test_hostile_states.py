@@ -16,13 +16,11 @@ import time
 
 import pytest
 import redis
-import streamlit as st
 from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
 
 from agent.cli import Follower
 from agent.contract import CARRIED_FIELDS
-from agent.hosting import services
 from agent.lost_worker import lost_worker_check
 from agent.queue import new_id, submit_turn
 from agent.runtime.loopback_server import delayed
@@ -31,6 +29,8 @@ from agent.well_formed import UnreadableState
 from harness.pools import stop_pool
 from harness.private_redis import PrivateRedis
 from harness.waiting import wait_for
+from tests.apptest_page import app as page
+from tests.apptest_page import page_environment, texts, walk
 from tests.conftest import FAST, ROOT, start_pool, wait_done
 from tests.hostile_states import (
     NOT_JSON,
@@ -49,8 +49,6 @@ SEED = 20261202
 STORE_CASES = 400  # read by the store, the lost-worker check and the CLI's printing
 PAGE_CASES = 40  # drawn by the page, a full run and a tick each, then the next message sent
 CLI_CASES = 6  # `python -m agent ask --conversation ID` as a process
-APP = str(ROOT / "app.py")
-RUN_TIMEOUT_S = 15
 TURN_TIMEOUT_S = 30
 CLI_TIMEOUT_S = 60
 # What a traceback leaves on a page or a terminal: its heading, or a frame's file line.
@@ -69,42 +67,16 @@ def private(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_env(private):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REDIS_URL", private.url)
-        for name, value in ENV.items():
-            mp.setenv(name, value)
+    with page_environment(private.url, ENV):
         yield
-        services.shutdown()
-        st.cache_resource.clear()
 
 
 # -- the page, and one tick of its in-flight fragment -------------------------------------------------
 
 
-def page(cid: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=RUN_TIMEOUT_S)
-    if cid:
-        at.query_params["c"] = cid
-    return at
-
-
-def texts(at: AppTest) -> str:
-    parts = []
-    for kind in ("markdown", "caption", "error", "warning", "info", "success", "code", "title", "toast", "exception"):
-        parts += [str(e.value) for e in getattr(at, kind)]
-    parts += [str(e.label) for e in at.expander]
-    return "\n".join(parts)
-
-
 def polling(at: AppTest) -> bool:
     return any(getattr(node, "type", "") == "component_instance" or "autorefresh" in repr(getattr(node, "proto", ""))
-               for node in _walk(at._tree))
-
-
-def _walk(node):
-    yield node
-    for child in getattr(node, "children", {}).values():
-        yield from _walk(child)
+               for node in walk(at._tree))
 
 
 def _fragment_id(at: AppTest, function_name: str) -> str | None:
@@ -283,7 +255,7 @@ def test_after_hostile_states_a_real_turn_runs_to_its_answer_on_the_page(private
             assert final["status"] == "done", (str(case), final["history"][-1])
             at.run()
             assert_no_traceback(at, case)
-            assert "17*23 = 391" in texts(at).replace("\\", ""), case
+            assert "17*23 = 391" in texts(at), case
     finally:
         stop_pool(handle, private.url)
 

@@ -1,5 +1,7 @@
 """Streamed provider calls against real HTTP servers on loopback: both formats, their faults, their bounds."""
 
+# ruff: noqa: F811 - a test's argument named after an imported fixture is that fixture
+
 from __future__ import annotations
 
 import json
@@ -16,7 +18,7 @@ from agent.providers.http import MAX_RESPONSE_BYTES
 from agent.providers.sse import Event, EventStreamParser
 from agent.providers.streaming import TextRelay
 from agent.runtime.loopback_server import delayed, reply, stream
-from tests.scripted_server import ScriptedServer, chat_reply
+from tests.scripted_server import chat_reply
 from tests.sse_server import (
     DONE,
     PING,
@@ -34,25 +36,11 @@ from tests.sse_server import (
     usage_chunk,
 )
 
-SHORT = CallTimeout(total_s=5.0, connect_s=2.0)
-DEADLINE_SLACK_S = 1.5  # seconds past a call's total timeout a busy machine may take to end it
+# The scripted server and the OpenAI client on it are test_providers' fixtures, used here by name.
+from tests.test_providers import DEADLINE_SLACK_S, SECRET, SHORT, openai, server  # noqa: F401
+
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
-SECRET = "sk-test-SECRET-value-1234567890"
 PACE_S = 0.05  # seconds between a test stream's parts, so a client reads them one by one
-
-
-@pytest.fixture
-def server():
-    scripted = ScriptedServer()
-    try:
-        yield scripted
-    finally:
-        scripted.stop()
-
-
-@pytest.fixture
-def openai(server):
-    return OpenAIProvider(server.url + "/v1", "test-model", None)
 
 
 @pytest.fixture
