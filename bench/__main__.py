@@ -163,8 +163,7 @@ def progress(message: str, started: float) -> None:
     print(f"[{time.monotonic() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
-def run_page(plan: Plan, started: float) -> dict:
-    results: dict = {}
+def run_page(plan: Plan, started: float, results: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-page-") as tmp:
         section = page.page_cost(plan.page_lengths, plan.page_turns, plan.page_hogs, Path(tmp),
                                  lambda message: progress(message, started), stops=plan.page_stops)
@@ -176,9 +175,10 @@ def run_page(plan: Plan, started: float) -> dict:
     return results
 
 
-def run(plan: Plan, seed: int, started: float) -> dict:
+def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
+    """Fills `results` section by section, so what was measured survives a later section's failure."""
     rng = random.Random(seed)
-    results: dict = run_page(plan, started)
+    run_page(plan, started, results)
     lab = Lab().start()
     try:
         progress("cost against history length", started)
@@ -278,11 +278,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     started = time.monotonic()
     wall_start = time.time()
+    results: dict = {}
     try:
-        results = run_page(plan, started) if args.page_only else run(plan, args.seed, started)
+        if args.page_only:
+            run_page(plan, started, results)
+        else:
+            run(plan, args.seed, started, results)
     except KeyboardInterrupt:
         print("interrupted: everything started was stopped", file=sys.stderr)
         return 130
+    except Exception:
+        partial = args.out.with_suffix(".partial.json")
+        partial.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"a section failed; what was measured before it is in {partial}", file=sys.stderr)
+        raise
     if args.page_only and args.out.exists():  # refresh the page figures, keep the rest of the last run
         previous = json.loads(args.out.read_text())
         results = {k: v for k, v in previous.items() if k not in ("goals", "method", "meta")} | results

@@ -65,12 +65,14 @@ def test_a_module_reload_does_not_start_a_second_pool(private_env):
     import importlib
 
     settings = Settings.from_env({"AGENT_WORKERS": "1"})
+    namespace = dict(vars(services))  # reload re-runs the module in place: its classes are put back after
     try:
         first = services.ensure(settings)
         reloaded = importlib.reload(services)  # what a Streamlit hot reload does to an edited module
         assert reloaded.ensure(settings).pool.proc.pid == first.pool.proc.pid
     finally:
         services.shutdown()
+        vars(services).update(namespace)  # later tests catch the ServiceError they imported
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
 
 
@@ -85,9 +87,10 @@ def test_the_cli_answers_and_leaves_no_process_behind(private_env):
     assert EmbeddedRedis().pid is None  # the last user stopped the embedded Redis
 
 
-def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(private_env, tmp_path):
+@pytest.mark.parametrize("worker_class", ["simple", "fork", "spawn"])
+def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(private_env, tmp_path, worker_class):
     worker = subprocess.Popen(
-        [sys.executable, "worker.py", "--workers", "1"],
+        [sys.executable, "worker.py", "--workers", "1", "--class", worker_class],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "w.log", "wb"),
         start_new_session=True,
     )

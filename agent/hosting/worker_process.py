@@ -56,19 +56,13 @@ class RecyclingSimpleWorker(RecyclesAfterAbandonedTools, SimpleWorker):
     pass
 
 
-class RecyclingWorker(RecyclesAfterAbandonedTools, Worker):
-    pass
-
-
-class RecyclingSpawnWorker(RecyclesAfterAbandonedTools, SpawnWorker):
-    pass
-
-
 # SimpleWorker runs the job in the worker's own process: no fork per job (a fork costs tens of
 # milliseconds per turn), and the job timeout is still RQ's SIGALRM in that process. A killed
 # job takes its worker with it; the pool starts a new one. See the README for the figures.
-# Fork and spawn run tools in a child that exits after each job, so only "simple" ever recycles.
-WORKER_CLASSES = {"simple": RecyclingSimpleWorker, "fork": RecyclingWorker, "spawn": RecyclingSpawnWorker}
+# Fork and spawn run tools in a child that exits after each job, so only "simple" ever recycles,
+# and the other two are RQ's own classes: a spawned work horse imports its worker's class by name,
+# which a class of this module, run as __main__, could not give it.
+WORKER_CLASSES = {"simple": RecyclingSimpleWorker, "fork": Worker, "spawn": SpawnWorker}
 DEFAULT_WORKER_CLASS = "simple"
 IN_PROCESS_CLASSES = {"simple"}  # the classes that run a job in the worker's own process, beside its MCP sessions
 
