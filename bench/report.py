@@ -196,9 +196,10 @@ def _page_plot(plt, section: dict, path: Path) -> Path:
     for n, (condition, figures) in enumerate(section["conditions"].items()):
         rows = figures["lengths"]
         turns = [r["turns"] for r in rows]
-        draw.plot(turns, [r["tick_draw_ms"]["p50"] for r in rows], "o-", label=f"tick, {condition}")
-        draw.plot(turns, [r["full_run_ms"]["p50"] for r in rows], "x--", label=f"full run, {condition}")
-        size.plot(turns, [r["tick_bytes"]["p50"] for r in rows], "o-", label=condition)
+        draw.plot(turns, [r["tick_draw_ms"]["p50"] for r in rows], "o-", label=f"follower's start, {condition}")
+        draw.plot(turns, [r["full_run_ms"]["p50"] for r in rows], "x--", label=f"full run ending a turn, {condition}")
+        size.plot(turns, [r["update_bytes"]["p50"] for r in rows], "o-", label=f"p50, {condition}")
+        size.plot(turns, [r["update_bytes"]["p95"] for r in rows], "^:", label=f"p95, {condition}")
         settle.plot(turns, [r["settle_s"]["p50"] for r in rows], "o-", label=f"p50, {condition}")
         settle.plot(turns, [r["settle_s"]["p95"] for r in rows], "^:", label=f"p95, {condition}")
         xs = [i + n * width for i in range(len(names))]
@@ -206,9 +207,9 @@ def _page_plot(plt, section: dict, path: Path) -> Path:
     live.set_xticks([i + width * (len(section["conditions"]) - 1) / 2 for i in range(len(names))],
                     [label for _, label, _ in names])
     draw.set(xscale="log", xlabel="turns in the conversation", ylabel="ms (p50)",
-             title="Drawing: a fragment run vs a full run")
-    size.set(xscale="log", xlabel="turns in the conversation", ylabel="bytes to the browser (p50)",
-             title="Bytes per fragment run's first drawing")
+             title="Drawing: the follower vs a full run")
+    size.set(xscale="log", xlabel="turns in the conversation", ylabel="bytes to the browser",
+             title="Bytes per write drawn while following")
     settle.set(xscale="log", xlabel="turns in the conversation", ylabel="seconds",
                title="Final write to page settled")
     live.set(ylabel="ms (p95)", title="Real time, in Chromium")
