@@ -16,7 +16,7 @@ from rq.serializers import JSONSerializer
 
 from agent.hosting.services import ServiceError, redis_for_command
 from agent.runtime.connection import describe
-from agent.settings import Settings, SettingsError
+from agent.settings import settings_for_command
 
 DEFAULT_PORT = 9181  # rq-dashboard's own default
 SERIALIZER_PATH = "rq.serializers.JSONSerializer"  # what every job and worker of this project uses
@@ -70,10 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rq-info", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="run `rq info` (with ARGS, e.g. --interval 1) against the same Redis instead")
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+    settings = settings_for_command()
+    if settings is None:
         return 2
     try:
         with redis_for_command(settings) as url:

@@ -13,7 +13,7 @@ import sys
 from agent.hosting.pool import main as pool_main
 from agent.hosting.services import ServiceError, redis_for_command
 from agent.runtime.connection import describe
-from agent.settings import Settings, SettingsError
+from agent.settings import settings_for_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,10 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="how many workers (default: AGENT_WORKERS or 2)")
     parser.add_argument("--class", dest="worker_class", default="simple", choices=["simple", "fork", "spawn"])
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+    settings = settings_for_command()
+    if settings is None:
         return 2
     workers = args.workers if args.workers is not None else (settings.workers or 2)
     if workers < 1:

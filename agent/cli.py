@@ -37,7 +37,7 @@ from agent.lost_worker import lost_worker_check
 from agent.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
-from agent.settings import Settings, SettingsError
+from agent.settings import Settings, settings_for_command
 from agent.store import (
     CONVERSATION_ID_RE,
     ConversationFull,
@@ -90,10 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
     signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+    settings = settings_for_command()
+    if settings is None:
         return EXIT_USAGE
     if getattr(args, "tools", None) is not None:
         settings = replace(settings, turn=settings.turn.with_changes(tools=args.tools))

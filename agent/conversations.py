@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from agent.store import INDEX_KEY, Keys, Store
+from agent.well_formed import decoded
 
 DEFAULT_PAGE = 50  # conversations one listing returns
 SWEEP_BATCH = 100  # index entries older than the TTL checked per listing
@@ -69,18 +70,18 @@ def _page(store: Store, start: int, count: int) -> tuple[list[ConversationInfo],
         return [], 0
     with store.redis.pipeline(transaction=False) as pipe:
         for member, _ in entries:
-            pipe.hmget(Keys.of(_text(member)).meta, "title", "turns", "done")
+            pipe.hmget(Keys.of(decoded(member)).meta, "title", "turns", "done")
         metas = pipe.execute(raise_on_error=False)  # one conversation's wrong-typed keys spoil no other row
     infos, gone = [], []
     for (member, score), meta in zip(entries, metas, strict=True):
         if isinstance(meta, Exception):
-            infos.append(ConversationInfo(_text(member), UNREADABLE_TITLE, float(score), 0, False))
+            infos.append(ConversationInfo(decoded(member), UNREADABLE_TITLE, float(score), 0, False))
             continue
         title, turns, done = meta
         if done is None:  # its keys expired: the entry goes too
             gone.append(member)
             continue
-        infos.append(_row(_text(member), title, float(score), turns, done))
+        infos.append(_row(decoded(member), title, float(score), turns, done))
     if gone:
         store.redis.zrem(INDEX_KEY, *gone)
     return infos, len(entries)
@@ -97,7 +98,7 @@ def sweep_expired(store: Store, now: float | None = None) -> int:
         return 0
     with store.redis.pipeline(transaction=False) as pipe:
         for member in old:
-            pipe.exists(Keys.of(_text(member)).meta)
+            pipe.exists(Keys.of(decoded(member)).meta)
         alive = pipe.execute()
     gone = [member for member, exists in zip(old, alive, strict=True) if not exists]
     if gone:
@@ -123,14 +124,12 @@ def _row(conversation_id: str, title, score: float, turns, done) -> Conversation
         count = max(0, int(turns or 0))
     except (TypeError, ValueError):
         count = 0
-    return ConversationInfo(conversation_id, _text(title or b""), score, count, done != b"1")
+    return ConversationInfo(conversation_id, decoded(title or b""), score, count, done != b"1")
 
 
 UNREADABLE_TITLE = "(cannot be read)"
 
 
-def _text(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def retention_words(ttl_s: int) -> str:

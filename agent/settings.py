@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
@@ -284,3 +285,13 @@ def allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[st
                                 f"must be host names or IP addresses separated by commas, not {raw.strip()!r}")
         hosts.append(name)
     return tuple(dict.fromkeys(hosts))
+
+
+def settings_for_command() -> Settings | None:
+    """The environment's settings for a command (the CLI, worker.py, dashboard.py), or None once what
+    is wrong has been said on stderr in one line (the command then exits 2)."""
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return None

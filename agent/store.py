@@ -548,10 +548,6 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _text_replacing(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _same_text(a: Live, b: Live) -> bool:
     return (a["turn_id"], a["message_index"], a["attempt"]) == (b["turn_id"], b["message_index"], b["attempt"])
 
@@ -564,7 +560,7 @@ def _live(head_json, text) -> Live | None:
     try:
         head = json.loads(head_json)
         return Live(turn_id=str(head["turn_id"]), message_index=int(head["message_index"]),
-                    attempt=int(head["attempt"]), text=_text_replacing(text or b""), status=str(head["status"]))
+                    attempt=int(head["attempt"]), text=well_formed.decoded(text or b""), status=str(head["status"]))
     except (ValueError, TypeError, KeyError, RecursionError):
         return None
 

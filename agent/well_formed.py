@@ -100,7 +100,8 @@ def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
-def _raw_text(raw) -> str:
+def decoded(raw) -> str:
+    """Bytes read from Redis as text, a byte that is not UTF-8 replaced (never an error)."""
     return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
@@ -200,7 +201,7 @@ def _tool_call(call: dict) -> dict:
 def _unreadable_message(raw, why: str) -> dict:
     return {"role": Role.ASSISTANT,
             "content": f"(A stored message could not be read, {why}. What was stored: "
-                       f"{shorten(_raw_text(raw))})"}
+                       f"{shorten(decoded(raw))})"}
 
 
 _STEP_TEXTS = ("detail", "arguments", "result")
@@ -240,7 +241,7 @@ def _unreadable_step(raw, why: str, turn_id: str | None) -> dict:
     return {"turn_id": turn_id or "", "index": 0, "kind": Kind.TOOL, "name": "unreadable step",
             "started_at": None, "ended_at": None, "timeout_s": None, "remaining_s": None,
             "outcome": Outcome.ERROR, "duration_s": None, "arguments": "",
-            "result": f"(A stored step could not be read, {why}. What was stored: {shorten(_raw_text(raw))})"}
+            "result": f"(A stored step could not be read, {why}. What was stored: {shorten(decoded(raw))})"}
 
 
 def summary(raw) -> dict:
@@ -262,7 +263,7 @@ def summary(raw) -> dict:
 
 
 def _unreadable_summary(raw, why: str) -> dict:
-    message_text = f"This turn's record could not be read, {why}. What was stored: {shorten(_raw_text(raw))}"
+    message_text = f"This turn's record could not be read, {why}. What was stored: {shorten(decoded(raw))}"
     return {"turn_id": "", "status": Status.FAILED, "error": {"kind": UNREADABLE_KIND, "message": message_text},
             "enqueued_at": None, "started_at": None, "deadline_at": None, "job_timeout_at": None,
             "ended_at": None, "config": None}
@@ -273,7 +274,7 @@ def _unreadable_summary(raw, why: str) -> dict:
 
 def version(conversation_id: str, raw) -> int:
     """The meta hash's version, or UnreadableState."""
-    text = _raw_text(raw)
+    text = decoded(raw)
     if not _VERSION_RE.fullmatch(text):
         raise UnreadableState(conversation_id, f"its version is not a whole number ({shorten(text, 40)!r})")
     return int(text)
@@ -281,13 +282,13 @@ def version(conversation_id: str, raw) -> int:
 
 def state(conversation_id: str, meta: dict, history: list, steps: list, turns: list) -> State:
     """The state contract's object from the raw values the store read; UnreadableState when the meta is not one."""
-    meta = {_raw_text(k): v for k, v in meta.items()}
+    meta = {decoded(k): v for k, v in meta.items()}
     number_of_version = version(conversation_id, meta.get("version", b""))
-    done = _raw_text(meta.get("done", b""))
+    done = decoded(meta.get("done", b""))
     if done not in ("0", "1"):
         raise UnreadableState(conversation_id, f"whether its turn has ended is not recorded ({shorten(done, 40)!r})")
     turn_id = meta.get("turn_id")
-    if turn_id is None or not _raw_text(turn_id):
+    if turn_id is None or not decoded(turn_id):
         raise UnreadableState(conversation_id, "it names no turn")
     try:
         small = parse_json(meta.get("doc") or b"")
@@ -295,10 +296,10 @@ def state(conversation_id: str, meta: dict, history: list, steps: list, turns: l
         raise UnreadableState(conversation_id, f"its turn's fields are {exc}") from None
     if not isinstance(small, dict):
         raise UnreadableState(conversation_id, "its turn's fields are not a JSON object")
-    fixed_steps, last_turn = [], _raw_text(turn_id)  # a malformed step counts in the turn of the one before
+    fixed_steps, last_turn = [], decoded(turn_id)  # a malformed step counts in the turn of the one before
     for raw in steps:
         fixed = step(raw, last_turn)
         last_turn = fixed["turn_id"] or last_turn
         fixed_steps.append(fixed)
-    return make_state(conversation_id, _raw_text(turn_id), number_of_version, done == "1", doc(small),
+    return make_state(conversation_id, decoded(turn_id), number_of_version, done == "1", doc(small),
                       [message(m) for m in history], fixed_steps, [summary(t) for t in turns])

@@ -51,8 +51,8 @@ class Plan:
     page_turns: int = 6  # measured turns per length and condition
     page_hogs: tuple[int, ...] = (0, 2)  # CPU hogs per condition: an idle machine, then a busy one
     page_stops: int = 6  # Stop clicks per condition
-    list_sizes: tuple = (20, 1000, 10_000)  # conversations in the index when the sidebar's page is listed
-    memory_turns: tuple = ((1, 50), (10, 20), (100, 4))  # (turns per conversation, conversations measured)
+    list_sizes: tuple = conversations.LIST_SIZES  # conversations in the index when the sidebar's page is listed
+    memory_turns: tuple = conversations.TURN_COUNTS  # (turns per conversation, conversations measured)
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so

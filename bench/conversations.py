@@ -1,4 +1,4 @@
-"""`python -m bench.conversations`: what listing conversations costs at 10, 1,000 and 10,000 of them,
+"""`python -m bench.conversations`: what listing conversations costs at 20, 1,000 and 10,000 of them,
 and what a conversation of N turns holds in Redis (for AGENT_REDIS_MAXMEMORY_MB).
 
 A private embedded Redis in a temp dir; every turn is written through the store's own scripts (the

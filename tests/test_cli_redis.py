@@ -94,6 +94,20 @@ def running(store: Store, cid: str, turns_before: int):
     return state if len(state["turns"]) == turns_before and state["status"] == "running" else None
 
 
+def cli_on_a_running_turn(base_env: dict, private) -> tuple[Store, str, subprocess.Popen, dict]:
+    """`ask` on a conversation that exists, once its turn runs: the store, the id, the CLI, the state."""
+    store = private.store()
+    cid = conversation(store, private.url)
+    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    return store, cid, proc, wait_for(lambda: running(store, cid, 1), EVENT_TIMEOUT_S, "the turn runs")
+
+
+def ended_by_a_look(store: Store, queue_connection, cid: str, what: str = "a front end writes the ending") -> None:
+    """The first look by a front end (a page tick, a CLI) ends a turn whose worker could not."""
+    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
+             EVENT_TIMEOUT_S, what)
+
+
 def cli_env(base: dict, url: str, clocks: dict) -> dict:
     return {**base, **clocks, "REDIS_URL": url, "AGENT_WORKERS": "0", "AGENT_MODEL": SLOW_DEMO}
 
@@ -202,12 +216,9 @@ def test_a_message_sent_while_redis_cannot_save_says_so_in_words_and_exits_1(bas
 
 
 def test_redis_refusing_writes_mid_turn_is_said_in_words_and_the_turn_still_ends(base_env, private):
-    store = private.store()
-    cid = conversation(store, private.url)
-    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    store, cid, proc, state = cli_on_a_running_turn(base_env, private)
     good_dir = None
     try:
-        state = wait_for(lambda: running(store, cid, 1), EVENT_TIMEOUT_S, "the turn runs")
         good_dir = break_disk(store.redis)
         code, out, err = finish(proc)
         ended_at = time.time()
@@ -224,8 +235,7 @@ def test_redis_refusing_writes_mid_turn_is_said_in_words_and_the_turn_still_ends
             heal_disk(store.redis, good_dir)
     # Once Redis takes writes again, the first look by a front end (a page tick, a CLI) ends the turn.
     queue_connection = queue_client(private.url)
-    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
-             EVENT_TIMEOUT_S, "a front end writes the ending")
+    ended_by_a_look(store, queue_connection, cid)
     state = store.read(cid)
     assert state["done"] and state["status"] == "failed"
     assert "could not be finished" in state["history"][-1]["content"]
@@ -246,8 +256,7 @@ def test_a_job_that_finished_without_its_last_write_is_ended_by_the_next_look(pr
     soon = job.ended_at.timestamp() + CALLBACK_GRACE_S + 0.5  # long before the job timeout's own rule
     assert soon < meta["job_timeout_at"] + LOST_GRACE_S
     assert "last write did not reach Redis" in (lost_reason(store, queue_connection, cid, now=soon) or "")
-    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
-             EVENT_TIMEOUT_S, "a front end writes the ending")
+    ended_by_a_look(store, queue_connection, cid)
     state = store.read(cid)
     assert state["done"] and state["status"] == "failed"
     assert "last write did not reach Redis" in state["history"][-1]["content"]
@@ -310,12 +319,9 @@ def test_redis_out_of_memory_mid_turn_is_waited_out_and_the_cli_exits_0_with_the
 
 
 def test_redis_out_of_memory_past_the_clocks_ends_the_cli_with_exit_1_and_says_the_turn_continues(base_env, private):
-    store = private.store()
-    cid = conversation(store, private.url)
-    proc = start_cli(cli_env(base_env, private.url, SHORT_CLOCKS), "ask", "--conversation", cid, "What is 17*23?")
+    store, cid, proc, state = cli_on_a_running_turn(base_env, private)
     before = None
     try:
-        state = wait_for(lambda: running(store, cid, 1), EVENT_TIMEOUT_S, "the turn runs")
         full_at = time.time()
         before = fill_memory(store.redis)
         code, out, err = finish(proc)  # Redis stays full until the CLI has given up
@@ -333,5 +339,4 @@ def test_redis_out_of_memory_past_the_clocks_ends_the_cli_with_exit_1_and_says_t
     assert ended_at < bound + CLOCK_SLACK_S, ended_at - bound
     # Once Redis has memory again, the turn is seen to its end (by its worker, or a front end's look).
     queue_connection = queue_client(private.url)
-    wait_for(lambda: lost_worker_check(store, queue_connection, cid) or store.read_meta(cid)["done"],
-             EVENT_TIMEOUT_S, "the turn ends")
+    ended_by_a_look(store, queue_connection, cid, "the turn ends")

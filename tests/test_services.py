@@ -107,6 +107,7 @@ def test_external_workers_from_worker_py_run_turns_for_a_cli_without_workers(pri
         os.killpg(worker.pid, signal.SIGINT)
         worker.wait(20)
     assert worker.returncode == 0
+    assert "Traceback" not in (tmp_path / "w.log").read_text(), "its workers stopped cleanly"
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
 
 

@@ -16,6 +16,7 @@ import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it ins
 from agent import tracing
 from agent.hosting.pool import RECYCLE_EXIT_CODE
 from agent.queue import QUEUE_NAME, SafeJob
+from agent.runtime import logs
 from agent.runtime.connection import queue_client, redis_problem, state_client
 from agent.runtime.with_parent import die_with_parent
 from agent.tools import catalogue
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         print("REDIS_URL: is required for a worker", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=logs.FORMAT)
     tracing.setup()
     worker = make_worker(url, args.kind, args.name)
     worker.bootstrap = tools_after(worker, url, jobs_in_process=args.kind in IN_PROCESS_CLASSES)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
     finally:
         close_tools()
-    if worker.recycling:
+    if getattr(worker, "recycling", False):  # only the classes with RecyclesAfterAbandonedTools recycle
         # Not through the interpreter's shutdown, which would run beside the spinning thread.
         logging.shutdown()
         sys.stderr.flush()

@@ -33,14 +33,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agent import PROJECT_ROOT
-from agent.settings import redis_maxmemory_mb
+from agent.settings import DEFAULT_REDIS_WAIT_S, redis_maxmemory_mb
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 10.0  # seconds a fresh server may take to answer before we say that we wait for it
 PING_TIMEOUT_S = 2.0  # seconds for one PING (a stopped server accepts connections and never answers)
 RECHECK_PAUSE_S = 0.25  # seconds between looks at a server that does not answer
-DEFAULT_WAIT_S = 30.0  # seconds to wait for a server that runs but does not answer (AGENT_REDIS_WAIT)
 STOP_TIMEOUT_S = 5.0  # seconds to wait for SIGTERM before SIGKILL
 MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108
 
@@ -81,7 +80,7 @@ class EmbeddedRedis:
 
     # -- public ----------------------------------------------------------------------------
 
-    def acquire(self, wait_s: float = DEFAULT_WAIT_S, say: Callable[[str], None] = say_on_stderr) -> str:
+    def acquire(self, wait_s: float = DEFAULT_REDIS_WAIT_S, say: Callable[[str], None] = say_on_stderr) -> str:
         """Start the server, or join the one already running; returns its URL.
 
         A server whose pid runs is never replaced: if it does not answer, this waits up to `wait_s`

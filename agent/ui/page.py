@@ -14,10 +14,12 @@ so nothing can livelock the page.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import redis
@@ -292,17 +294,10 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, i
 
     An exception here is not caught by main(): it is said in a sentence, and the following goes on."""
     following: list[bool] = []  # the body appends once it has drawn the autorefresh component
-    try:
+    with _said_if_it_fails("drawn"):
         return _follow_body(settings, be, cid, turn_id, in_flight, following)
-    except UnreadableState as exc:
-        log.warning("%s", exc)
-        st.rerun(scope="app")  # the full run says so, and offers a new chat
-    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback, and the following goes on
-        log.exception("the turn in flight could not be drawn")
-        st.warning(f"The reply being written could not be drawn ({type(exc).__name__}); this page keeps "
-                   "looking for it.", icon="⚠️")
-        if not following:
-            st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
+    if not following:  # the body failed before its component: the page must keep ticking
+        st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
     return None
 
 
@@ -311,14 +306,23 @@ def _bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Li
     whole page is drawn, so the first words, a step or the ending show at once rather than after the
     follower's first tick. It gives way to that tick (the follower takes over), to any click, and
     to the turn's start or end (one more full run); it lasts at most two ticks."""
-    try:
+    with _said_if_it_fails("followed"):
         _hold(settings, be, cid, state, live, limit_s=2 * settings.poll_interval_ms / 1000)
+
+
+@contextlib.contextmanager
+def _said_if_it_fails(what: str) -> Iterator[None]:
+    """Following the turn in flight never ends in a traceback, and is not caught by main(): a state that
+    cannot be read goes to a full run (which says so, and offers a new chat); anything else is said in
+    a sentence, and the follower goes on."""
+    try:
+        yield
     except UnreadableState as exc:
         log.warning("%s", exc)
-        st.rerun(scope="app")  # the next full run says so, and offers a new chat
-    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback; the follower goes on
-        log.exception("the turn in flight could not be followed")
-        st.warning(f"The reply being written could not be followed ({type(exc).__name__}); this page keeps "
+        st.rerun(scope="app")
+    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback
+        log.exception("the turn in flight could not be %s", what)
+        st.warning(f"The reply being written could not be {what} ({type(exc).__name__}); this page keeps "
                    "looking for it.", icon="⚠️")
 
 

@@ -20,6 +20,7 @@ from agent.contract import (
     live_summary,
     safeguards_on,
 )
+from agent.providers.streaming import token_count
 from agent.ui.guard import drawn_or_said
 from agent.ui.markdown import inert, safe_markdown
 from agent.ui.timeline import timeline_chart
@@ -199,8 +200,7 @@ def step_tokens(step: Step) -> tuple[int | None, int | None]:
     usage = step.get("usage")
     if not isinstance(usage, dict):
         return None, None
-    return tuple(value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-                 for value in (usage.get("input_tokens"), usage.get("output_tokens")))
+    return token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))
 
 
 def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
