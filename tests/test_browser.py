@@ -308,6 +308,9 @@ def test_a_reply_links_only_to_web_pages_and_mail_addresses_in_the_browser(serve
 
 LONG_CHAT_TURNS = 30
 LONG_CHAT_SETTLE_S = 3.0  # seconds from a turn's final write to the page settled (answer, no polling, input on)
+# The first turn of a fresh page also waits for the browser to load what it first needs then (the
+# chart's library): measured 0.4-1.2 s in most runs, 3.4 s once with the suite beside it. Bounded apart.
+FIRST_TURN_SETTLE_S = 8.0
 LONG_CHAT_HOGS = 2  # busy loops: a 2-core machine with something else running
 
 
@@ -347,7 +350,8 @@ def test_a_30_turn_chat_on_a_busy_machine_settles_after_every_turn(tmp_path, bro
             settled_at = wait_settled(page, answer, timeout_s=60)
             settle_s.append(settled_at - final_write_at(redis_url, cid))
         overlaps = page.evaluate("() => window.__inputOpenWhileBusy")
-    late = [(n, round(s, 2)) for n, s in enumerate(settle_s, start=1) if s > LONG_CHAT_SETTLE_S]
+    late = [(n, round(s, 2)) for n, s in enumerate(settle_s, start=1)
+            if s > (FIRST_TURN_SETTLE_S if n == 1 else LONG_CHAT_SETTLE_S)]
     assert not late, f"turns that settled late (turn, seconds): {late}; all: {[round(s, 2) for s in settle_s]}"
     assert overlaps == [], "the input was enabled while a turn was shown in flight"
 
