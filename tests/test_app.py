@@ -3,6 +3,7 @@ turn must actually run). States are written with the Store API to see how each o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -831,6 +832,24 @@ def test_the_follower_reads_which_fragment_reruns_wait_from_streamlits_own_reque
     assert waiting_fragment_ids(requests) == ["stop", "follow"]
     requests.request_rerun(RerunData())  # a full run pre-empts anyway: no fragment to let through
     assert waiting_fragment_ids(requests) == []
+
+
+def test_a_fragment_gives_way_to_the_fragments_queued_after_it_in_the_same_run():
+    from agent.ui.page import others_run_after
+
+    assert others_run_after("follow", ["follow", "stop"]), "Stop waits behind the follower: it ends its run"
+    assert not others_run_after("follow", ["stop", "follow"]), "Stop already ran: the follower holds"
+    assert not others_run_after("follow", ["follow"])
+    assert not others_run_after("follow", None)  # a full run
+    assert not others_run_after(None, ["stop", "follow"])  # not in a fragment (the bridge)
+
+
+def test_streamlits_fragment_thread_state_still_names_the_running_fragment():
+    """The follower and Stop read which fragment runs from Streamlit's internals: if that moves, this fails
+    (and the page falls back to holding each follower run for HOLD_S)."""
+    from streamlit.runtime.scriptrunner_utils.script_run_context import FragmentThreadState
+
+    assert "fragment_id" in {field.name for field in dataclasses.fields(FragmentThreadState)}
 
 
 @pytest.mark.usefixtures("pool")

@@ -27,6 +27,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
+from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState
 from streamlit_autorefresh import st_autorefresh
 
 from agent.contract import Status
@@ -244,13 +245,47 @@ def _chat_input(settings: Settings, be: ui.Backend, cid: str, in_flight: bool, c
     )
 
 
+@st.fragment
 def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
-    """Stop, outside the follower: its click reruns the app, which cuts the follower's run within
-    SLICE_S, and "Stopping…" is the first thing that run draws after the page's header."""
-    if st.session_state.get(ui.STOPPING_KEY) == state["turn_id"]:
-        st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
-    else:
+    """Stop, a fragment of its own: its click reruns only this (the follower gives way within SLICE_S),
+    so "Stopping…" is drawn by a run that draws nothing else. When the follower runs after it, that
+    follows the turn to its end; when it does not (the click cut a full run short), this run does,
+    until the follower's tick takes over or the turn ends (one full run)."""
+    if st.session_state.get(ui.STOPPING_KEY) != state["turn_id"]:
         st.button("⏹️ Stop", key="stop", on_click=_on_stop, args=(settings, be))
+        return
+    st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
+    if _in_fragment_run() and not _follower_runs_after():
+        with _said_if_it_fails("followed"):
+            _until_moved(be, state, limit_s=2 * settings.poll_interval_ms / 1000)
+
+
+def _follower_runs_after() -> bool:
+    """Another fragment (the follower) runs after this one in the same run."""
+    return _queued_after_this_fragment()
+
+
+def _until_moved(be: ui.Backend, state: dict, *, limit_s: float) -> None:
+    """Wait, in slices, for the turn to end (then one full run draws it), for at most `limit_s`; any
+    other run waiting (the follower's tick, a click) ends the wait at once."""
+    cid, session = state["conversation_id"], st.session_state
+    watch = VersionWatch(be.store, cid, state["version"])
+    try:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            moved = watch.wait(SLICE_S)
+            _ = INPUT_KEY in session  # a full run waiting cuts this run here
+            if _fragment_rerun_waiting():  # the follower's tick: it follows the turn from here
+                return
+            if watch.error is not None:
+                raise watch.error
+            if moved and _turn_moved(ui.poll(be.store, be.queue_connection, session, cid).state,
+                                     state["turn_id"], True):
+                st.rerun(scope="app")
+    except redis.RedisError as exc:
+        log.warning("redis failed while waiting for a turn to stop: %s", exc)
+    finally:
+        watch.close()
 
 
 def _finished_turns(cid: str, turns: list[dict]) -> None:
@@ -425,10 +460,13 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
 
 
 def _give_way() -> bool:
-    """A yield point: a full run waiting (a click outside) cuts this run here. A fragment's rerun waiting
-    (a toggle in an earlier turn, the follower's tick) is let through: a fragment run asks to run again
-    after it; a full run is told to end (True)."""
+    """A yield point: a full run waiting (a click outside) cuts this run here. Another fragment waiting
+    (Stop, a toggle in an earlier turn, the follower's tick) is let through: a fragment run asks to run
+    again after it; a full run is told to end (True). A fragment queued after this one in the same run
+    is let through by ending this run (True): the follower's next tick restarts it."""
     _ = INPUT_KEY in st.session_state  # reading session state is where Streamlit honours a waiting rerun
+    if _queued_after_this_fragment():
+        return True
     if not _fragment_rerun_waiting():
         return False
     if _in_fragment_run():
@@ -449,12 +487,29 @@ def waiting_fragment_ids(requests) -> list[str]:
     return list(getattr(getattr(requests, "_rerun_data", None), "fragment_id_queue", None) or [])
 
 
+def _this_fragment_id() -> str | None:
+    try:
+        return ThreadState.get().fragment_id
+    except (RuntimeError, AttributeError):  # no script run here, or Streamlit's internals moved
+        return None
+
+
 def _fragment_rerun_waiting() -> bool:
-    """Another fragment's rerun waits (this run's own ticks only queue its next run, which can wait)."""
+    """Another fragment's rerun waits (this fragment's own ticks only queue its next run, which can wait)."""
     ctx = get_script_run_ctx()
-    running = set(getattr(ctx, "fragment_ids_this_run", None) or ())
-    waiting = waiting_fragment_ids(getattr(ctx, "script_requests", None))
-    return any(fragment_id not in running for fragment_id in waiting)
+    this = _this_fragment_id()
+    return any(fragment_id != this for fragment_id in waiting_fragment_ids(getattr(ctx, "script_requests", None)))
+
+
+def _queued_after_this_fragment() -> bool:
+    """This run goes on to other fragments once this one returns (Stop clicked just as the follower's tick came)."""
+    return others_run_after(_this_fragment_id(), getattr(get_script_run_ctx(), "fragment_ids_this_run", None))
+
+
+def others_run_after(this: str | None, fragment_ids_this_run) -> bool:
+    """Whether the run's queue of fragments goes on past `this` one (they run in the queue's order)."""
+    queued = list(fragment_ids_this_run or ())
+    return this in queued and queued.index(this) < len(queued) - 1
 
 
 def _draw_turn(live: _Live, state: dict) -> None:
