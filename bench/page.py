@@ -178,6 +178,28 @@ def growth(section: dict, condition: str, figure: str) -> float | None:
     return round(rows[-1][figure]["p50"] / rows[0][figure]["p50"], 3)
 
 
+# A follower run's start draws one component, well under a millisecond at any length: between two such
+# figures a ratio is scheduling noise (0.1 against 0.3 ms), so time counts as growth only past this.
+TICK_NOISE_MS = 1.0
+
+
+def tick_added_ms(section: dict, condition: str) -> float | None:
+    """p50 at the longest conversation minus p50 at the shortest, of a follower run's start (ms)."""
+    rows = (section["conditions"].get(condition) or {}).get("lengths") or []
+    if len(rows) < 2 or rows[0]["tick_draw_ms"]["p50"] is None or rows[-1]["tick_draw_ms"]["p50"] is None:
+        return None
+    return round(rows[-1]["tick_draw_ms"]["p50"] - rows[0]["tick_draw_ms"]["p50"], 2)
+
+
+def tick_flat(results: dict) -> bool:
+    """The page's cost while it follows does not grow with the conversation: a follower run's start
+    (in time, within 1.5x or within the noise floor; in bytes, within 1.5x) and each write it draws
+    (in bytes, within 1.5x)."""
+    time_ok = (results.get("page_tick_growth") or 0) <= 1.5 or (results.get("page_tick_added_ms") or 0) <= TICK_NOISE_MS
+    sizes = (results.get("page_tick_bytes_growth"), results.get("page_update_bytes_growth"))
+    return time_ok and all((growth or 0) <= 1.5 for growth in sizes)
+
+
 # The issue's goals, per condition: (figure, statistic, idle goal, goal with hogs), None where none is set.
 GOALS = (
     ("word_to_screen_ms", "p95", 200, 600),

@@ -47,3 +47,18 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     assert "first_step_ratio" in run.stdout  # the table
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert (tmp_path / "history_cost.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(("growth", "added_ms", "bytes_growth", "per_write_growth", "flat"), [
+    (3.0, 0.2, 1.0, 1.0, True),  # 0.1 against 0.3 ms: noise below the floor
+    (1.2, 4.0, 1.0, 1.0, True),  # within 1.5x
+    (3.0, 5.0, 1.0, 1.0, False),  # grows, and past the floor
+    (1.0, 0.0, 2.0, 1.0, False),  # the follower's start draws more bytes
+    (1.0, 0.0, 1.0, 1.6, False),  # each write draws more bytes
+])
+def test_the_page_tick_is_judged_flat_in_time_past_a_noise_floor_and_in_bytes(growth, added_ms, bytes_growth,
+                                                                               per_write_growth, flat):
+    from bench.page import tick_flat
+
+    assert tick_flat({"page_tick_growth": growth, "page_tick_added_ms": added_ms,
+                      "page_tick_bytes_growth": bytes_growth, "page_update_bytes_growth": per_write_growth}) is flat

@@ -3,8 +3,8 @@
 A full run draws the finished turns once. What changes afterwards lives in `_follow`, an
 `st.fragment` that follows the conversation's event stream within its own run: it draws each write
 as it arrives (the text being written grows in a placeholder of its own), waiting in slices short
-enough that whatever waits is let through at once: a click that reruns the app (Stop, a message,
-the sidebar) cuts it short, and another fragment's rerun (a toggle in an earlier turn) goes first,
+enough that whatever waits is let through at once: a click that reruns the app (a message, the
+sidebar) cuts it short, and another fragment's rerun (Stop, a toggle in an earlier turn) goes first,
 the follower after it. When a turn starts or ends it asks for
 one full run. Its run restarts itself now and then; its streamlit-autorefresh component is the net
 that starts it after a full run, or restarts it should a run end otherwise (ticks that come while
@@ -337,7 +337,7 @@ def _follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, i
 
 
 def _bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live) -> None:
-    """A full run that found a turn in flight (it started it, or Stop was pressed) follows it once the
+    """A full run that found a turn in flight (it started it, or the page was reloaded) follows it once the
     whole page is drawn, so the first words, a step or the ending show at once rather than after the
     follower's first tick. It gives way to that tick (the follower takes over), to any click, and
     to the turn's start or end (one more full run); it lasts at most two ticks."""
