@@ -24,6 +24,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -89,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     conversations_cli.add_parsers(sub, _conversation_id)
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
-    signal.signal(signal.SIGTERM, _interrupt)
+    _interrupted.clear()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
     settings = settings_for_command()
     if settings is None:
         return EXIT_USAGE
@@ -117,8 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         services.shutdown()
 
 
+# Set by the handler below. Python runs a signal handler between any two bytecodes, finalisers included,
+# and a KeyboardInterrupt raised inside a finaliser is printed and dropped: the flag is not.
+_interrupted = threading.Event()
+
+
 def _interrupt(signum, frame):
+    _interrupted.set()
     raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    """A Ctrl-C or SIGTERM whose KeyboardInterrupt was lost (see `_interrupted`) stops the CLI here."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
 
 
 def _tool_names(value: str) -> tuple[str, ...]:
@@ -202,6 +217,7 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
         print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
     follower = Follower(store, queue_connection, queue, conversation_id, turn_id, settings.poll_interval_ms, as_json)
     while True:
+        raise_if_interrupted()
         try:
             ended = follower.step()
         except (*TRANSIENT_REDIS_ERRORS, redis.ResponseError) as exc:

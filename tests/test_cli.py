@@ -434,3 +434,26 @@ def test_json_live_deltas_reassemble_to_the_final_message(cli_env):
     assert sum(1 for line in lines if line.get("live")) >= 2
     assert text == "".join(words) == lines[-1]["history"][-1]["content"]
     assert lines[-1]["live"] is None and lines[-1]["steps"][-1]["usage"] == {"input_tokens": 42, "output_tokens": 7}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_that_lands_inside_a_finaliser_still_stops_the_cli():
+    """Python may run the SIGINT handler inside any finaliser, where its KeyboardInterrupt is dropped:
+    the follow loop still stops at its next step."""
+    import gc
+    import signal
+
+    from agent import cli
+
+    class Finaliser:
+        def __del__(self):
+            cli._interrupt(signal.SIGINT, None)
+
+    try:
+        Finaliser()  # collected at once: the KeyboardInterrupt is printed as ignored, and lost
+        gc.collect()
+        with pytest.raises(KeyboardInterrupt):
+            cli.raise_if_interrupted()
+    finally:
+        cli._interrupted.clear()
+    cli.raise_if_interrupted()  # nothing pending: it returns
