@@ -307,11 +307,18 @@ class Follower:
     stream: PlainTextStream | None = None  # text: the live text being printed, until its message lands
     tokens: list = field(default_factory=lambda: [0, 0, 0])  # text: input, output tokens, calls that reported
 
+    def gone(self) -> int:
+        how = "was deleted" if self.store.was_deleted(self.conversation_id) else "expired"
+        print(f"error: the conversation {how} before the turn ended", file=sys.stderr)
+        return EXIT_ENDED_BADLY
+
     def step(self) -> int | None:
         """One wait for a new version; the exit status once our turn has ended, else None."""
         seen = self.state["version"] if self.state else None
         # Wakes as soon as the worker writes; the poll interval bounds each wait.
         version = self.store.wait_version(self.conversation_id, seen, self.poll_interval_ms)
+        if version is None:  # it existed when the turn was sent: deleted or expired since, even before a first read
+            return self.gone()
         if version == seen:
             # Nothing new: is anyone still going to write? If not, this writes the ending.
             lost_worker_check(self.store, self.queue_connection, self.conversation_id, self.state)
@@ -324,9 +331,7 @@ class Follower:
             return None
         state = self.store.read_since(self.conversation_id, self.state)
         if state is None:
-            how = "was deleted" if self.store.was_deleted(self.conversation_id) else "expired"
-            print(f"error: the conversation {how} before the turn ended", file=sys.stderr)
-            return EXIT_ENDED_BADLY
+            return self.gone()
         # Our turn's ending: the current state, or its summary if another turn has started since.
         ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(
             (t["status"] for t in state["turns"] if t["turn_id"] == self.turn_id), None)

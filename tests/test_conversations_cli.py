@@ -95,3 +95,18 @@ def test_ask_following_a_turn_whose_conversation_is_deleted_exits_1_saying_so(st
     assert proc.returncode == 1
     assert "the conversation was deleted before the turn ended" in err.decode()
     assert store.read(cid) is None
+
+
+def test_a_conversation_deleted_before_the_clis_first_read_ends_the_follow_saying_so(store, queue, capsys):
+    """The turn is sent, then its conversation is deleted before the CLI has read it once: the CLI's
+    first wait finds no version at all, and must not wait for one forever."""
+    from agent.cli import EXIT_ENDED_BADLY, Follower
+    from agent.queue import new_id, submit_turn
+    from agent.settings import Settings
+
+    cid = new_id()
+    turn_id = submit_turn(store, queue, cid, "What is 17*23?", Settings.from_env({}).turn)  # no worker takes it
+    store.delete(cid)
+    follower = Follower(store, queue.connection, queue, cid, turn_id, poll_interval_ms=200, as_json=False)
+    assert follower.step() == EXIT_ENDED_BADLY
+    assert "the conversation was deleted before the turn ended" in capsys.readouterr().err
