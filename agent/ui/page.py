@@ -255,14 +255,9 @@ def _stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
         st.button("⏹️ Stop", key="stop", on_click=_on_stop, args=(settings, be))
         return
     st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
-    if _in_fragment_run() and not _follower_runs_after():
+    if _in_fragment_run() and not _queued_after_this_fragment():  # else the follower runs next, and follows
         with _said_if_it_fails("followed"):
             _until_moved(be, state, limit_s=2 * settings.poll_interval_ms / 1000)
-
-
-def _follower_runs_after() -> bool:
-    """Another fragment (the follower) runs after this one in the same run."""
-    return _queued_after_this_fragment()
 
 
 def _until_moved(be: ui.Backend, state: dict, *, limit_s: float) -> None:
