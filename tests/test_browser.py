@@ -471,12 +471,13 @@ def test_deleting_a_conversation_in_flight_from_another_tab_ends_its_turn_and_th
     from harness.waiting import wait_for
 
     first, second = (browser.new_context(viewport={"width": 1280, "height": 1000}) for _ in range(2))
-    client = state_client(server.redis_url())
+    client = None
     try:
         one, two = first.new_page(), second.new_page()
         ask(one, server.url, "Please be slow 20 seconds, then tell me the time in Paris.")
         one.wait_for_url("**/?c=*", timeout=15000)
         cid = one.url.split("c=", 1)[1].split("&", 1)[0]
+        client = state_client(server.redis_url())  # the page's Redis exists once a page has opened
         store = Store(client, ttl_s=600)
         meta = wait_for(lambda: (m := store.read_meta(cid)) and (m["current_step"] or {}).get("kind") == "tool" and m,
                         30, "the turn runs its 20 s tool")
@@ -505,7 +506,8 @@ def test_deleting_a_conversation_in_flight_from_another_tab_ends_its_turn_and_th
             queue.close()
         assert client.exists(*Keys.of(cid).all) == 0
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         first.close()
         second.close()
 

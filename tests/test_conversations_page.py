@@ -86,6 +86,13 @@ def test_delete_asks_for_a_confirmation_then_deletes_and_starts_a_new_chat(store
     assert store.read(cid) is None and store.redis.zscore(INDEX_KEY, cid) is None
     assert "c" not in at.query_params
     assert cid not in sidebar_rows(at)
+    # Said on the page, not only in a toast that a rerun can drop: it stays until dismissed.
+    said = "The conversation was deleted. This is a new chat."
+    assert said in [i.value for i in at.info]
+    at.run()
+    assert said in [i.value for i in at.info]
+    at.button(key="dismiss-flash").click().run()
+    assert said not in [i.value for i in at.info]
 
 
 def test_deleting_a_conversation_in_flight_in_another_tab_ends_its_turn_cleanly_and_the_tab_says_so(

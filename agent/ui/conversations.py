@@ -136,4 +136,8 @@ def _delete(store: Store, cid: str) -> None:
     ui.new_chat(st.session_state)
     st.session_state.pop(CONFIRM_DELETE_KEY, None)
     st.query_params.pop(ui.CID_PARAM, None)
-    st.toast("The conversation was deleted. This is a new chat.", icon="🗑️")
+    # Said twice: a toast, and a note that stays until dismissed or a message is sent (a toast can be
+    # dropped when another run starts at once, and this tab must never lose the chat without a word).
+    said = "The conversation was deleted. This is a new chat."
+    st.session_state[ui.FLASH_KEY] = ("info", said, None)
+    st.toast(said, icon="🗑️")

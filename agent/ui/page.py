@@ -605,13 +605,17 @@ def _dismiss_flash() -> None:
 
 
 def _flash(session) -> None:
-    """A refusal stays, with the unsent text, until it is dismissed or a message is sent."""
+    """A refusal (or a note on what just happened) stays, with the unsent text, until it is dismissed or
+    a message is sent."""
     flash = session.get(ui.FLASH_KEY)
     if not flash:
         return
     kind, text, unsent = flash
     with st.container(border=True):
-        (st.warning if kind == "warning" else st.error)(text, icon="✋")
+        if kind == "info":
+            st.info(text, icon="ℹ️")
+        else:
+            (st.warning if kind == "warning" else st.error)(text, icon="✋")
         if unsent and unsent.strip():
             st.caption("Your message, not sent (copy it from here):")
             st.code(unsent, language=None, wrap_lines=True)

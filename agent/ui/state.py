@@ -36,7 +36,7 @@ CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
 
 VIEW_KEY = "agent_view"  # {"cid", "version", "state"}: the last state read, reused while the version holds
 DRAFT_KEY = "agent_draft_cid"  # this tab's id for a chat that has no message yet (not in the URL yet)
-FLASH_KEY = "agent_flash"  # a message for the next run: (kind, text, unsent text or None)
+FLASH_KEY = "agent_flash"  # a message for the next runs: (kind: info/warning/error, text, unsent text or None)
 STOPPING_KEY = "agent_stopping"  # turn id whose stop this tab asked for
 
 
