@@ -820,6 +820,32 @@ def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_n
         watch.close()
 
 
+def test_a_watch_whose_connection_closes_under_its_blocking_read_wakes_with_an_error_not_a_thread_traceback(store):
+    import redis
+
+    from agent.store import Store
+    from agent.ui.watch import VersionWatch
+    from harness.waiting import wait_for
+
+    cid, _ = make_status(store, "running")
+    pool = store.redis.connection_pool
+    own = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class,
+                                                           **pool.connection_kwargs))
+    watch = VersionWatch(Store(own, ttl_s=600), cid, store.version(cid))
+    try:
+        wait_for(lambda: any(c.get("cmd") == "xread" for c in store.redis.client_list()), 10,
+                 "the watch blocks on the event stream")
+        # Closed under the read, not by `close` (again if it fell between two reads and reconnected).
+        wait_for(lambda: own.connection_pool.disconnect(inuse_connections=True) or watch.wait(0.5), 10,
+                 "the watch woke")
+        assert isinstance(watch.error, redis.ConnectionError)
+        watch._thread.join(5.0)
+        assert not watch._thread.is_alive()
+    finally:
+        watch.close()
+        own.close()
+
+
 def test_the_follower_reads_which_fragment_reruns_wait_from_streamlits_own_request_queue():
     from streamlit.runtime.scriptrunner_utils.script_requests import RerunData, ScriptRequests
 

@@ -35,10 +35,12 @@ class VersionWatch:
                 self.error = exc
                 self._moved.set()
                 return
-            except ValueError:  # its client was closed under its blocking read (a shutdown), after `close`
-                if self._closed.is_set():
-                    return
-                raise
+            except (ValueError, AttributeError) as exc:  # its client closed under its blocking read
+                # redis-py says so as a ValueError or, mid-read, an AttributeError on the dropped buffer.
+                if not self._closed.is_set():  # not a shutdown after `close`: the waiting run says it
+                    self.error = redis.ConnectionError(f"the connection closed under the watch ({type(exc).__name__})")
+                    self._moved.set()
+                return
             if version != seen:
                 seen = version
                 self._moved.set()
