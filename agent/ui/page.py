@@ -612,10 +612,8 @@ def _flash(session) -> None:
         return
     kind, text, unsent = flash
     with st.container(border=True):
-        if kind == "info":
-            st.info(text, icon="ℹ️")
-        else:
-            (st.warning if kind == "warning" else st.error)(text, icon="✋")
+        alert, icon = {"info": (st.info, "ℹ️"), "warning": (st.warning, "✋")}.get(kind, (st.error, "✋"))
+        alert(text, icon=icon)
         if unsent and unsent.strip():
             st.caption("Your message, not sent (copy it from here):")
             st.code(unsent, language=None, wrap_lines=True)

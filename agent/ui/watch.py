@@ -32,20 +32,22 @@ class VersionWatch:
             try:
                 version = self._store.wait_version(self._cid, seen, MAX_BLOCK_MS)
             except (redis.RedisError, UnreadableState) as exc:  # said on the page by the run that waits
-                self.error = exc
-                self._moved.set()
+                self._fail(exc)
                 return
             except (ValueError, AttributeError) as exc:  # its client closed under its blocking read
                 # redis-py says so as a ValueError or, mid-read, an AttributeError on the dropped buffer.
                 if not self._closed.is_set():  # not a shutdown after `close`: the waiting run says it
-                    self.error = redis.ConnectionError(f"the connection closed under the watch ({type(exc).__name__})")
-                    self._moved.set()
+                    self._fail(redis.ConnectionError(f"the connection closed under the watch ({type(exc).__name__})"))
                 return
             if version != seen:
                 seen = version
                 self._moved.set()
             if version is None:  # expired or deleted: nothing left to block on
                 return
+
+    def _fail(self, exc: redis.RedisError | UnreadableState) -> None:
+        self.error = exc
+        self._moved.set()
 
     def wait(self, timeout_s: float) -> bool:
         """True when the version moved (or the watch failed: see `error`) since the last True."""
