@@ -20,13 +20,16 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anyio
-from mcp import Client
-
-from agent.tools.mcp_stdio import bounded_stdio
 from agent.tools.registry import Tool, ToolError
 from agent.tools.running import ERROR_PREFIX, MAX_OUTPUT_CHARS
+
+if TYPE_CHECKING:
+    from mcp import Client
+
+# The SDK (with anyio and its HTTP stack, about 30 MiB) is imported by the first server a process
+# starts, not by every worker: a worker with no MCP servers configured never loads it.
 
 WITH_PARENT = Path(__file__).resolve().parents[1] / "runtime" / "with_parent.py"  # stdlib only: run as a script
 TOOL_NAME_SEPARATOR = "__"  # server and tool: "time__get_current_time"
@@ -189,6 +192,8 @@ class McpHub:
     async def _session(self, server: ServerConfig, listed: asyncio.Future) -> None:
         """One server's whole session, in one task (the SDK's contexts must open and close in the same task)."""
         try:
+            from mcp import Client
+
             async with Client(_target(server)) as client:
                 tools, cursor = [], None
                 for _ in range(MAX_LISTED_PAGES):
@@ -236,6 +241,8 @@ class McpHub:
         client = self.clients.get(server)
         if client is None:
             raise ToolError(f"the {server} MCP server is not running ({self.ended.get(server, 'it never started')})")
+        import anyio
+
         try:
             with anyio.fail_after(timeout_s):
                 result = await client.call_tool(tool, arguments)
@@ -306,6 +313,8 @@ def _target(server: ServerConfig):
     # Through with_parent: the server and what it starts end with the session thread that started
     # it, even if this process is killed before it can stop its servers.
     launcher = ["-I", str(WITH_PARENT), resolve_command(server.command)]
+    from agent.tools.mcp_stdio import bounded_stdio
+
     return bounded_stdio(server.name, sys.executable, [*launcher, *server.args], server.env)
 
 
