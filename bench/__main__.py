@@ -23,7 +23,7 @@ from pathlib import Path
 import rq
 
 from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
-from bench import conversations, cost, latency, load, page, report, tracing_cost
+from bench import conversations, cost, latency, load, page, report, tracing_cost, worker_memory
 from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
@@ -53,6 +53,7 @@ class Plan:
     page_stops: int = 6  # Stop clicks per condition
     list_sizes: tuple = conversations.LIST_SIZES  # conversations in the index when the sidebar's page is listed
     memory_turns: tuple = conversations.TURN_COUNTS  # (turns per conversation, conversations measured)
+    worker_memory_with_mcp_json: bool = True  # also measure a worker holding the project's MCP server
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
@@ -87,6 +88,7 @@ QUICK = Plan(
     overhead_pairs_other=1,
     list_sizes=(20, 200),
     memory_turns=((1, 5), (10, 2)),
+    worker_memory_with_mcp_json=False,
     first_step_repeats=1,
     throughput=(("simple", 1, 2), ("simple", 2, 4)),
     deadline_turns=4,
@@ -116,6 +118,9 @@ METHOD = {
     "write) with 20, 1,000 and 10,000 conversations stored (calculator turns written through the store's own "
     "scripts); median of 50 listings, and the Redis commands one listing sends. memory_per_conversation: "
     "MEMORY USAGE of a conversation's keys by its number of turns.",
+    "worker_memory": "RSS of one idle simple worker of the pool after one three-tool turn (demo@0~0), with no MCP "
+    "server configured and with the project's mcp.json, beside a bare `rq worker --worker-class "
+    "rq.worker.SimpleWorker` idle on the same Redis; ratio = ours / bare. Goal: at most 1.3 without MCP servers.",
     "dispatch_latency_ms": "2 idle workers per class, one instant turn (demo@0~0) at a time, after warm-up. "
     "start_ms: submit to RQ's job.started_at (stamped in the process that runs the job, after any fork or "
     "spawn). first_call_ms: submit to the start of the turn's first model call (also the job's import, "
@@ -196,6 +201,10 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
         results["memory_per_conversation"] = conversations.memory_per_conversation(lab.store, plan.memory_turns)
         lab.client.flushdb()
 
+        progress("a worker's memory beside a bare rq worker", started)
+        results["worker_memory"] = worker_memory.worker_memory(
+            lab, with_mcp_json=plan.worker_memory_with_mcp_json)
+
         progress("publish to observed: plain poll vs event-driven wait", started)
         results["publish_to_observed_ms"] = cost.publish_to_observed(
             lab, plan.observe_conversations, plan.observe_duration_s, plan.poll_interval_s, rng)
@@ -251,6 +260,7 @@ def judge(results: dict) -> dict:
     checks = {
         "first_step_ratio": lambda r: r["first_step_ratio"] <= 0.35,
         "queue_overhead_ratio": lambda r: r["queue_overhead_ratio"] <= 1.02,
+        "worker_memory": lambda r: r["worker_memory"]["ratio"] <= 1.3,
         "tracing_overhead_ratio": lambda r: r["tracing_overhead"]["ratio"] <= 1.02,
         "publish_to_observed_p50": lambda r: r["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
         # O(1) poll and O(new messages) publish: 100x the history, (nearly) the same bytes.
@@ -319,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     order = ("first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
              "queue_overhead_ratio_by_class", "tracing_overhead", "conversations_list", "memory_per_conversation",
+             "worker_memory",
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy",

@@ -41,6 +41,14 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         for row in listing["rows"]:
             out.append((f"listing 20 of {row['conversations']:,} conversations", f"{row['list_ms_p50']:g} ms, "
                         f"{row['redis_commands']} commands", "flat", ""))
+    memory = results.get("worker_memory")
+    if memory:
+        out.append(("worker memory / bare rq SimpleWorker (RSS, idle)",
+                    f"{memory['ratio']:.2f} ({memory['worker_mib']:g} / {memory['bare_rq_simple_worker_mib']:g} MiB)",
+                    "<= 1.3", _check(goals.get("worker_memory"))))
+        if "ratio_with_mcp_json" in memory:
+            out.append(("  with the project's mcp.json (its time server's session)",
+                        f"{memory['ratio_with_mcp_json']:.2f} ({memory['worker_with_mcp_json_mib']:g} MiB)", "", ""))
     traced = results.get("tracing_overhead")
     if traced:
         out.append((f"tracing_overhead (on / off, {call} calls)", f"{traced['ratio']:.4f}", "<= 1.02",

@@ -21,6 +21,7 @@ KEYS = (
     "cost_vs_history",
     "throughput",
     "deadline_accuracy",
+    "worker_memory",
 )
 
 
@@ -32,7 +33,7 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,  # seconds: about 120 beside other work
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -43,6 +44,9 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     assert results["deadline_accuracy"]["turns_past_job_timeout"] == 0
     listing = results["conversations_list"]["rows"]
     assert listing[0]["redis_commands"] == listing[-1]["redis_commands"]  # the list does not scan keys
+    memory = results["worker_memory"]
+    assert 0 < memory["bare_rq_simple_worker_mib"] and memory["ratio"] == round(
+        memory["worker_mib"] / memory["bare_rq_simple_worker_mib"], 2)
     assert results["tracing_overhead"]["export_requests"] >= 1  # the traced turns' spans reached the collector
     assert "first_step_ratio" in run.stdout  # the table
     assert (tmp_path / "throughput.png").stat().st_size > 0

@@ -60,14 +60,22 @@ EventsListener = Callable[[list[Event]], bool]
 
 
 class _Session:
-    """An event loop and the AsyncClient bound to it, reused across calls for keep-alive."""
+    """An event loop and the AsyncClients bound to it, reused across calls for keep-alive: one for
+    plain http:// (the demo provider, a local server) and one for https://, made on its first call,
+    since its verified TLS context (the CA bundle loaded) costs about 3 MiB a process."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        # Only the encodings agent.providers.decoding undoes (httpx would also ask for br and zstd when
-        # their packages happen to be installed).
-        self.client = httpx.AsyncClient(follow_redirects=False, headers={"accept-encoding": decoding.ACCEPT_ENCODING})
+        self.plain = _client(verify=False)  # no TLS is ever negotiated on it: it is used for http:// only
+        self.tls: httpx.AsyncClient | None = None
+
+    def client_for(self, url: str) -> httpx.AsyncClient:
+        if not url.lower().startswith("https://"):
+            return self.plain
+        if self.tls is None:
+            self.tls = _client(verify=True)
+        return self.tls
 
     def close(self) -> None:
         """Best effort: cancel what the interrupted call left running, close the client and the loop."""
@@ -80,7 +88,9 @@ class _Session:
                 task.cancel()
             if pending:
                 loop.run_until_complete(_bounded(asyncio.gather(*pending, return_exceptions=True)))
-            loop.run_until_complete(_bounded(self.client.aclose()))
+            for client in (self.plain, self.tls):
+                if client is not None:
+                    loop.run_until_complete(_bounded(client.aclose()))
             loop.run_until_complete(_bounded(loop.shutdown_asyncgens()))  # an aclose that hangs must not hang us
         except BaseException:  # noqa: B036 - cleanup after an interruption must never mask it
             log.debug("closing a discarded HTTP session failed", exc_info=True)
@@ -89,6 +99,13 @@ class _Session:
                 loop.close()
             except BaseException:  # noqa: B036
                 log.debug("closing a discarded event loop failed", exc_info=True)
+
+
+def _client(*, verify: bool) -> httpx.AsyncClient:
+    # Only the encodings agent.providers.decoding undoes (httpx would also ask for br and zstd when
+    # their packages happen to be installed).
+    return httpx.AsyncClient(follow_redirects=False, verify=verify,
+                             headers={"accept-encoding": decoding.ACCEPT_ENCODING})
 
 
 async def _bounded(awaitable) -> None:
@@ -136,7 +153,7 @@ def post_json(
     """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
     `stop` is set (a STOPPED ProviderError). Raises ProviderError, with `secret` (the key sent)
     redacted from its message (by `_quote`): a transport error can quote what the server sent."""
-    return _run(_exchange(_session().client, url, headers, body, timeout, secret, None), stop)
+    return _run(_exchange(_session().client_for(url), url, headers, body, timeout, secret, None), stop)
 
 
 def post_stream(
@@ -157,7 +174,7 @@ def post_stream(
     The reply then has `streamed` set and no body; whether the stream reached its end marker is the
     listener's to know. Any other reply (an error status, a plain JSON answer from a server that does
     not stream) is read whole, bounded, and returned as post_json would."""
-    return _run(_exchange(_session().client, url, headers, body, timeout, secret, on_events), stop)
+    return _run(_exchange(_session().client_for(url), url, headers, body, timeout, secret, on_events), stop)
 
 
 def _run(call: Coroutine[Any, Any, HTTPReply], stop: threading.Event | None) -> HTTPReply:
