@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -27,7 +27,7 @@ from agent.queue import JOB_FUNCTION, QUEUE_NAME
 from agent.runtime.connection import state_client, url_secrets
 from agent.runtime.embedded_redis import EmbeddedRedis, alive
 from harness import pools
-from harness.page import free_port
+from harness.page import chromium, chromium_available, free_port
 from harness.waiting import wait_for
 from tests import forged_jobs
 from tests.conftest import FAST, ROOT, ask, wait_done
@@ -241,7 +241,7 @@ def test_rqs_pickle_serializer_reads_json_in_every_process_of_the_product(module
 def _failed_job(connection) -> str:
     """A job of ours (JSON) in the failed registry: what requeue and delete act on."""
     job = Job.create(JOB_FUNCTION, args=["c", "t"], connection=connection, serializer=JSONSerializer,
-                     origin=QUEUE_NAME)
+                     origin=QUEUE_NAME, status=JobStatus.FAILED)
     job.save()
     FailedJobRegistry(QUEUE_NAME, connection=connection).add(job, ttl=600)
     return job.id
@@ -386,3 +386,39 @@ def test_pickle_is_what_the_forged_jobs_hold(canary_dir):
     """The fuzz's payloads do run when unpickled: a test of the test."""
     pickle.loads(forged_jobs.canary_pickle(canary_dir, "self-test"))
     assert _canaries(canary_dir) == ["self-test"]
+
+
+# -- in a browser ----------------------------------------------------------------------------------------
+
+ATTACKER_PAGE = "http://evil.test/"  # served by Playwright, so it is another site's page to the browser
+BROWSER_TIMEOUT_MS = 30_000
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(not chromium_available(), reason="Debian's chromium is not installed")
+def test_in_a_browser_the_dashboards_delete_button_works_and_another_sites_page_changes_nothing(
+        private_redis, base_env, tmp_path):
+    connection = private_redis.queue_connection
+    kept, deleted = _failed_job(connection), _failed_job(connection)
+    with running_dashboard({**base_env, "REDIS_URL": private_redis.url}, tmp_path / "dashboard.err") as (_, root), \
+            chromium() as browser:
+        page = browser.new_context().new_page()
+        # Another site's page: an <img> GETs a requeue, a form POSTs a delete (a navigation: no CORS to stop it).
+        page.route(ATTACKER_PAGE, lambda route: route.fulfill(content_type="text/html", body=(
+            f'<img src="{root}/requeue/{QUEUE_NAME}">'
+            f'<form method="post" action="{root}/job/{kept}/delete"></form>'
+            '<script>document.forms[0].submit()</script>')))
+        with page.expect_response(f"{root}/job/{kept}/delete", timeout=BROWSER_TIMEOUT_MS) as refused:
+            page.goto(ATTACKER_PAGE)
+        assert refused.value.status == 403
+        assert Job.exists(kept, connection=connection)
+        # The dashboard's own page: the row's Delete, then Yes in its dialog (a jQuery POST, same-origin).
+        page.goto(f"{root}/0/view/jobs/{QUEUE_NAME}/failed/8/asc/1")
+        page.click(f'tr[data-job-id="{deleted}"] [data-role=delete-job-btn]', timeout=BROWSER_TIMEOUT_MS)
+        with page.expect_response(f"{root}/job/{deleted}/delete", timeout=BROWSER_TIMEOUT_MS) as done:
+            page.click("#confirmation-modal-yes", timeout=BROWSER_TIMEOUT_MS)
+        assert done.value.status == 200
+        wait_for(lambda: not Job.exists(deleted, connection=connection), 10, "the job to be deleted")
+    assert FailedJobRegistry(QUEUE_NAME, connection=connection).get_job_ids() == [kept]
+    assert Job.exists(kept, connection=connection)
