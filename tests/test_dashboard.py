@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import pickle
 import signal
@@ -23,6 +24,7 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
 import dashboard as dashboard_module
+from agent.hosting import web_guards
 from agent.queue import JOB_FUNCTION, QUEUE_NAME
 from agent.runtime.connection import state_client, url_secrets
 from agent.runtime.embedded_redis import EmbeddedRedis, alive
@@ -210,8 +212,8 @@ def test_rq_info_never_unpickles_nor_runs_a_forged_jobs_callback(private_redis, 
 
 
 # Each process that builds an RQ queue, job or worker: the dashboard (and `rq info`), the CLI, a worker,
-# the page (its session logic), the lost-worker check. (worker.py's own process only supervises workers.)
-ENTRY_MODULES = ["dashboard", "agent.cli", "agent.hosting.worker_process", "agent.ui.state", "agent.lost_worker"]
+# the page (its session logic). (worker.py's own process only supervises workers.)
+ENTRY_MODULES = ["dashboard", "agent.cli", "agent.hosting.worker_process", "agent.ui.state"]
 
 
 @pytest.mark.parametrize("module", ENTRY_MODULES)
@@ -352,6 +354,31 @@ def test_the_header_shows_the_redis_url_with_its_password_masked(app, private_re
         page = response.get_data(as_text=True)
         assert "redis.sock?password=***" in page  # the URL is shown, its password is not
         assert password not in page
+
+
+def test_a_log_line_and_its_traceback_show_the_password_masked():
+    url = "redis://:p%40ss-1@127.0.0.1:6379/0?password=second-2"
+    formatter = web_guards.MaskingFormatter("%(levelname)s %(message)s", url_secrets(url))
+    try:
+        raise ConnectionError(f"cannot reach {url}")
+    except ConnectionError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "connecting to %s", (url,), sys.exc_info())
+    line = formatter.format(record)
+    assert line.count("***") == 4, line  # the message's two passwords, and the traceback's
+    assert not [secret for secret in ("p%40ss-1", "p@ss-1", "second-2") if secret in line]
+
+
+def test_a_response_header_shows_the_password_masked(private_redis):
+    app = dashboard_module.make_app(private_redis.url)
+    password = url_secrets(private_redis.url)[0]
+
+    @app.route("/echo")
+    def echo():
+        return "", 204, [("X-Url", private_redis.url), ("Set-Cookie", f"a={password}"), ("Set-Cookie", "b=2")]
+
+    response = app.test_client().get("/echo")
+    assert response.headers["X-Url"].endswith("?password=***")
+    assert response.headers.getlist("Set-Cookie") == ["a=***", "b=2"]
 
 
 # -- SIGTERM -------------------------------------------------------------------------------------------

@@ -81,10 +81,11 @@ def mask_secrets(app: Flask, secrets: tuple[str, ...]) -> None:
 
     @app.after_request
     def _mask(response: Response) -> Response:
-        for name, value in list(response.headers.items()):
-            masked = mask(value, secrets)
-            if masked != value:
-                response.headers[name] = masked
+        pairs = list(response.headers.items())
+        masked_pairs = [(name, mask(value, secrets)) for name, value in pairs]
+        if masked_pairs != pairs:  # rebuilt whole: a header sent twice (Set-Cookie) stays two headers
+            response.headers.clear()
+            response.headers.extend(masked_pairs)
         if response.direct_passthrough or response.is_streamed:
             return response  # a static file, sent from disk: no secret is in those
         body = response.get_data()
