@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        print(f"error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -6,7 +6,7 @@ form a cross-site POST, and a name an attacker's DNS points at 127.0.0.1 makes t
 same-origin with the attacker's page (DNS rebinding). So:
 - it answers only at the names the page answers at (agent/hosts.py, AGENT_ALLOWED_HOSTS);
 - a route that changes anything (one that takes a method besides GET, HEAD and OPTIONS) takes only
-  those methods: a GET there is refused, whatever the route itself would accept;
+  those other methods: a GET there is refused, whatever the route itself would accept;
 - such a request is refused when a browser says it came from another origin. As Go's
   net/http.CrossOriginProtection does: `Sec-Fetch-Site` when the browser sends it (same-origin or
   none: typed by the user), else an `Origin` whose host and port must be the Host's; neither header

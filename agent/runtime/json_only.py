@@ -21,8 +21,3 @@ def install() -> None:
     pickle_class = serializers.DefaultSerializer
     pickle_class.dumps = staticmethod(serializers.JSONSerializer.dumps)
     pickle_class.loads = staticmethod(serializers.JSONSerializer.loads)
-
-
-def installed() -> bool:
-    """Whether RQ's default serializer reads JSON (and so never unpickles)."""
-    return serializers.resolve_serializer().loads is serializers.JSONSerializer.loads
