@@ -2,7 +2,8 @@
 function a worker will run.
 
 Even with the JSON serializer a job names a dotted path that the worker imports and calls,
-so anyone who can write to Redis could run code. SafeJob refuses every name but ours.
+so anyone who can write to Redis could run code. SafeJob refuses every name but ours. And nothing
+here unpickles: importing this module makes RQ's default serializer JSON (agent/runtime/json_only.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from rq.serializers import JSONSerializer
 
 from agent import tracing
 from agent.contract import Role, queued_doc
+from agent.runtime import json_only
 from agent.settings import TurnConfig
 from agent.store import Store
+
+json_only.install()  # before any queue, job or worker of this process loads a job
 
 QUEUE_NAME = "agent-turns"
 JOB_FUNCTION = "agent.turn.run_turn"
@@ -98,8 +102,18 @@ class SafeJob(Job):
         return None
 
 
+class SafeQueue(Queue):
+    """A queue that loads its jobs as SafeJob, in JSON, whatever job class and serializer its caller
+    passed: `rq info` builds its queues with neither (see dashboard.py), and cleaning a queue's
+    registries runs the failure callback that an abandoned job names."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.update(job_class=SafeJob, serializer=JSONSerializer)
+        super().__init__(*args, **kwargs)
+
+
 def get_queue(connection: redis.Redis) -> Queue:
-    return Queue(QUEUE_NAME, connection=connection, serializer=JSONSerializer, job_class=SafeJob)
+    return SafeQueue(QUEUE_NAME, connection=connection)
 
 
 class BadMessage(ValueError):

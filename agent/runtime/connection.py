@@ -3,6 +3,8 @@ cannot eat the deadline margin (RQ gives its own connection a socket timeout of 
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -34,6 +36,15 @@ def describe(url: str) -> str:
         rest = rest.split("@", 1)[1]
     rest = rest.split("?", 1)[0]
     return f"{scheme}://{rest}"
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The passwords a Redis URL holds (its user info's, its `password=` parameter's), each as written in
+    the URL and decoded: what `describe` leaves out, for a guard that masks them wherever they would show."""
+    parts = urlsplit(url)
+    found = [parts.password or "", *parse_qs(parts.query).get("password", [])]
+    spellings = {form for secret in found if secret for form in (secret, unquote(secret), quote(secret, safe=""))}
+    return tuple(sorted(spellings, key=len, reverse=True))  # longest first: no shorter form masks half of one
 
 
 def is_disk_error(exc: BaseException) -> bool:
