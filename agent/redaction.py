@@ -6,10 +6,11 @@ So the key is looked for in the text's *reading*: HTML character references deco
 decodes them (numeric with or without `;`, named ones with `;`, the legacy names also without),
 every character in its compatibility decomposition (NFKD) and case-folded, and invisible
 characters (format characters, category Cf, and the other default-ignorable code points) dropped,
-and so is the Markdown a word can hold (`*`, `~`, backticks, escaping backslashes).
+and so is the Markdown a word can hold (`*`, `_`, `~`, backticks, escaping backslashes).
 A match is mapped back to the original characters it came from, and that whole span (references
 and invisible characters included) is replaced. Only matched spans change: text that does not
-read as the key comes back as it was.
+read as the key comes back as it was. A text that arrives in pieces is redacted by
+agent.streamed_redaction; a redacted text is shortened by `cut`, never by a bare slice.
 
 Linear, and in C but for one step per reference and per match: one regex without nested
 repetition finds the references; the rest of the text is read in bulk (`str.lower` when plain ASCII,
@@ -44,10 +45,11 @@ _IGNORABLE_RANGES = [(0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x18
                      (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
                      (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF)]
 _FORMAT_PLANES = [range(0x0000, 0x20000), range(0xE0000, 0xE1000)]  # where Unicode assigns category Cf
-# Markdown that the page draws as nothing inside a word: emphasis `*`, strikethrough `~`, code span
-# backticks, and the backslash of an escape (`sk\-…` shows `sk-…`). Read as invisible wherever they
-# are: at worst a text that differs from the key only by these is redacted too.
-_MARKUP = "*~`\\"
+# Markdown that the page draws as nothing inside a word: emphasis `*` and `_` (`sk-_canary_-…` after a
+# punctuation mark), strikethrough `~`, code span backticks, and the backslash of an escape (`sk\-…`
+# shows `sk-…`). Read as invisible wherever they are: at worst a text that differs from the key only
+# by these is redacted too.
+_MARKUP = "*_~`\\"
 
 
 @functools.cache
@@ -194,16 +196,27 @@ def redact(text: str, secret: str | None) -> str:
     if not target:
         return text
     read = _Reading(text)
+    spans, _ = _matches(read.value, target, 0, read.span_of)
+    return _replaced(text, spans)
+
+
+def _matches(value: str, target: str, start: int, span_of) -> tuple[list[list[int]], int]:
+    """The spans of the text (from `span_of`) whose reading `value` matches `target`, from reading
+    offset `start` on, one after another; and the reading offset where the last one ends (or `start`)."""
     spans: list[list[int]] = []
-    found = read.value.find(target)
+    found, after = value.find(target, start), start
     while found != -1:
-        start = read.span_of(found)[0]
-        end = read.span_of(found + len(target) - 1)[1]
-        if spans and start < spans[-1][1]:  # two matches in one reference: one span
-            spans[-1][1] = max(spans[-1][1], end)
+        first, last = span_of(found)[0], span_of(found + len(target) - 1)[1]
+        if spans and first < spans[-1][1]:  # two matches in one reference: one span
+            spans[-1][1] = max(spans[-1][1], last)
         else:
-            spans.append([start, end])
-        found = read.value.find(target, found + len(target))
+            spans.append([first, last])
+        after = found + len(target)
+        found = value.find(target, after)
+    return spans, after
+
+
+def _replaced(text: str, spans: list[list[int]]) -> str:
     if not spans:
         return text
     parts, at = [], 0
@@ -212,3 +225,19 @@ def redact(text: str, secret: str | None) -> str:
         at = end
     parts.append(text[at:])
     return "".join(parts)
+
+
+def cut(text: str, limit: int) -> str:
+    """At most `limit` characters of `text`, ended before a character reference the cut would split:
+    `&#1150` cut after `&#115` would read `s`, so a cut of a redacted text could read as the key.
+    Cut there, the prefix reads as the start of what the whole text reads."""
+    if len(text) <= limit:
+        return text
+    at = text.rfind("&", 0, max(limit, 0))  # a reference holds no `&` but its first character
+    if at != -1 and (reference := _REFERENCE_RE.match(text, at)) is not None:
+        size = _REFERENCES.get(reference.group(), (None,))[0]
+        if size is None:
+            size = _reference(reference.group())[0]
+        if at + size > limit:
+            return text[:at]
+    return text[:limit]

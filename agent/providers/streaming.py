@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
-from agent.providers.http import HTTPReply, check_status, decode_json, error_text, post_json, post_stream, redact
+from agent.providers.http import HTTPReply, check_status, decode_json, error_text, post_json, post_stream
 from agent.providers.sse import Event
+from agent.streamed_redaction import StreamRedactor
 
 MIN_FALLBACK_S = 0.5  # seconds; with less left after a refusal, the refusal is the answer
 REFUSAL_STATUSES = frozenset({400, 415, 422, 501})  # how servers say "not with these parameters"
@@ -102,31 +103,28 @@ def _plain(reply: HTTPReply, parse_plain: Callable[[bytes], Completion], on_text
 
 class TextRelay:
     """Collects an answer's text and hands it on, batched per network read, with the API key
-    redacted even when a server splits it across deltas: the longest tail that could begin the key
-    is held back until the next text shows whether it does."""
+    redacted even when a server splits it across deltas, in any form the redaction reads (see
+    agent.streamed_redaction): what could still turn out to be part of the key is held back."""
 
     def __init__(self, on_text: TextListener | None, secret: str | None):
         self._on_text = on_text
-        self._secret = secret
+        self._redactor = StreamRedactor(secret)
         self._parts: list[str] = []  # what has been handed on (redacted)
-        self._pending = ""
+        self._pending: list[str] = []  # what arrived since the last network read
 
     def add(self, text: str) -> None:
-        self._pending += text
+        self._pending.append(text)
 
     def flush(self) -> None:
-        """Hand on what has arrived, except a tail that might be the start of the key."""
-        if not self._pending:
-            return
-        text = redact(self._pending, self._secret)
-        keep = _key_prefix_tail(text, self._secret)
-        self._pending = text[len(text) - keep:] if keep else ""
-        self._emit(text[: len(text) - keep])
+        """Hand on what has arrived, except a tail that might still be part of the key."""
+        if self._pending:
+            text, self._pending = "".join(self._pending), []
+            self._emit(self._redactor.feed(text))
 
     def finish(self) -> str:
         """Hand on the rest; the whole text."""
-        self._emit(redact(self._pending, self._secret))
-        self._pending = ""
+        self.flush()
+        self._emit(self._redactor.close())
         return "".join(self._parts)
 
     def _emit(self, text: str) -> None:
@@ -134,17 +132,6 @@ class TextRelay:
             self._parts.append(text)
             if self._on_text is not None:
                 self._on_text(text)
-
-
-def _key_prefix_tail(text: str, secret: str | None) -> int:
-    """The length of the longest end of `text` that a key could continue (a proper prefix of it)."""
-    if not secret:
-        return 0
-    lowered, key = text.lower(), secret.lower()
-    for length in range(min(len(key) - 1, len(text)), 0, -1):
-        if key.startswith(lowered[len(text) - length:]):
-            return length
-    return 0
 
 
 def token_count(value: Any) -> int | None:

@@ -15,6 +15,7 @@ from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status, Usag
 from agent.deadline import CallTimeout, retry_wait_s
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
+from agent.redaction import cut
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
 from agent.turn.history_window import latest_turns
@@ -140,7 +141,7 @@ def partial_fields(text: str, arrived: int) -> dict:
     """What a cut call's step keeps of the text that arrived before the cut: nothing if none did."""
     if not text:
         return {}
-    return {"partial_text": text[:PARTIAL_TEXT_CHARS], "partial_chars": arrived}
+    return {"partial_text": cut(text, PARTIAL_TEXT_CHARS), "partial_chars": arrived}
 
 
 def usage_of(completion: Completion) -> Usage | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from agent.providers.base import Completion, ToolCall
+from agent.redaction import cut
 
 MAX_TOOL_CALLS_PER_RESPONSE = 16  # tool calls run from one model response; the rest are refused
 MAX_ARGUMENTS_CHARS = 16_000  # characters of one call's arguments; longer ones are refused, not run
@@ -39,7 +40,7 @@ def bound_response(completion: Completion) -> BoundedResponse:
     """The response cut to what a turn keeps and runs."""
     content = completion.content
     if content is not None and len(content) > MAX_CONTENT_CHARS:
-        content = content[:MAX_CONTENT_CHARS] + (
+        content = cut(content, MAX_CONTENT_CHARS) + (
             f"\n\n[The reply was cut here: it had {len(content):,} characters, and at most "
             f"{MAX_CONTENT_CHARS:,} are kept.]"
         )
@@ -71,4 +72,4 @@ def _bounded_call(call: ToolCall) -> ToolCall:
     if len(arguments) > MAX_ARGUMENTS_CHARS:
         # Valid JSON, so every provider accepts the history back; the call is refused anyway.
         arguments = "{}"
-    return replace(call, id=call.id[:MAX_ID_CHARS], name=call.name[:MAX_NAME_CHARS], arguments=arguments)
+    return replace(call, id=cut(call.id, MAX_ID_CHARS), name=cut(call.name, MAX_NAME_CHARS), arguments=arguments)

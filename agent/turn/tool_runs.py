@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
 from agent.providers.base import ToolCall
+from agent.redaction import cut
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
 from agent.turn.response_limits import PlannedCall
@@ -69,8 +70,8 @@ class ToolRuns:
         self.answer(call.id, result.output)
         outcome = Outcome.STOPPED if result.stopped else Outcome.OK if result.ok else Outcome.ERROR
         writer.add_step(Kind.TOOL, call.name, started, outcome, timeout_s=round(timeout_s, 3),
-                        remaining_s=round(remaining, 3), arguments=call.arguments[:RECORDED_CHARS],
-                        result=result.output[:RECORDED_CHARS], call_id=call.id)
+                        remaining_s=round(remaining, 3), arguments=cut(call.arguments, RECORDED_CHARS),
+                        result=cut(result.output, RECORDED_CHARS), call_id=call.id)
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
             raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, f"Stopped at your request, while the {call.name} "
@@ -85,7 +86,7 @@ class ToolRuns:
         extra = {"refused_calls": item.refused_calls} if item.refused_calls else {}
         self.context.writer.add_step(Kind.TOOL, item.call.name, self.context.budget.now(),
                                      Outcome.REFUSED if item.refused_calls else Outcome.ERROR,
-                                     arguments=item.call.arguments[:RECORDED_CHARS], result=item.refusal,
+                                     arguments=cut(item.call.arguments, RECORDED_CHARS), result=item.refusal,
                                      call_id=item.call.id, **extra)
 
     def skip(self, left: list[PlannedCall]) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import redis
 
 from agent.contract import CurrentStep, Error, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
+from agent.redaction import cut
 from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem
 from agent.store import LiveHead, Store, StoreError
 from agent.surrogates import scrub
@@ -82,9 +83,12 @@ class LiveText:
             self._arrived += len(delta)
             if self._head is None or self._chars >= self.max_chars:
                 return
-            delta = scrub(delta[: self.max_chars - self._chars])
+            room = self.max_chars - self._chars
+            # Cut where a page reads the start of what the whole reads (not inside `&#1150`), and
+            # nothing after the cut is added: the text would go on from somewhere else.
+            self._chars = self.max_chars if len(delta) > room else self._chars + len(delta)
+            delta = scrub(cut(delta, room))
             self._unsent.append(delta)
-            self._chars += len(delta)
         self._wake.set()
 
     def end(self) -> tuple[int, str, int]:
