@@ -32,14 +32,19 @@ FILLER = ["hello", "world", "the", "key", "is", "sk", "canary", "&", "&amp;", "&
           "ｗｏｒｌｄ", "\u200b", "&notit;", "&#0;", "7f3a", "SK-", "-", "\U0001d542", "ǆ", "ß"]
 
 
-MARKDOWN_WRAPS = ["**", "*", "~~", "`"]  # drawn as nothing around part of a word on the page
+MARKDOWN_WRAPS = ["**", "*", "~~", "`", "_"]  # drawn as nothing around part of a word on the page
 
 
 def readable(text: str) -> str:
     """What a person reads: references decoded by the standard library, NFKC, case folded, nothing
     invisible, no Markdown emphasis, strikethrough, code span or escape marks."""
-    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", html.unescape(text)).casefold())
-    return "".join(c for c in folded if c not in INVISIBLE and c not in "*~`\\" and unicodedata.category(c) != "Cf")
+    return seen(html.unescape(text))
+
+
+def seen(text: str) -> str:
+    """What a person reads in text a page shows as it is (its references already decoded)."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return "".join(c for c in folded if c not in INVISIBLE and c not in "*_~`\\" and unicodedata.category(c) != "Cf")
 
 
 def encode_char(char: str, next_raw: str, rng: random.Random) -> str:
