@@ -72,9 +72,17 @@ def _read(text: str) -> str:
     return _invisible_re().sub("", folded)
 
 
+_MARKUP_RE = re.compile("[" + re.escape(_MARKUP) + "]")
+SHORT_TEXT_CHARS = 4096  # below this a class scan is the cheaper test for markup; above, one memchr a mark
+
+
 def _one_to_one(text: str) -> bool:
     """Whether each character of `text` reads as one character: ASCII, and no markup."""
-    return text.isascii() and not any(mark in text for mark in _MARKUP)
+    if not text.isascii():
+        return False
+    if len(text) < SHORT_TEXT_CHARS:  # most calls: each string of a streamed chunk
+        return _MARKUP_RE.search(text) is None
+    return not any(mark in text for mark in _MARKUP)
 
 
 def reading(text: str) -> str:
@@ -188,13 +196,18 @@ class _Reading:
         return start + within, start + within + 1
 
 
+@functools.lru_cache(maxsize=8)  # one key per provider, read once, not once per string of every chunk
+def _target(secret: str) -> str:
+    return reading(secret)
+
+
 def redact(text: str, secret: str | None) -> str:
     """`text` with every span that reads as `secret` replaced by REDACTED (see the module's docstring)."""
     if not secret or not text:
         return text
-    target = reading(secret)
-    if not target:
-        return text
+    target = _target(secret)
+    if not target or (_one_to_one(text) and "&" not in text and target not in text.lower()):
+        return text  # the common case, without building the way back
     read = _Reading(text)
     spans, _ = _matches(read.value, target, 0, read.span_of)
     return _replaced(text, spans)
