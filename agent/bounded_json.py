@@ -129,6 +129,20 @@ def _cut(text: str, max_depth: int) -> tuple[str, list[str]]:
     return "".join(pieces), parts
 
 
+def shallow_prefix(text: str, max_depth: int = MAX_DEPTH) -> str:
+    """The start of `text` up to where its nesting first passes `max_depth` (all of it if never):
+    what a parser of a cut-off text (a line's first bytes) may be given whole."""
+    depth = 0
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            continue
+        if token[0] in "[{" and depth + len(token) > max_depth:
+            return text[:match.start() + max(0, max_depth - depth)]
+        depth += len(token) if token[0] in "[{" else -len(token)
+    return text
+
+
 def _restore(value: Any, parts: list[str]) -> Any:
     """The decoded value with each placeholder string back as a Cut (recursion bounded by the cut)."""
     if isinstance(value, str):

@@ -43,7 +43,7 @@ from typing import TypedDict
 
 import redis
 
-from agent import well_formed
+from agent import bounded_json, well_formed
 from agent.contract import LIST_FIELDS, Live, Message, State, Step, TurnDoc, TurnSummary
 from agent.surrogates import scrub
 from agent.well_formed import UnreadableState
@@ -558,10 +558,10 @@ def _live(head_json, text) -> Live | None:
     if not head_json:
         return None
     try:
-        head = json.loads(head_json)
+        head = bounded_json.loads(head_json)
         return Live(turn_id=str(head["turn_id"]), message_index=int(head["message_index"]),
                     attempt=int(head["attempt"]), text=well_formed.decoded(text or b""), status=str(head["status"]))
-    except (ValueError, TypeError, KeyError, RecursionError):
+    except (ValueError, TypeError, KeyError):  # ValueError: not JSON, or nested too deeply (TooDeep)
         return None
 
 

@@ -16,9 +16,10 @@ import json
 import math
 import re
 
+from agent import bounded_json
 from agent.contract import Kind, Outcome, Role, State, Status, make_state
 
-MAX_DEPTH = 16  # levels of JSON nesting; the store writes at most 4 (a message's tool call's function)
+MAX_DEPTH = bounded_json.MAX_DEPTH  # levels of JSON nesting; the store writes at most 4 (a tool call's function)
 MAX_NUMBER = 1e11  # a time or a duration past this (the year 5138, or 3,000 years) is not one: None
 MAX_COUNT = 10**9  # an index, attempt or count past this is not one: None
 SHOWN_CHARS = 300  # characters of a malformed item shown in its placeholder
@@ -59,28 +60,19 @@ def parse_json(raw: str | bytes, max_depth: int = MAX_DEPTH):
     if not isinstance(raw, str):
         raise Malformed(f"not text but {type(raw).__name__}")
     try:
-        value = _DECODER.decode(raw)
-    except RecursionError as exc:  # the C scanner's own bound, far past ours
-        raise Malformed("nested too deep") from exc
+        return bounded_json.loads(raw, max_depth=max_depth, decoder=_DECODER)
+    except bounded_json.TooDeep as exc:
+        raise Malformed(str(exc)) from exc
     except ValueError as exc:  # not JSON, or an integer of more digits than Python converts
         raise Malformed(f"not JSON ({exc})") from exc
-    # Fewer opening brackets than the limit (inside strings too) cannot nest past it: no walk needed.
-    if raw.count("[") + raw.count("{") > max_depth and not nests_within(value, max_depth):
-        raise Malformed(f"nested more than {max_depth} levels deep")
-    return value
 
 
 def nests_within(value, max_depth: int) -> bool:
     """True when `value` nests at most `max_depth` lists or objects deep (level by level: never recursion)."""
-    level, depth = [value], 0
-    while level:
-        containers = [item for item in level if isinstance(item, dict | list | tuple)]
-        if not containers:
-            return True
-        depth += 1
-        if depth > max_depth:
-            return False
-        level = [child for item in containers for child in (item.values() if isinstance(item, dict) else item)]
+    try:
+        bounded_json.check(value, max_depth)
+    except bounded_json.TooDeep:
+        return False
     return True
 
 
@@ -91,7 +83,7 @@ def text_of(value, limit: int | None = None) -> str:
     else:
         try:
             text = json.dumps(value, ensure_ascii=False)
-        except (ValueError, TypeError, RecursionError):
+        except (ValueError, TypeError):  # no RecursionError: every value here passed the depth bound
             text = f"({type(value).__name__})"
     return shorten(text, limit) if limit else text
 

@@ -78,6 +78,25 @@ def flood(size_bytes: int, shape: str, ctx: Context) -> str:
     return "after"
 
 
+def nested_text(depth: int, shape: str) -> str:
+    """A JSON object nested `depth` deep (as tests/deep_json.py builds it: the server runs as a script)."""
+    inner = depth - 1
+    opens = {"objects": ['{"a":'] * inner, "arrays": ["["] * inner,
+             "mixed": ["[" if level % 2 else '{"a":' for level in range(inner)]}[shape]
+    closes = "".join("]" if part == "[" else "}" for part in reversed(opens))
+    return '{"a":' + "".join(opens) + "1" + closes + "}"
+
+
+@server.tool(structured_output=False)
+def deep(depth: int, shape: str, ctx: Context) -> str:
+    """Answers with structured content nested `depth` deep ("objects", "arrays" or "mixed"), written to
+    stdout itself (the SDK's own writer recurses), then answers "after"."""
+    request_id = '"id":' + json.dumps(ctx.request_context.request_id)
+    result = '"result":{"content":[],"structuredContent":' + nested_text(depth, shape) + "}"
+    write_stdout(('{"jsonrpc":"2.0",' + request_id + "," + result + "}\n").encode())
+    return "after"
+
+
 @server.tool()
 def noise(lines: int) -> str:
     """Prints that many lines of non-JSON to stdout, then answers "quiet"."""

@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from agent import bounded_json
 from agent.demo.scenarios import Scenario
 
 LOOP_EXPRESSION = "1+1"  # what the `loop` scenario computes, forever
@@ -328,7 +329,7 @@ def _text(content: object) -> str:
 
 def _arguments(function: dict) -> dict:
     try:
-        arguments = json.loads(function.get("arguments") or "{}")
-    except (TypeError, ValueError):
+        arguments = bounded_json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):  # ValueError: not JSON, or nested too deeply (TooDeep)
         return {}
     return arguments if isinstance(arguments, dict) else {}

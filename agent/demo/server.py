@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 
+from agent import bounded_json
 from agent.demo import stream as demo_stream
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, model_names, parse_model_name
@@ -116,8 +117,10 @@ def _error(status: int, message: str, kind: str, code: str | None, *, headers: d
 def _parse_request(body: bytes) -> dict | str:
     """The request as a dict, or a message saying why it is not a chat completion request."""
     try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        request = bounded_json.loads(body)
+    except bounded_json.TooDeep as exc:
+        return f"The request body is {exc}."
+    except ValueError:
         return "The request body is not valid JSON."
     if not isinstance(request, dict):
         return "The request body must be a JSON object."

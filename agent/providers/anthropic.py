@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from typing import Any
 
+from agent import bounded_json
 from agent.deadline import CallTimeout
 from agent.providers import streaming
 from agent.providers.base import Completion, TextListener, ToolCall, Usage
@@ -24,6 +24,8 @@ _IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # reasoning the history doe
 
 
 class AnthropicProvider(StreamedModel):
+    cuts_deep_replies = True  # a tool input nested too deeply is the tool layer's to refuse, not a bad reply
+
     def __init__(self, base_url: str, model: str, api_key: str | None, max_tokens: int = DEFAULT_MAX_TOKENS):
         super().__init__(base_url, model, api_key)
         self.max_tokens = max_tokens
@@ -84,7 +86,7 @@ class MessageStream:
         return Completion(content=content, tool_calls=calls, usage=None if usage == Usage() else usage)
 
     def _event(self, event: Event) -> None:
-        data = decode_json(event.data, secret=self._secret)
+        data = decode_json(event.data, secret=self._secret, cut=True)  # a tool input's deep parts: see _Block
         if not isinstance(data, dict):
             raise malformed(f"the {event.name} event is not a JSON object")
         kind = data.get("type") if event.name == DEFAULT_EVENT else event.name
@@ -188,14 +190,14 @@ class _Block:
         text = "".join(self.json_parts)
         tool_input: Any = self.tool_input
         if text.strip():
-            try:
-                tool_input = json.loads(redact(text, secret))
-            except (ValueError, RecursionError) as exc:
+            try:  # parts nested too deeply are kept as their text: the tool layer refuses them by name
+                tool_input = bounded_json.loads(redact(text, secret), cut=True)
+            except ValueError as exc:
                 raise malformed(f"the input of tool call {self.name!r} is not JSON") from exc
         if not isinstance(tool_input, dict):
             raise malformed(f"the input of tool call {self.name!r} is not an object")
         return ToolCall(id=redact(self.tool_id, secret), name=redact(self.name, secret),
-                        arguments=redact(json.dumps(scrub_json(tool_input)), secret))
+                        arguments=redact(bounded_json.dumps(scrub_json(tool_input)), secret))
 
 
 ANTHROPIC = ProviderSpec(name="anthropic", client=AnthropicProvider, default_model="claude-sonnet-4-5",
@@ -309,9 +311,9 @@ def _text(content: Any) -> str:
 
 
 def _arguments(arguments: Any) -> dict:
-    try:
-        value = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except (ValueError, RecursionError):
+    try:  # arguments nested too deeply went back to the model as a tool error; sent here as none
+        value = bounded_json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -344,7 +346,7 @@ def parse_message(data: Any) -> Completion:
                 raise malformed(f"{where} has no tool id or name")
             if not isinstance(block.get("input"), dict):
                 raise malformed(f"{where}.input is not an object")
-            calls.append(ToolCall(id=block["id"], name=block["name"], arguments=json.dumps(block["input"])))
+            calls.append(ToolCall(id=block["id"], name=block["name"], arguments=bounded_json.dumps(block["input"])))
         elif kind in _IGNORED_BLOCKS:
             continue
         else:

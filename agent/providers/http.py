@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from rq.timeouts import JobTimeoutException
 
-from agent import job_alarm
+from agent import bounded_json, job_alarm
 from agent.deadline import CallTimeout
 from agent.providers import decoding
 from agent.providers.base import ProviderError, ProviderErrorKind
@@ -407,7 +407,7 @@ def raise_stream_error(data: Any, *, secret: str | None = None) -> None:
             if isinstance(name, str) and name in STREAM_ERROR_STATUSES:
                 status = STREAM_ERROR_STATUSES[name]
                 break
-    body = json.dumps(data if isinstance(data, dict) else {}).encode()
+    body = bounded_json.dumps(data if isinstance(data, dict) else {}).encode()
     check_status(HTTPReply(status=status, headers={}, body=body), secret=secret)
     raise ProviderError(
         ProviderErrorKind.SERVER, "the provider reported an error mid-stream", status=status
@@ -418,8 +418,8 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
     """The provider's own error message, if its body carries one, cut to a readable length."""
     text = ""
     try:
-        data: Any = json.loads(body)
-    except (ValueError, RecursionError):
+        data: Any = bounded_json.loads(body)
+    except ValueError:  # not JSON, or nested too deeply (TooDeep)
         data = None
     if isinstance(data, dict):
         # OpenAI and Anthropic: {"error": {"message": ...}}; Ollama: {"error": "..."};
@@ -445,6 +445,8 @@ def redact_json(value: Any, secret: str | None) -> Any:
         return value
     if isinstance(value, str):
         return redact(value, secret)
+    if isinstance(value, bounded_json.Cut):
+        return bounded_json.Cut(redact(value.raw, secret))
     if isinstance(value, list):
         return [redact_json(item, secret) for item in value]
     if isinstance(value, dict):
@@ -487,12 +489,15 @@ def _finite(text: str) -> float | None:
     return value
 
 
-def decode_json(body: bytes | str, *, secret: str | None = None) -> Any:
+def decode_json(body: bytes | str, *, secret: str | None = None, cut: bool = False) -> Any:
     """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
-    wherever it appears, or a MALFORMED ProviderError."""
+    wherever it appears, or a MALFORMED ProviderError. Nested past bounded_json.MAX_DEPTH, it is
+    refused, or with `cut` read with each too-deep part as a bounded_json.Cut."""
     try:
-        return redact_json(scrub_json(json.loads(body)), secret)
-    except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deep enough
+        return redact_json(scrub_json(bounded_json.loads(body, cut=cut)), secret)
+    except bounded_json.TooDeep as exc:
+        raise malformed(f"the body is {exc}") from exc
+    except ValueError as exc:
         raise malformed("the body is not JSON") from exc
 
 

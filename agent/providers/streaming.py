@@ -37,6 +37,9 @@ class StreamedModel(RemoteModel):
     """A client over HTTP that asks for a stream, and asks plainly from the first refusal on."""
 
     _plain_only = False  # set once a server refuses to stream: later calls of this client ask it plainly
+    # A plain reply nested too deeply is read with its deep parts cut (bounded_json.Cut) rather than
+    # refused: set by a format whose tool inputs are JSON inside the reply, so the tool layer refuses them.
+    cuts_deep_replies = False
 
     def _call(self, path: str, *, headers: dict, body: dict, stream_fields: dict, timeout: CallTimeout,
               stop: threading.Event | None, on_text: TextListener | None,
@@ -47,7 +50,8 @@ class StreamedModel(RemoteModel):
             f"{self.base_url}{path}", headers=headers, body=body, stream_fields=stream_fields,
             timeout=timeout, stop=stop, secret=self._api_key,
             assembler=None if self._plain_only else assembler(on_text, self._api_key),
-            parse_plain=lambda data: parse(decode_json(data, secret=self._api_key)), on_text=on_text,
+            parse_plain=lambda data: parse(decode_json(data, secret=self._api_key, cut=self.cuts_deep_replies)),
+            on_text=on_text,
         )
         if refused:
             self._plain_only = True

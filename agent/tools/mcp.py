@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent import bounded_json
 from agent.tools.registry import Tool, ToolError
 from agent.tools.running import ERROR_PREFIX, MAX_OUTPUT_CHARS
 
@@ -255,7 +256,10 @@ class McpHub:
             ended = self.ended.get(server)
             reason = f"the server stopped ({ended})" if ended else _reason(exc)
             raise ToolError(f"{tool} on the {server} MCP server failed: {reason}") from None
-        text = result_text(result)
+        try:
+            text = result_text(result)
+        except bounded_json.TooDeep as exc:
+            raise ToolError(f"{tool} on the {server} MCP server returned a result {exc}") from None
         if result.is_error:
             raise ToolError(f"{tool} on the {server} MCP server reported an error: {text}")
         if len(text) > MAX_OUTPUT_CHARS:
@@ -302,7 +306,8 @@ def result_text(result) -> str:
         text = getattr(item, "text", None)
         parts.append(text if isinstance(text, str) else f"[{getattr(item, 'type', 'other')} content left out]")
     if not parts and result.structured_content is not None:
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
+        # Checked first: json.dumps recurses; a value nested too deeply is TooDeep, said in words by the caller.
+        parts.append(json.dumps(bounded_json.check(result.structured_content), ensure_ascii=False, default=str))
     return "\n".join(parts)
 
 

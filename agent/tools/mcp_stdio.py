@@ -28,6 +28,8 @@ from mcp.client.stdio import get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
+from agent import bounded_json
+
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # one message from a server; a longer line is dropped (a result is cut at 4,000 chars)
@@ -78,7 +80,7 @@ class RateLimitedLog:
 
 def leading_fields(prefix: bytes) -> dict:
     """The top-level fields of a JSON object whose start is `prefix`, up to the first one cut off."""
-    text = prefix.decode("utf-8", errors="ignore")
+    text = bounded_json.shallow_prefix(prefix.decode("utf-8", errors="ignore"))  # raw_decode recurses
     decoder = json.JSONDecoder()
     fields: dict = {}
     index = _skip_space(text, 0)
@@ -174,18 +176,24 @@ async def bounded_stdio(name: str, command: str, args: list[str],
     bad_output = RateLimitedLog(log)
     oversized = RateLimitedLog(log)
 
+    async def refuse(prefix: bytes, why: str) -> None:
+        """Answer the request a refused line answers with an error that says `why` (else log it)."""
+        request_id = answered_id(prefix, pending)
+        if request_id is None:
+            oversized.warning("MCP server %s: dropped a line that answers no known request: %s", name, why)
+            return
+        pending.pop(request_id, None)
+        error = types.ErrorData(code=TOO_BIG_CODE, message=why)
+        await to_session.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
+
     async def deliver(item: bytes | LineTooBig) -> None:
         if isinstance(item, LineTooBig):
-            request_id = answered_id(item.args[0], pending)
-            if request_id is None:
-                oversized.warning("MCP server %s: dropped a line of %s bytes that answers no known request",
-                                  name, f"{item.args[1]:,}")
-                return
-            pending.pop(request_id, None)
-            error = types.ErrorData(code=TOO_BIG_CODE, message=too_big_text(item.args[1]))
-            await to_session.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
+            await refuse(item.args[0], too_big_text(item.args[1]))
             return
         if not item.strip():
+            return
+        if bounded_json.exceeds(item):  # before the SDK's parser, which would drop it and leave the call waiting
+            await refuse(item[:ID_PREFIX_BYTES], f"the server's answer is {bounded_json.TooDeep()}")
             return
         try:
             message = types.jsonrpc_message_adapter.validate_json(item, by_name=False)

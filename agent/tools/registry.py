@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pydantic
 
+from agent import bounded_json
 from agent.surrogates import scrub_json
 
 TIMEOUT_PARAMETER = "timeout_s"  # filled by run_tool with the time the run may take, never shown to the model
@@ -128,8 +129,10 @@ def check_arguments(found: Tool, arguments_json: str | None) -> dict:
     """The keyword arguments for the tool's function, from the model's JSON; ToolError says what is wrong."""
     text = "{}" if arguments_json is None or not str(arguments_json).strip() else str(arguments_json)
     try:  # some models send "" for a tool without parameters
-        arguments = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        arguments = bounded_json.loads(text)
+    except bounded_json.TooDeep as exc:
+        raise ToolError(f"arguments for {found.name} are {exc}") from None
+    except ValueError as exc:
         raise ToolError(f"arguments for {found.name} are not valid JSON ({exc})") from None
     if not isinstance(arguments, dict):
         raise ToolError(f"arguments for {found.name} must be a JSON object, not {type(arguments).__name__}")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from agent import bounded_json
 from agent.surrogates import scrub
 from agent.tools.registry import REGISTRY, ToolError, check_arguments
 
@@ -121,6 +122,8 @@ def run_tool(
             raise error  # SystemExit, KeyboardInterrupt: never swallowed
         if isinstance(error, ToolError):
             return failed(str(error), stopped)
+        if isinstance(error, bounded_json.TooDeep):
+            return failed(f"{name} returned a value {error}", stopped)
         return failed(f"{name} raised {type(error).__name__}: {error}", stopped)
     output = truncate(outcome["output"])
     return ToolResult(ok=True, output=output, duration_s=time.monotonic() - started, stopped=stopped)
@@ -161,6 +164,8 @@ def abandoned_tools(grace_s: float = 0.0) -> list[str]:
 
 
 def _to_text(result: object) -> str:
+    # Checked first: json.dumps and str recurse, and a value nested too deeply is TooDeep, said in words.
+    bounded_json.check(result)
     if isinstance(result, dict | list):
         return json.dumps(result, ensure_ascii=False, default=str)
     return "" if result is None else str(result)

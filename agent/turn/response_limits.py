@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from agent import bounded_json
 from agent.providers.base import Completion, ToolCall
 from agent.redaction import cut
 
@@ -62,8 +63,10 @@ def bound_response(completion: Completion) -> BoundedResponse:
 def _planned(call: ToolCall) -> PlannedCall:
     bounded = _bounded_call(call)
     if len(call.arguments) > MAX_ARGUMENTS_CHARS:
+        # The history keeps "{}" for them, so this is the one place their nesting can still be named.
+        deep = f" and {bounded_json.TooDeep()}" if bounded_json.exceeds(call.arguments) else ""
         return PlannedCall(bounded, f"Error: the arguments are too long ({len(call.arguments):,} characters; "
-                                    f"at most {MAX_ARGUMENTS_CHARS:,}), so {bounded.name} was not run")
+                                    f"at most {MAX_ARGUMENTS_CHARS:,}){deep}, so {bounded.name} was not run")
     return PlannedCall(bounded)
 
 
