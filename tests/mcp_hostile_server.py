@@ -92,7 +92,7 @@ def deep(depth: int, shape: str, ctx: Context) -> str:
     """Answers with structured content nested `depth` deep ("objects", "arrays" or "mixed"), written to
     stdout itself (the SDK's own writer recurses), then answers "after"."""
     request_id = '"id":' + json.dumps(ctx.request_context.request_id)
-    result = '"result":{"content":[],"structuredContent":' + nested_text(depth, shape) + "}"
+    result = '"result":{"resultType":"complete","content":[],"structuredContent":' + nested_text(depth, shape) + "}"
     write_stdout(('{"jsonrpc":"2.0",' + request_id + "," + result + "}\n").encode())
     return "after"
 
