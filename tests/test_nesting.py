@@ -384,6 +384,15 @@ def _trace(state: dict) -> list:
         provider.shutdown()
 
 
+def test_a_tool_catalogue_nested_too_deeply_in_redis_reads_as_no_sources(stored):
+    from agent.tools.catalogue import CATALOGUE_KEY
+
+    stored.client.set(CATALOGUE_KEY, '{"sources":' + nested_text(10_000, "mixed") + "}")
+    assert read_catalogue(stored.client) == []
+    stored.client.set(CATALOGUE_KEY, '{"sources":[' + nested_text(MAX_DEPTH - 2, "mixed") + "]}")
+    assert read_catalogue(stored.client) == [nested_value(MAX_DEPTH - 2, "mixed")]
+
+
 PAGE_ENV = {"AGENT_PROVIDER": "demo", "AGENT_MODEL": "demo", "AGENT_WORKERS": "0", "AGENT_MCP_CONFIG": "off"}
 
 

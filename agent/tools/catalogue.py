@@ -11,6 +11,8 @@ import time
 
 import redis
 
+from agent import bounded_json
+
 CATALOGUE_KEY = "agent:tools:catalogue"  # one JSON document: the sources the workers have, for the page
 
 
@@ -23,7 +25,7 @@ def read_catalogue(client: redis.Redis) -> list[dict]:
     """The tool sources the workers published; empty until a worker has started."""
     raw = client.get(CATALOGUE_KEY)
     try:
-        sources = json.loads(raw)["sources"] if raw else []
+        sources = bounded_json.loads(raw)["sources"] if raw else []  # ValueError: also TooDeep
     except (ValueError, KeyError, TypeError):
         return []
     return sources if isinstance(sources, list) else []

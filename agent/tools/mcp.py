@@ -78,7 +78,7 @@ class ServerReport:
 def read_config(path: Path) -> list[ServerConfig]:
     """The servers of an `mcpServers` config file; McpConfigError says what is wrong with it."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise McpConfigError(f"{path}: cannot be read as JSON ({type(exc).__name__}: {exc})") from None
     servers = data.get("mcpServers") if isinstance(data, dict) else None
