@@ -36,6 +36,7 @@ _STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")  # an opener counts +1, a
 _LEAF_PASSES = 2  # innermost levels removed by str.replace before the running sum: most JSON is shallow
 _NONCE = secrets.token_hex(8)  # marks this process's placeholders for cut parts; no input can guess it
 _PLACEHOLDER = re.compile(r'"\\u0000cut-' + _NONCE + r'-([0-9]+)"')
+_ESCAPE = re.compile(r"(\\\\)|\\u([0-9a-fA-F]{4})")  # left to right, so "\\\\u0041" is no escape
 _STRING_BYTES = re.compile(_STRING.pattern.encode(), re.S)
 _DECODER = json.JSONDecoder()
 
@@ -157,6 +158,18 @@ def _restore(value: Any, parts: list[str]) -> Any:
     if isinstance(value, dict):
         return {key: _restore(item, parts) for key, item in value.items()}
     return value
+
+
+def spelled_out(raw: str) -> str:
+    """JSON text with each `\\uXXXX` escape of a character that may stand in a string as itself written as
+    that character: what a redaction must read in a Cut, whose strings were never decoded. Still JSON."""
+    def one(match: re.Match) -> str:
+        if match.group(1):
+            return match.group(1)  # an escaped backslash: what follows it is text, not an escape
+        char = chr(int(match.group(2), 16))
+        return match.group(0) if char in '"\\' or char < " " or "\ud800" <= char <= "\udfff" else char
+
+    return _ESCAPE.sub(one, raw) if "\\u" in raw else raw
 
 
 def dumps(value: Any, **options: Any) -> str:

@@ -227,6 +227,18 @@ def test_every_reply_format_hands_deep_arguments_on_as_sent_for_the_tool_layer_t
         assert bounded_json.exceeds(call.arguments) is bounded_json.exceeds(text)  # nothing lost, nothing made up
 
 
+@pytest.mark.parametrize("written", ["plain", "escaped", "escaped after an escaped backslash"])
+def test_the_key_in_a_too_deep_tool_input_is_redacted_however_it_is_written(written):
+    from tests.conftest import CANARY_KEY
+
+    escaped = "".join(f"\\u{ord(c):04x}" for c in CANARY_KEY)
+    key = {"plain": CANARY_KEY, "escaped": escaped, "escaped after an escaped backslash": "\\\\" + escaped}[written]
+    deep = '{"a":' + "[" * 900 + '"' + key + '"' + "]" * 900 + "}"
+    (call,) = parse_message(decode_json(_anthropic_body([deep]), secret=CANARY_KEY, cut=True)).tool_calls
+    assert CANARY_KEY not in call.arguments and escaped not in call.arguments and "[redacted]" in call.arguments
+    assert bounded_json.exceeds(call.arguments)  # still refused by the tool layer for its depth
+
+
 def test_a_reply_nested_too_deeply_outside_any_tool_input_is_malformed_in_words():
     body = '{"choices":' + "[" * 10_000 + "]" * 10_000 + "}"
     with pytest.raises(ProviderError, match=f"the body is {TOO_DEEP}"):

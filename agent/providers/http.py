@@ -446,7 +446,7 @@ def redact_json(value: Any, secret: str | None) -> Any:
     if isinstance(value, str):
         return redact(value, secret)
     if isinstance(value, bounded_json.Cut):
-        return bounded_json.Cut(redact(value.raw, secret))
+        return bounded_json.Cut(redact(bounded_json.spelled_out(value.raw), secret))  # undecoded text
     if isinstance(value, list):
         return [redact_json(item, secret) for item in value]
     if isinstance(value, dict):
