@@ -83,7 +83,7 @@ def run_tool(
 
     def work() -> None:
         try:
-            outcome["output"] = _to_text(found.func(**kwargs))
+            outcome["output"] = _to_text(found.func(**kwargs), name)
         except BaseException as exc:  # handed to the caller thread, which decides what to convert
             outcome["error"] = exc
         finally:
@@ -122,8 +122,6 @@ def run_tool(
             raise error  # SystemExit, KeyboardInterrupt: never swallowed
         if isinstance(error, ToolError):
             return failed(str(error), stopped)
-        if isinstance(error, bounded_json.TooDeep):
-            return failed(f"{name} returned a value {error}", stopped)
         return failed(f"{name} raised {type(error).__name__}: {error}", stopped)
     output = truncate(outcome["output"])
     return ToolResult(ok=True, output=output, duration_s=time.monotonic() - started, stopped=stopped)
@@ -163,9 +161,11 @@ def abandoned_tools(grace_s: float = 0.0) -> list[str]:
         return [thread.name for thread in _abandoned]
 
 
-def _to_text(result: object) -> str:
-    # Checked first: json.dumps and str recurse, and a value nested too deeply is TooDeep, said in words.
-    bounded_json.check(result)
+def _to_text(result: object, name: str) -> str:
+    try:  # checked first: json.dumps and str recurse, and a value nested too deeply is said so in words
+        bounded_json.check(result)
+    except bounded_json.TooDeep as exc:
+        raise ToolError(f"{name} returned a value {exc}") from None
     if isinstance(result, dict | list):
         return json.dumps(result, ensure_ascii=False, default=str)
     return "" if result is None else str(result)
