@@ -44,7 +44,7 @@ HOSTILE = str(ROOT / "tests" / "mcp_hostile_server.py")
 ANSWER = "All checked."
 TURN_TIMEOUT_S = 60
 BODY_BYTES = 8 * 1024 * 1024  # the most a provider's reply may be (agent.providers.http.MAX_RESPONSE_BYTES)
-SCAN_CPU_S = 2.0  # CPU seconds the depth scan may take on the worst 8 MiB body (measured: about 0.5 s)
+SCAN_CPU_S = 1.5  # CPU seconds the depth scan may take on an 8 MiB body (measured here: at most 0.6 s)
 
 
 def reference_depth(value) -> int:
@@ -408,7 +408,7 @@ def test_a_tool_catalogue_nested_too_deeply_in_redis_reads_as_no_sources(stored)
 PAGE_ENV = {"AGENT_PROVIDER": "demo", "AGENT_MODEL": "demo", "AGENT_WORKERS": "0", "AGENT_MCP_CONFIG": "off"}
 
 
-def test_the_page_draws_deep_stored_values_and_deep_tool_calls_saying_what_they_are(stored, backend, scripted):
+def test_the_page_draws_deep_stored_values_and_deep_tool_calls_saying_what_they_are(backend, scripted):
     """Stored values past the bound, and a real turn's deep tool calls, drawn with no traceback; the page says
     `nested too deeply` where a value was one."""
     private, _ = backend
