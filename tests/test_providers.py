@@ -430,8 +430,8 @@ ANTHROPIC_REPLY = {
     ],
     "stop_reason": "tool_use",
 }
-ANTHROPIC_TEXT_REPLY = {"id": "msg_2", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "Four."}],
-                        "stop_reason": "end_turn"}
+ANTHROPIC_TEXT_REPLY = {"id": "msg_2", "type": "message", "role": "assistant",
+                        "content": [{"type": "text", "text": "Four."}], "stop_reason": "end_turn"}
 
 
 def test_an_anthropic_response_with_tool_use_maps_back_to_a_completion():

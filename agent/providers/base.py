@@ -61,9 +61,9 @@ class ProviderErrorKind:
     TIMEOUT = "timeout"  # no complete answer within the call's timeout
     CONNECTION = "connection"  # could not connect, or the connection broke (a stream cut off)
     RATE_LIMITED = "rate_limited"  # HTTP 429
-    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or an error reported mid-stream
+    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or a server's error of no known type
     AUTH = "auth"  # no key, a rejected key, or a key that must not be sent
-    BAD_REQUEST = "bad_request"  # the provider refused the request, or no such provider
+    BAD_REQUEST = "bad_request"  # the provider refused the request (a prompt past its context too), or no such provider
     NOT_FOUND = "not_found"  # HTTP 404: no such model or endpoint
     MALFORMED = "malformed"  # a response that is not what the API promises
     STOPPED = "stopped"  # the call's stop event was set
