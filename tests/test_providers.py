@@ -25,7 +25,9 @@ from agent.providers.spec import ProviderSpec
 from agent.runtime.loopback_server import delayed, hang, raw, reply, reset, trickle
 from agent.secrets import read_secret
 from agent.settings import Settings, SettingsError, TurnConfig
+from tests.conftest import FAST
 from tests.scripted_server import ScriptedServer, chat_reply, respond, tool_call
+from tests.test_turn_unit import make_turn
 
 SHORT = CallTimeout(total_s=5.0, connect_s=2.0)
 DEADLINE_SLACK_S = 1.5  # seconds past a call's total timeout a busy machine may take to end it
@@ -115,6 +117,23 @@ def test_tools_reach_a_server_that_honours_only_an_explicit_tool_choice(server, 
         lambda: chat_reply("I have no tools.")))
     completion = openai.complete(MESSAGES, [CALCULATOR], SHORT)
     assert [call.name for call in completion.tool_calls] == ["calculator"]
+
+
+def test_a_turn_calls_its_tools_on_a_server_that_honours_only_an_explicit_tool_choice(store, server):
+    def answer_the_result():
+        return chat_reply(f"It is {server.requests[-1].json['messages'][-1]['content']}.")
+
+    def call_or_answer():
+        last = server.requests[-1].json["messages"][-1]
+        return answer_the_result() if last["role"] == "tool" else chat_reply(
+            None, [tool_call("calculator", {"expression": "17*23"})])
+
+    server.add(*[only_with_an_explicit_tool_choice(call_or_answer, lambda: chat_reply("I have no tools."))] * 2)
+    turn = make_turn(store, FAST.with_changes(provider="openai", model="scripted", base_url=server.url + "/v1"))
+    assert turn.run() == "done"
+    state = store.read(turn.context.writer.conversation_id)
+    assert state["history"][-1]["content"] == "It is 391."
+    assert [request.json["tool_choice"] for request in server.requests] == ["auto", "auto"]
 
 
 def test_tools_reach_an_anthropic_server_that_honours_only_an_explicit_tool_choice(server):
