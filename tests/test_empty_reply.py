@@ -9,15 +9,16 @@ import pytest
 
 from agent.contract import ErrorKind, Kind, Outcome
 from agent.runtime.loopback_server import delayed, reply, stream
-from agent.turn.model_calls import EMPTY_REPLY, EMPTY_STREAMED
+from agent.turn.model_calls import EMPTY_REPLY, EMPTY_STREAMED, NO_TEXT_NO_CALL, NO_TEXT_ONLY_CALLS
 from tests.apptest_page import app, page_environment, texts
 from tests.conftest import FAST
-from tests.scripted_server import ScriptedServer, chat_reply
+from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 from tests.sse_server import DONE, chunk, message_end, message_start, text_block
 from tests.test_cli import cli
 from tests.test_turn_unit import make_turn
 
 SAID = "the model sent an empty reply"  # what a person reads, wherever the turn is shown
+SLOW_CLOCKS = {"job_timeout_s": 10, "deadline_margin_s": 2.0, "call_timeout_cap_s": 7.0}  # an 8 s deadline
 
 
 def empty_stream(provider: str):
@@ -62,7 +63,7 @@ def test_an_empty_streamed_reply_is_asked_again_without_streaming_and_its_text_i
     first, second = server.requests
     assert first.json["stream"] is True and "stream" not in second.json
     empty, asked = model_steps(state)
-    assert (empty["outcome"], empty["detail"]) == (Outcome.ERROR, f"{SAID} (no text, no tool call)")
+    assert (empty["outcome"], empty["detail"]) == (Outcome.ERROR, f"{SAID} ({NO_TEXT_NO_CALL})")
     assert (asked["outcome"], asked["attempt"], asked["unstreamed"]) == (Outcome.OK, 2, EMPTY_STREAMED)
     assert not [s for s in state["steps"] if s["kind"] == Kind.RETRY]  # asked again at once: nothing failed
 
@@ -90,9 +91,9 @@ def test_an_empty_plain_reply_is_not_asked_again(store, server, provider):
 
 
 def test_an_empty_streamed_reply_with_no_time_left_to_ask_again_ends_saying_both(store, server):
-    # A 4 s deadline: the empty stream comes 2.5 s in, leaving about 1.4 s, below the 2.5 s a call needs.
-    server.add(delayed(2.5, empty_stream("openai")))
-    state = run_turn(store, server, "openai", min_call_s=2.5, call_timeout_cap_s=3.5)
+    # An 8 s deadline: the empty stream comes 4 s in, leaving about 4 s, below the 5 s a call needs.
+    server.add(delayed(4.0, empty_stream("openai")))
+    state = run_turn(store, server, "openai", **SLOW_CLOCKS, min_call_s=5.0)
 
     assert (state["status"], state["error"]["kind"]) == ("failed", ErrorKind.EMPTY_REPLY)
     assert state["error"]["message"].lower().startswith(SAID)
@@ -100,6 +101,18 @@ def test_an_empty_streamed_reply_with_no_time_left_to_ask_again_ends_saying_both
     [skip] = [s for s in state["steps"] if s["kind"] == Kind.SKIP]
     assert skip["detail"].startswith("not asked again without streaming")
     assert len(server.requests) == 1
+
+
+def test_a_last_call_that_answers_with_tool_calls_alone_is_an_empty_reply(store, server):
+    # The last call goes out without tools, and a reply's tool calls are then dropped unrun: without
+    # text, nothing would be left to show. 4.5 s into an 8 s deadline, one 2.5 s call fits, not two.
+    calls = chat_reply(None, [tool_call("calculator", {"expression": "6*7"})])
+    server.add(delayed(4.5, calls), calls)
+    state = run_turn(store, server, "openai", **SLOW_CLOCKS, min_call_s=2.5)
+
+    assert (state["status"], state["error"]["kind"]) == ("failed", ErrorKind.EMPTY_REPLY)
+    assert state["error"]["message"] == f"{EMPTY_REPLY}: {NO_TEXT_ONLY_CALLS}, so there is no answer to show."
+    assert model_steps(state)[-1]["last_call"] is True
 
 
 def test_a_reply_of_white_space_is_empty_too(store, server):

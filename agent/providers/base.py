@@ -38,12 +38,6 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
     streamed: bool = field(default=False, compare=False)  # it came as an event stream (False: one plain reply)
-
-    @property
-    def empty(self) -> bool:
-        """No text (blank counts as none) and no tool call: not an answer."""
-        return not (self.content or "").strip() and not self.tool_calls
-
     def as_message(self) -> dict:
         """The assistant message in OpenAI chat format, for the history."""
         message: dict = {"role": "assistant", "content": self.content}

@@ -34,8 +34,8 @@ LAST_CALL_NUDGE = (
 )
 # The one wording of an empty reply, in the ending and in its step (the page, the CLI and the export show them).
 EMPTY_REPLY = "The model sent an empty reply"
-EMPTY_MEANS = "no text and no tool call, so there is no answer to show"
-EMPTY_DETAIL = "the model sent an empty reply (no text, no tool call)"
+NO_TEXT_NO_CALL = "no text and no tool call"
+NO_TEXT_ONLY_CALLS = "no text, only tool calls, which the last call does not run"
 # Why a call is asked without streaming (its step's `unstreamed`): the words a person reads.
 EMPTY_STREAMED = "the streamed reply was empty"
 NOTHING_STREAMED = "the stream before ended with nothing in it"
@@ -84,9 +84,10 @@ class ModelCalls:
                 if exc.nothing_streamed and ask.unstreamed is None:
                     ask.unstreamed = NOTHING_STREAMED  # such a server says plainly what went wrong
                 continue
-            if not completion.empty:
+            lack = lacks(completion, ask.last_call)
+            if lack is None:
                 return completion
-            ask.unstreamed = self.after_empty_reply(completion, ask, attempt)
+            ask.unstreamed = self.after_empty_reply(completion, ask, attempt, lack)
         raise TurnEnded(Status.FAILED, ErrorKind.RETRIES,
                         f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")
 
@@ -124,20 +125,22 @@ class ModelCalls:
             writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
         writer.set_current(None)
         usage = usage_of(completion)
-        empty = {"detail": EMPTY_DETAIL} if completion.empty else {}  # no answer: the caller says what follows
+        lack = lacks(completion, ask.last_call)  # no answer: the caller says what follows
+        empty = {"detail": f"{EMPTY_REPLY.lower()} ({lack})"} if lack else {}
         self.record(started, Outcome.ERROR if empty else Outcome.OK, timeout, remaining,
                     tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **empty, **fields)
         return completion
 
-    def after_empty_reply(self, completion: Completion, ask: Ask, attempt: int) -> str:
+    def after_empty_reply(self, completion: Completion, ask: Ask, attempt: int, lack: str) -> str:
         """An empty reply that came as a stream is asked again once, without streaming (why, returned),
         when an attempt and the time for it are left; otherwise the turn ends saying it was empty."""
+        means = f"{lack}, so there is no answer to show"
         if not completion.streamed or ask.unstreamed is not None:
             again = ", streamed and again without streaming" if ask.unstreamed == EMPTY_STREAMED else ""
-            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY, f"{EMPTY_REPLY}{again}: {EMPTY_MEANS}.")
+            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY, f"{EMPTY_REPLY}{again}: {means}.")
         if attempt >= MAX_ATTEMPTS_PER_CALL:
             raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
-                            f"{EMPTY_REPLY}: {EMPTY_MEANS} (no attempt was left to ask again without streaming).")
+                            f"{EMPTY_REPLY}: {means} (no attempt was left to ask again without streaming).")
         budget = self.context.budget
         if budget.call_timeout() is None:
             remaining, min_call_s = budget.remaining_s(), self.context.config.min_call_s
@@ -145,7 +148,7 @@ class ModelCalls:
                 Kind.SKIP, self.name, budget.now(), Outcome.SKIPPED, remaining_s=round(remaining, 3),
                 detail=f"not asked again without streaming: {remaining:.1f} s left, below the {min_call_s:g} s minimum")
             raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
-                            f"{EMPTY_REPLY}: {EMPTY_MEANS} (no time was left to ask again without streaming).")
+                            f"{EMPTY_REPLY}: {means} (no time was left to ask again without streaming).")
         return EMPTY_STREAMED
 
     def record(self, started: float, outcome: str, timeout: CallTimeout, remaining: float, **extra) -> None:
@@ -197,6 +200,16 @@ class ModelCalls:
         after = f" (Retry-After {exc.retry_after_s:g} s)" if exc.retry_after_s is not None else ""
         writer.add_step(Kind.RETRY, retry, started, Outcome.OK, timeout_s=round(wait_s, 3),
                         remaining_s=round(budget.remaining_s(), 3), detail=f"after {exc.kind}{after}")
+
+
+def lacks(completion: Completion, last_call: bool) -> str | None:
+    """Why a reply is no answer, in words; None when it is one. Blank text is no text, and the last
+    call's tool calls are dropped unrun, so a last reply of tool calls alone says nothing either."""
+    if (completion.content or "").strip():
+        return None
+    if not completion.tool_calls:
+        return NO_TEXT_NO_CALL
+    return NO_TEXT_ONLY_CALLS if last_call else None
 
 
 def partial_fields(text: str, arrived: int) -> dict:
