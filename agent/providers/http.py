@@ -248,7 +248,7 @@ async def _exchange(
         raise _timed_out(timeout) from exc
     except httpx.ConnectTimeout as exc:
         raise ProviderError(ProviderErrorKind.TIMEOUT, f"could not connect to the provider at "
-                            f"{shown_url(url, secret)} within {timeout.connect_s:.1f} s") from exc
+                            f"{_shown_url(url, secret)} within {timeout.connect_s:.1f} s") from exc
     except httpx.TimeoutException as exc:
         raise _timed_out(timeout) from exc
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
@@ -257,7 +257,7 @@ async def _exchange(
         ) from exc
     except httpx.ConnectError as exc:
         raise ProviderError(ProviderErrorKind.CONNECTION, f"could not connect to the provider at "
-                            f"{shown_url(url, secret)}: {_quote(exc, secret)}") from exc
+                            f"{_shown_url(url, secret)}: {_quote(exc, secret)}") from exc
     except httpx.HTTPError as exc:
         # Reset, closed mid-body, protocol errors: the connection failed after it was made.
         reason = _quote(exc, secret) or type(exc).__name__
@@ -326,7 +326,7 @@ def _quote(exc: Exception, secret: str | None) -> str:
     return _short(redact(str(exc), secret))
 
 
-def shown_url(url: str, secret: str | None) -> str:
+def _shown_url(url: str, secret: str | None) -> str:
     """The URL a call went to, for a message: without user info, query or fragment (where credentials
     ride), the key redacted wherever else it is, cut to a readable length."""
     scheme, sep, rest = url.partition("://")
