@@ -306,6 +306,7 @@ class Follower:
     live_chars: int = 0  # --json: its characters printed so far
     stream: PlainTextStream | None = None  # text: the live text being printed, until its message lands
     tokens: list = field(default_factory=lambda: [0, 0, 0])  # text: input, output tokens, calls that reported
+    model_calls: int = 0  # text: this turn's model calls so far, as a person counts them (steps count retries too)
 
     def gone(self) -> int:
         how = "was deleted" if self.store.was_deleted(self.conversation_id) else "expired"
@@ -344,8 +345,8 @@ class Follower:
             return None
         if not self.as_json:
             if self.tokens[2]:
-                print(f"[tokens this turn: {self.tokens[0]:,} in, {self.tokens[1]:,} out, over {self.tokens[2]} "
-                      f"model call{'s' if self.tokens[2] > 1 else ''}]", file=sys.stderr, flush=True)
+                print(f"[tokens this turn: {self.tokens[0]:,} in, {self.tokens[1]:,} out, "
+                      f"{calls_text(self.model_calls, self.tokens[2])}]", file=sys.stderr, flush=True)
             print(f"[{ended}]", file=sys.stderr, flush=True)
         return EXIT_DONE if ended == Status.DONE else EXIT_ENDED_BADLY
 
@@ -422,11 +423,15 @@ class Follower:
         """A model call's tokens (stderr); a text it cut off or stopped is marked where it ends."""
         if step.get("kind") != Kind.MODEL or step.get("turn_id") != self.turn_id:
             return
+        self.model_calls += 1
+        if step.get("unstreamed"):
+            print(terminal_safe(f"[model call {self.model_calls}: asked without streaming: {step['unstreamed']}]"),
+                  file=sys.stderr, flush=True)
         usage = step.get("usage")
         if usage:
             tokens_in, tokens_out = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
             self.tokens = [self.tokens[0] + tokens_in, self.tokens[1] + tokens_out, self.tokens[2] + 1]
-            print(f"[model call {step.get('index')}: {tokens_in:,} tokens in, {tokens_out:,} out]", file=sys.stderr,
+            print(f"[model call {self.model_calls}: {tokens_in:,} tokens in, {tokens_out:,} out]", file=sys.stderr,
                   flush=True)
         if "partial_text" in step:
             if self.stream is not None:
@@ -437,3 +442,9 @@ class Follower:
                 self.stream, self.live_id = None, None
             mark = CUT_MARKS.get(step.get("outcome"), "cut off")
             print(f"  [{mark}: {step['partial_chars']:,} characters had arrived]", flush=True)
+
+
+def calls_text(calls: int, reported: int) -> str:
+    """"over 3 model calls", and how many of them reported their tokens when not all did."""
+    some = f", {reported} of them reporting tokens" if reported != calls else ""
+    return f"over {calls} model call{'s' if calls != 1 else ''}{some}"

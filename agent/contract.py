@@ -67,6 +67,7 @@ class ErrorKind:
     WORKER = "worker"
     WORKER_LOST = "worker_lost"
     QUEUE_EXPIRED = "queue_expired"
+    EMPTY_REPLY = "empty_reply"  # the model answered with no text and no tool call
 
 
 class Role:
@@ -134,6 +135,7 @@ class Step(TypedDict):
     tool_calls: NotRequired[int]  # model calls: how many tools the reply asked for
     turns_not_sent: NotRequired[int]  # model calls: earliest turns left out of what was sent (the history cap)
     detail: NotRequired[str]  # why it failed, was skipped or waited
+    unstreamed: NotRequired[str]  # model calls asked without streaming (a stream came empty before): why
     arguments: NotRequired[str]  # tool runs: the call's arguments (cut)
     result: NotRequired[str]  # tool runs: the result the model got (cut)
     call_id: NotRequired[str]  # tool runs: the id of the model's call it answers

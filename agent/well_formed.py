@@ -196,7 +196,7 @@ def _unreadable_message(raw, why: str) -> dict:
                        f"{shorten(decoded(raw))})"}
 
 
-_STEP_TEXTS = ("detail", "arguments", "result")
+_STEP_TEXTS = ("detail", "arguments", "result", "unstreamed")
 _STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls")
 _STEP_NUMBERS = ("started_at", "ended_at", "timeout_s", "remaining_s", "duration_s")
 

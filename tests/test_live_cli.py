@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import random
 
-from agent.cli import Follower
+from agent.cli import Follower, calls_text
 from agent.plain_text import PlainTextStream, plain_text
 
 TURN = "t1"
@@ -55,6 +55,19 @@ def live(text: str, attempt: int = 1) -> dict:
 USER = {"role": "user", "content": "What is 17*23?"}
 
 
+class StoreAt:
+    """A store whose conversation has one new version: `state` (what a follower's step reads)."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def wait_version(self, conversation_id, seen, timeout_ms):
+        return self.state["version"]
+
+    def read_since(self, conversation_id, before):
+        return self.state
+
+
 def test_the_json_deltas_reassemble_to_the_text_and_a_retry_starts_again_at_zero(capsys):
     f = follower(as_json=True)
     versions = [state(1, [USER]), state(2, [USER], live("Three words")), state(3, [USER], live("Three words then")),
@@ -89,7 +102,32 @@ def test_text_mode_prints_the_reply_once_as_it_is_written_and_marks_a_cut_text(c
     out, err = capsys.readouterr()
     assert out == "Three words then\n  [cut off: the call timed out: 16 characters had arrived]\nThe answer is 391.\n"
     assert "[attempt 2: the reply starts again]" in err
-    assert "[model call 3: 120 tokens in, 9 out]" in err
+    assert "[model call 2: 120 tokens in, 9 out]" in err  # the second call, though the turn's third step
+
+
+def test_text_mode_numbers_model_calls_as_a_person_counts_them_not_by_step(capsys):
+    # Steps number tool runs and retry waits too: model calls 1, 3 and 5 by step were the turn's three calls.
+    def model(index: int, tokens_in: int | None = None) -> dict:
+        usage = {"usage": {"input_tokens": tokens_in, "output_tokens": 1}} if tokens_in else {}
+        return {"turn_id": TURN, "kind": "model", "index": index, "outcome": "ok", **usage}
+
+    steps = [model(1, 10), {"turn_id": TURN, "kind": "tool", "index": 2, "outcome": "ok"}, model(3, 20),
+             {"turn_id": TURN, "kind": "retry", "index": 4, "outcome": "ok"},
+             {**model(5, 30), "unstreamed": "the streamed reply was empty"}]
+    f = follower(as_json=False)
+    f.store = StoreAt(state(2, [USER, {"role": "assistant", "content": "Done."}], None, steps, done=True))
+    assert f.step() == 0  # the turn's end: its steps, then the token total
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("[model call")] == [
+        "[model call 1: 10 tokens in, 1 out]", "[model call 2: 20 tokens in, 1 out]",
+        "[model call 3: asked without streaming: the streamed reply was empty]", "[model call 3: 30 tokens in, 1 out]"]
+    assert "[tokens this turn: 60 in, 3 out, over 3 model calls]" in err
+
+
+def test_the_token_total_says_how_many_calls_reported_when_not_all_did():
+    assert calls_text(3, 3) == "over 3 model calls"
+    assert calls_text(1, 1) == "over 1 model call"
+    assert calls_text(3, 2) == "over 3 model calls, 2 of them reporting tokens"
 
 
 def test_text_mode_keeps_a_streamed_texts_escape_sequences_inert(capsys):

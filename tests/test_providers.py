@@ -25,7 +25,9 @@ from agent.providers.spec import ProviderSpec
 from agent.runtime.loopback_server import delayed, hang, raw, reply, reset, trickle
 from agent.secrets import read_secret
 from agent.settings import Settings, SettingsError, TurnConfig
-from tests.scripted_server import ScriptedServer, chat_reply, tool_call
+from tests.conftest import FAST
+from tests.scripted_server import ScriptedServer, chat_reply, respond, tool_call
+from tests.test_turn_unit import make_turn
 
 SHORT = CallTimeout(total_s=5.0, connect_s=2.0)
 DEADLINE_SLACK_S = 1.5  # seconds past a call's total timeout a busy machine may take to end it
@@ -89,14 +91,63 @@ def test_openai_completion_parses_a_tool_call_and_sends_the_request_as_chat_comp
     [request] = server.requests
     assert request.method == "POST"
     assert request.path == "/v1/chat/completions"
-    assert request.json == {"model": "test-model", "messages": MESSAGES, "tools": [CALCULATOR], "stream": True,
-                            "stream_options": {"include_usage": True}}
+    assert request.json == {"model": "test-model", "messages": MESSAGES, "tools": [CALCULATOR], "tool_choice": "auto",
+                            "stream": True, "stream_options": {"include_usage": True}}
 
 
-def test_tools_are_omitted_when_there_are_none(server, openai):
+def test_tools_and_tool_choice_are_omitted_when_there_are_none(server, openai):
     server.add(chat_reply("4"))
     assert openai.complete(MESSAGES, [], SHORT) == Completion("4")
-    assert "tools" not in server.requests[0].json
+    assert "tools" not in server.requests[0].json and "tool_choice" not in server.requests[0].json
+
+
+def only_with_an_explicit_tool_choice(offer_call, answer_text):
+    """As llama-cpp-python's server does: the tools reach the prompt only when `tool_choice` is given."""
+
+    def decide(request):
+        chosen = request.json.get("tool_choice") not in (None, "none") and request.json.get("tools")
+        return offer_call() if chosen else answer_text()
+
+    return respond(decide)
+
+
+def test_tools_reach_a_server_that_honours_only_an_explicit_tool_choice(server, openai):
+    server.add(only_with_an_explicit_tool_choice(
+        lambda: chat_reply(None, [tool_call("calculator", {"expression": "2+2"})]),
+        lambda: chat_reply("I have no tools.")))
+    completion = openai.complete(MESSAGES, [CALCULATOR], SHORT)
+    assert [call.name for call in completion.tool_calls] == ["calculator"]
+
+
+def test_a_turn_calls_its_tools_on_a_server_that_honours_only_an_explicit_tool_choice(store, server):
+    def answer_the_result():
+        return chat_reply(f"It is {server.requests[-1].json['messages'][-1]['content']}.")
+
+    def call_or_answer():
+        last = server.requests[-1].json["messages"][-1]
+        return answer_the_result() if last["role"] == "tool" else chat_reply(
+            None, [tool_call("calculator", {"expression": "17*23"})])
+
+    server.add(*[only_with_an_explicit_tool_choice(call_or_answer, lambda: chat_reply("I have no tools."))] * 2)
+    turn = make_turn(store, FAST.with_changes(provider="openai", model="scripted", base_url=server.url + "/v1"))
+    assert turn.run() == "done"
+    state = store.read(turn.context.writer.conversation_id)
+    assert state["history"][-1]["content"] == "It is 391."
+    assert [request.json["tool_choice"] for request in server.requests] == ["auto", "auto"]
+
+
+def test_tools_reach_an_anthropic_server_that_honours_only_an_explicit_tool_choice(server):
+    server.add(only_with_an_explicit_tool_choice(lambda: reply(200, ANTHROPIC_REPLY),
+                                                 lambda: reply(200, ANTHROPIC_TEXT_REPLY)))
+    completion = AnthropicProvider(server.url, "claude-test", None).complete(MESSAGES, [CALCULATOR], SHORT)
+    assert [call.name for call in completion.tool_calls] == ["calculator"]
+    assert server.requests[0].json["tool_choice"] == {"type": "auto"}
+
+
+def test_an_anthropic_call_without_tools_sends_no_tool_choice(server):
+    server.add(reply(200, ANTHROPIC_TEXT_REPLY))
+    assert AnthropicProvider(server.url, "claude-test", None).complete(MESSAGES, [], SHORT) == Completion("Four.")
+    assert "tools" not in server.requests[0].json and "tool_choice" not in server.requests[0].json
 
 
 def test_authorization_header_is_sent_only_when_a_key_is_given(server):
@@ -398,6 +449,8 @@ ANTHROPIC_REPLY = {
     ],
     "stop_reason": "tool_use",
 }
+ANTHROPIC_TEXT_REPLY = {"id": "msg_2", "type": "message", "role": "assistant",
+                        "content": [{"type": "text", "text": "Four."}], "stop_reason": "end_turn"}
 
 
 def test_an_anthropic_response_with_tool_use_maps_back_to_a_completion():

@@ -204,6 +204,7 @@ def test_when_only_one_call_fits_the_last_call_is_made_without_tools(store, queu
     assert state["status"] == "done"
     last_request = scripted.requests[1].json
     assert "tools" not in last_request or not last_request["tools"]
+    assert "tool_choice" not in last_request and scripted.requests[0].json["tool_choice"] == "auto"
     assert "Answer now" in last_request["messages"][-1]["content"]
     assert steps_of(state, "model")[-1]["last_call"] is True
 

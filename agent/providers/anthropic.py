@@ -10,7 +10,8 @@ from agent import bounded_json
 from agent.deadline import CallTimeout
 from agent.providers import streaming
 from agent.providers.base import Completion, TextListener, ToolCall, Usage
-from agent.providers.http import decode_json, malformed, raise_stream_error, redact
+from agent.providers.http import decode_json, malformed, redact
+from agent.providers.server_errors import raise_reported
 from agent.providers.spec import ProviderSpec
 from agent.providers.sse import DEFAULT_EVENT, Event
 from agent.providers.streaming import StreamedModel
@@ -21,6 +22,7 @@ DEFAULT_MAX_TOKENS = 1024  # tokens per response
 MISSING_RESULT = "Error: the tool did not run (the turn ended first)"
 _UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
 _IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # reasoning the history does not keep
+TOOL_CHOICE = {"type": "auto"}  # Anthropic's default, said as the OpenAI client says it, for servers that mimic it
 
 
 class AnthropicProvider(StreamedModel):
@@ -37,19 +39,22 @@ class AnthropicProvider(StreamedModel):
         timeout: CallTimeout,
         stop: threading.Event | None = None,
         on_text: TextListener | None = None,
+        stream: bool = True,
     ) -> Completion:
         system, mapped = to_anthropic_messages(messages)
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": mapped}
         if system:
             body["system"] = system
-        if tools:
+        if tools:  # without tools, no tool_choice: Anthropic refuses one alone
             body["tools"] = to_anthropic_tools(tools)
+            body["tool_choice"] = TOOL_CHOICE
         headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION,
                    "accept": "text/event-stream, application/json"}
         if self._api_key:
             headers["x-api-key"] = self._api_key
         return self._call("/v1/messages", headers=headers, body=body, stream_fields={"stream": True},
-                          timeout=timeout, stop=stop, on_text=on_text, assembler=MessageStream, parse=parse_message)
+                          timeout=timeout, stop=stop, on_text=on_text, stream=stream, assembler=MessageStream,
+                          parse=parse_message)
 
 
 class MessageStream:
@@ -71,19 +76,23 @@ class MessageStream:
         for event in events:
             if self._stopped:
                 break
-            self._event(event)
+            if event.stray:
+                streaming.raise_if_reported(event.data, self._secret)
+            else:
+                self._event(event)
         self._text.flush()
         return self._stopped
 
     def result(self) -> Completion:
         if not self._stopped:
-            raise streaming.cut_off("message_stop")
+            calls_begun = any(block.kind == "tool_use" for block in self._blocks.values())
+            raise streaming.cut_off("message_stop", nothing_arrived=not calls_begun and not self._text.arrived)
         calls = [block.tool_call(self._secret) for _, block in sorted(self._blocks.items()) if block.kind == "tool_use"]
         content: str | None = self._text.finish()
         if not content and calls:
             content = None
         usage = Usage(self._input_tokens, self._output_tokens)
-        return Completion(content=content, tool_calls=calls, usage=None if usage == Usage() else usage)
+        return Completion(content=content, tool_calls=calls, usage=None if usage == Usage() else usage, streamed=True)
 
     def _event(self, event: Event) -> None:
         data = decode_json(event.data, secret=self._secret, cut=True)  # a tool input's deep parts: see _Block
@@ -91,7 +100,7 @@ class MessageStream:
             raise malformed(f"the {event.name} event is not a JSON object")
         kind = data.get("type") if event.name == DEFAULT_EVENT else event.name
         if kind == "error":
-            raise_stream_error(data, secret=self._secret)
+            raise_reported(data, secret=self._secret, where="in its stream")
         elif kind == "message_start":
             message = data.get("message")
             if not isinstance(message, dict) or message.get("type", "message") != "message":

@@ -37,7 +37,7 @@ class Completion:
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
-
+    streamed: bool = field(default=False, compare=False)  # it came as an event stream (False: one plain reply)
     def as_message(self) -> dict:
         """The assistant message in OpenAI chat format, for the history."""
         message: dict = {"role": "assistant", "content": self.content}
@@ -55,12 +55,17 @@ class ProviderErrorKind:
     TIMEOUT = "timeout"  # no complete answer within the call's timeout
     CONNECTION = "connection"  # could not connect, or the connection broke (a stream cut off)
     RATE_LIMITED = "rate_limited"  # HTTP 429
-    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or an error reported mid-stream
+    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or a server's error of no known type
     AUTH = "auth"  # no key, a rejected key, or a key that must not be sent
-    BAD_REQUEST = "bad_request"  # the provider refused the request, or no such provider
+    BAD_REQUEST = "bad_request"  # the provider refused the request (a prompt past its context too), or no such provider
     NOT_FOUND = "not_found"  # HTTP 404: no such model or endpoint
     MALFORMED = "malformed"  # a response that is not what the API promises
     STOPPED = "stopped"  # the call's stop event was set
+
+
+# The same request would fail the same way: these are never retried, whatever their status.
+NEVER_RETRIED = frozenset({ProviderErrorKind.AUTH, ProviderErrorKind.BAD_REQUEST, ProviderErrorKind.NOT_FOUND,
+                           ProviderErrorKind.STOPPED})
 
 
 class ProviderError(Exception):
@@ -73,15 +78,21 @@ class ProviderError(Exception):
         *,
         status: int | None = None,
         retry_after_s: float | None = None,
+        nothing_streamed: bool = False,
     ):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
         self.retry_after_s = retry_after_s
+        # A stream that ended before its end marker with no text and no tool call in it: some servers
+        # (llama-cpp-python) end a stream that way on an error they report plainly to a plain request.
+        self.nothing_streamed = nothing_streamed
 
     @property
     def retryable(self) -> bool:
+        if self.kind in NEVER_RETRIED:  # whatever the status: asking the same again cannot succeed
+            return False
         if self.status is not None:
             return self.status in RETRYABLE_STATUSES or 500 <= self.status < 600
         return self.kind in (ProviderErrorKind.CONNECTION, ProviderErrorKind.TIMEOUT)
@@ -98,9 +109,12 @@ class Provider(Protocol):
         timeout: CallTimeout,
         stop: threading.Event | None = None,
         on_text: TextListener | None = None,
+        stream: bool = True,
     ) -> Completion:
         """One model call, bounded as a whole by `timeout.total_s`, and ended at once when `stop`
-        is set (from another thread). Raises ProviderError.
+        is set (from another thread). Raises ProviderError. `stream=False` asks for one plain reply (the
+        turn asks it only of a provider that streamed: a Completion marked `streamed`, or a
+        ProviderError marked `nothing_streamed`).
 
         `on_text` is called, from the caller's thread and in order, with the answer's text as it
         arrives: whole characters, one call per network read at most (tool calls never reach it).

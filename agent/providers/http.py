@@ -247,9 +247,8 @@ async def _exchange(
     except TimeoutError as exc:
         raise _timed_out(timeout) from exc
     except httpx.ConnectTimeout as exc:
-        raise ProviderError(
-            ProviderErrorKind.TIMEOUT, f"could not connect to the provider within {timeout.connect_s:.1f} s"
-        ) from exc
+        raise ProviderError(ProviderErrorKind.TIMEOUT, f"could not connect to the provider at "
+                            f"{_shown_url(url, secret)} within {timeout.connect_s:.1f} s") from exc
     except httpx.TimeoutException as exc:
         raise _timed_out(timeout) from exc
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
@@ -257,9 +256,8 @@ async def _exchange(
             ProviderErrorKind.CONNECTION, f"the provider URL is not usable: {_quote(exc, secret)}"
         ) from exc
     except httpx.ConnectError as exc:
-        raise ProviderError(
-            ProviderErrorKind.CONNECTION, f"could not connect to the provider: {_quote(exc, secret)}"
-        ) from exc
+        raise ProviderError(ProviderErrorKind.CONNECTION, f"could not connect to the provider at "
+                            f"{_shown_url(url, secret)}: {_quote(exc, secret)}") from exc
     except httpx.HTTPError as exc:
         # Reset, closed mid-body, protocol errors: the connection failed after it was made.
         reason = _quote(exc, secret) or type(exc).__name__
@@ -274,7 +272,9 @@ async def _read_events(response: httpx.Response, on_events: EventsListener) -> N
             events = parser.feed(chunk)
             if events and on_events(events):
                 return  # its end marker: whatever follows (a server holding the connection) is not waited for
-    parser.close()
+    events = parser.close()
+    if events:  # what was not the format (a server's error body): the listener decides
+        on_events(events)
 
 
 async def _decoded_chunks(response: httpx.Response, limit_bytes: int) -> AsyncIterator[bytes]:
@@ -326,6 +326,17 @@ def _quote(exc: Exception, secret: str | None) -> str:
     return _short(redact(str(exc), secret))
 
 
+def _shown_url(url: str, secret: str | None) -> str:
+    """The URL a call went to, for a message: without user info, query or fragment (where credentials
+    ride), the key redacted wherever else it is, cut to a readable length."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    rest = rest.split("#", 1)[0].split("?", 1)[0]
+    authority, slash, path = rest.partition("/")
+    return _short(redact(f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}", secret))
+
+
 def _short(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -375,43 +386,6 @@ def check_status(reply: HTTPReply, *, secret: str | None = None) -> None:
     raise ProviderError(
         ProviderErrorKind.MALFORMED, f"the provider sent a malformed response: unexpected HTTP {status}", status=status
     )
-
-
-# An error reported inside a stream (after a 200) -> the HTTP status the same error has as a reply:
-# Anthropic's error types and OpenAI's (type or code). Anything else is the server failing mid-answer.
-STREAM_ERROR_STATUSES = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "rate_limit_exceeded": 429,
-    "requests": 429,
-    "tokens": 429,
-    "api_error": 500,
-    "server_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
-}
-STREAM_ERROR_DEFAULT_STATUS = 500
-
-
-def raise_stream_error(data: Any, *, secret: str | None = None) -> None:
-    """Raise the ProviderError an error event means (its `error.type` or `error.code`), as check_status
-    would for an HTTP reply carrying that error."""
-    error = data.get("error") if isinstance(data, dict) else None
-    status = STREAM_ERROR_DEFAULT_STATUS
-    if isinstance(error, dict):
-        for name in (error.get("type"), error.get("code")):
-            if isinstance(name, str) and name in STREAM_ERROR_STATUSES:
-                status = STREAM_ERROR_STATUSES[name]
-                break
-    body = bounded_json.dumps(data if isinstance(data, dict) else {}).encode()
-    check_status(HTTPReply(status=status, headers={}, body=body), secret=secret)
-    raise ProviderError(
-        ProviderErrorKind.SERVER, "the provider reported an error mid-stream", status=status
-    )  # not reached: 2xx
 
 
 def error_text(body: bytes, *, secret: str | None = None) -> str:

@@ -14,12 +14,15 @@ from agent.providers.base import (
     ToolCall,
     Usage,
 )
-from agent.providers.http import decode_json, malformed, raise_stream_error, redact
+from agent.providers.http import decode_json, malformed, redact
+from agent.providers.server_errors import error_of, raise_reported
 from agent.providers.spec import ProviderSpec
-from agent.providers.sse import Event
+from agent.providers.sse import ERROR_EVENT, Event
 from agent.providers.streaming import StreamedModel
 
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}  # usage comes in a last chunk
+# Said, not left to the server's default: llama-cpp-python leaves the tools out of the prompt without it.
+TOOL_CHOICE = "auto"
 DONE_MARKER = "[DONE]"
 
 
@@ -31,15 +34,18 @@ class OpenAIProvider(StreamedModel):
         timeout: CallTimeout,
         stop: threading.Event | None = None,
         on_text: TextListener | None = None,
+        stream: bool = True,
     ) -> Completion:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
-        if tools:
+        if tools:  # without tools (the last call), no tool_choice either: servers refuse one alone
             body["tools"] = tools
+            body["tool_choice"] = TOOL_CHOICE
         headers = {"content-type": "application/json", "accept": "text/event-stream, application/json"}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
         return self._call("/chat/completions", headers=headers, body=body, stream_fields=STREAM_FIELDS,
-                          timeout=timeout, stop=stop, on_text=on_text, assembler=ChatStream, parse=parse_completion)
+                          timeout=timeout, stop=stop, on_text=on_text, stream=stream, assembler=ChatStream,
+                          parse=parse_completion)
 
 
 class ChatStream:
@@ -58,7 +64,9 @@ class ChatStream:
         for event in events:
             if self._done:
                 break  # nothing after [DONE] counts
-            if event.data.strip() == DONE_MARKER:
+            if event.stray:
+                streaming.raise_if_reported(event.data, self._secret)
+            elif event.data.strip() == DONE_MARKER:
                 self._done = True
             elif event.data.strip():  # an empty data line is a keep-alive some servers send
                 self._chunk(event)
@@ -67,19 +75,19 @@ class ChatStream:
 
     def result(self) -> Completion:
         if not self._done:
-            raise streaming.cut_off(DONE_MARKER)
+            raise streaming.cut_off(DONE_MARKER, nothing_arrived=not self._calls and not self._text.arrived)
         calls = [self._calls[index].tool_call(index, self._secret) for index in sorted(self._calls)]
         content: str | None = self._text.finish()
         if not content and calls:
             content = None
-        return Completion(content=content, tool_calls=calls, usage=self._usage)
+        return Completion(content=content, tool_calls=calls, usage=self._usage, streamed=True)
 
     def _chunk(self, event: Event) -> None:
         data = decode_json(event.data, secret=self._secret)
         if not isinstance(data, dict):
             raise malformed("a stream chunk is not a JSON object")
-        if event.name == "error" or data.get("error") is not None:
-            raise_stream_error(data, secret=self._secret)
+        if event.name == ERROR_EVENT or error_of(data) is not None:
+            raise_reported(data, secret=self._secret, where="in its stream")
         if "usage" in data:
             self._usage = streaming.usage_of(data["usage"], "prompt_tokens", "completion_tokens") or self._usage
         choices = data.get("choices")

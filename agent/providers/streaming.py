@@ -4,6 +4,7 @@ to a plain call for a server that refuses to stream.
 A streamed call asks for an event stream; a server that answers plain JSON instead is read as a
 plain reply; one that refuses the request because of streaming (an error status whose text mentions
 "stream") gets the same request without streaming, from what is left of the same call timeout.
+A plain reply that carries an error instead of an answer is that error (agent.providers.server_errors).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.deadline import CallTimeout
+from agent.providers import server_errors
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
-from agent.providers.http import HTTPReply, check_status, decode_json, error_text, post_json, post_stream
+from agent.providers.http import HTTPReply, decode_json, error_text, post_json, post_stream
 from agent.providers.sse import Event
 from agent.streamed_redaction import StreamRedactor
 
@@ -34,7 +36,8 @@ class Assembler(Protocol):
 
 
 class StreamedModel(RemoteModel):
-    """A client over HTTP that asks for a stream, and asks plainly from the first refusal on."""
+    """A client over HTTP that asks for a stream (unless told not to), and asks plainly from the first
+    refusal on."""
 
     _plain_only = False  # set once a server refuses to stream: later calls of this client ask it plainly
     # A plain reply nested too deeply is read with its deep parts cut (bounded_json.Cut) rather than
@@ -42,16 +45,15 @@ class StreamedModel(RemoteModel):
     cuts_deep_replies = False
 
     def _call(self, path: str, *, headers: dict, body: dict, stream_fields: dict, timeout: CallTimeout,
-              stop: threading.Event | None, on_text: TextListener | None,
+              stop: threading.Event | None, on_text: TextListener | None, stream: bool,
               assembler: Callable[[TextListener | None, str | None], Assembler],
               parse: Callable[[Any], Completion]) -> Completion:
         """One call: `assembler(on_text, secret)` reads the stream, `parse` a plain reply's decoded JSON."""
         completion, refused = complete(
             f"{self.base_url}{path}", headers=headers, body=body, stream_fields=stream_fields,
             timeout=timeout, stop=stop, secret=self._api_key,
-            assembler=None if self._plain_only else assembler(on_text, self._api_key),
-            parse_plain=lambda data: parse(decode_json(data, secret=self._api_key, cut=self.cuts_deep_replies)),
-            on_text=on_text,
+            assembler=assembler(on_text, self._api_key) if stream and not self._plain_only else None,
+            parse=parse, on_text=on_text, cut=self.cuts_deep_replies,
         )
         if refused:
             self._plain_only = True
@@ -68,8 +70,9 @@ def complete(
     stop: threading.Event | None,
     secret: str | None,
     assembler: Assembler | None,
-    parse_plain: Callable[[bytes], Completion],
+    parse: Callable[[Any], Completion],
     on_text: TextListener | None,
+    cut: bool = False,
 ) -> tuple[Completion, bool]:
     """One call, streamed when `assembler` is given. Returns the completion and whether the server
     refused to stream (the caller then need not ask again)."""
@@ -80,15 +83,15 @@ def complete(
         if reply.streamed:
             return assembler.result(), False
         if not refuses_streaming(reply, secret):
-            return _plain(reply, parse_plain, on_text, secret), False
+            return _plain(reply, parse, on_text, secret, cut), False
         left_s = timeout.total_s - (time.monotonic() - started)
         if left_s < MIN_FALLBACK_S:
-            check_status(reply, secret=secret)  # the refusal, since no time is left to ask again
+            server_errors.check(reply, secret=secret)  # the refusal, since no time is left to ask again
         timeout = CallTimeout(total_s=left_s, connect_s=min(timeout.connect_s, left_s))
         reply = post_json(url, headers=headers, body=body, timeout=timeout, stop=stop, secret=secret)
-        return _plain(reply, parse_plain, on_text, secret), True
+        return _plain(reply, parse, on_text, secret, cut), True
     reply = post_json(url, headers=headers, body=body, timeout=timeout, stop=stop, secret=secret)
-    return _plain(reply, parse_plain, on_text, secret), False
+    return _plain(reply, parse, on_text, secret, cut), False
 
 
 def refuses_streaming(reply: HTTPReply, secret: str | None) -> bool:
@@ -96,10 +99,14 @@ def refuses_streaming(reply: HTTPReply, secret: str | None) -> bool:
     return reply.status in REFUSAL_STATUSES and "stream" in error_text(reply.body, secret=secret).lower()
 
 
-def _plain(reply: HTTPReply, parse_plain: Callable[[bytes], Completion], on_text: TextListener | None,
-           secret: str | None) -> Completion:
-    check_status(reply, secret=secret)
-    completion = parse_plain(reply.body)
+def _plain(reply: HTTPReply, parse: Callable[[Any], Completion], on_text: TextListener | None,
+           secret: str | None, cut: bool) -> Completion:
+    """A plain reply's completion; with `cut`, parts nested too deeply are kept as text (bounded_json.Cut)."""
+    server_errors.check(reply, secret=secret)
+    data = decode_json(reply.body, secret=secret, cut=cut)
+    if server_errors.error_of(data) is not None:  # a 2xx that carries an error, not an answer
+        server_errors.raise_reported(data, secret=secret, where=f"in its HTTP {reply.status} reply")
+    completion = parse(data)
     if on_text is not None and completion.content:
         on_text(completion.content)  # all at once: the listener still sees the whole answer
     return completion
@@ -115,9 +122,11 @@ class TextRelay:
         self._redactor = StreamRedactor(secret)
         self._parts: list[str] = []  # what has been handed on (redacted)
         self._pending: list[str] = []  # what arrived since the last network read
+        self.arrived = False  # any text but white space
 
     def add(self, text: str) -> None:
         self._pending.append(text)
+        self.arrived = self.arrived or (bool(text) and not text.isspace())
 
     def flush(self) -> None:
         """Hand on what has arrived, except a tail that might still be part of the key."""
@@ -154,8 +163,20 @@ def usage_of(raw: Any, input_name: str, output_name: str) -> Usage | None:
     return None if usage == Usage() else usage
 
 
-def cut_off(marker: str) -> ProviderError:
-    """A stream that ended before its end marker: the answer is incomplete, so no answer at all."""
-    return ProviderError(
-        ProviderErrorKind.CONNECTION, f"the provider's stream ended before {marker}: the answer was cut off"
-    )
+def raise_if_reported(stray: str, secret: str | None) -> None:
+    """Lines of a stream that were not events: raise the error they carry if they are a JSON error body
+    (a server that answered a stream request with its error as plain JSON); anything else is left."""
+    try:
+        data = decode_json(stray, secret=secret)
+    except ProviderError:
+        return  # not JSON: nothing a person could be shown
+    if server_errors.error_of(data) is not None:
+        server_errors.raise_reported(data, secret=secret, where="in its stream")
+
+
+def cut_off(marker: str, *, nothing_arrived: bool) -> ProviderError:
+    """A stream that ended before its end marker: the answer is incomplete, so no answer at all.
+    `nothing_arrived`: no text and no tool call had come (the turn asks again without streaming)."""
+    what = "with nothing in it" if nothing_arrived else "the answer was cut off"
+    return ProviderError(ProviderErrorKind.CONNECTION, f"the provider's stream ended before {marker}: {what}",
+                         nothing_streamed=nothing_arrived)

@@ -3,6 +3,11 @@
 Each attempt, each wait before a retry, and a call not started for lack of time is a step. The
 reply's text goes to the live text as it arrives (safeguards on); a call cut by its timeout, failed
 or stopped mid-stream never puts that text in the history: its step keeps it as `partial_text`.
+
+A reply with no text and no tool call is not an answer. Some servers stream nothing where a plain
+request gets text (or their error): so a stream that came empty, or ended before its end with nothing
+in it, is asked again once without streaming, a step of its own that says why (`unstreamed`). An
+empty reply that is not asked again ends the turn saying so, in one wording (EMPTY_REPLY).
 """
 
 from __future__ import annotations
@@ -28,8 +33,26 @@ LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
     "Do not call any tools."
 )
+# The one wording of an empty reply, in the ending and in its step (the page, the CLI and the export show them).
+EMPTY_REPLY = "The model sent an empty reply"
+NO_TEXT_NO_CALL = "no text and no tool call"
+NO_TEXT_ONLY_CALLS = "no text, only tool calls, which the last call does not run"
+# Why a call is asked without streaming (its step's `unstreamed`): the words a person reads.
+EMPTY_STREAMED = "the streamed reply was empty"
+NOTHING_STREAMED = "the stream before ended with nothing in it"
 # The step outcome of a failed call that says why; any other failure is an error.
 FAILED_CALL_OUTCOMES = {ProviderErrorKind.STOPPED: Outcome.STOPPED, ProviderErrorKind.TIMEOUT: Outcome.TIMEOUT}
+
+
+@dataclass
+class Ask:
+    """What one model round-trip sends, the same for each of its attempts, and how it is asked."""
+
+    messages: list[Message]
+    tools: list[dict]
+    last_call: bool
+    step_fields: dict  # what each attempt's step records about what was sent (the history cap)
+    unstreamed: str | None = None  # why it is asked without streaming now; None: it streams
 
 
 @dataclass
@@ -45,46 +68,89 @@ class ModelCalls:
         return config.model if config.provider == DEMO.name else f"{config.provider}:{config.model}"
 
     def complete(self, history: list[Message], *, last_call: bool) -> Completion:
-        """The model's reply; the last call goes out without tools, asking for an answer now."""
-        config, stop = self.context.config, self.context.stops.event
-        budget, publishing, writer = self.context.budget, self.context.publishing, self.context.writer
-        tools = [] if last_call else tool_registry.schemas(config.tools)
+        """The model's reply; the last call goes out without tools, asking for an answer now. A reply
+        with no text and no tool call is no answer: asked again without streaming when it came as a
+        stream and that fits, else the turn ends saying so."""
+        config = self.context.config
         # A long conversation is sent from its latest turns, up to the cap; the stored history stays whole.
         sent, not_sent = latest_turns(history, config.max_history_sent_bytes)
-        left_out = {"turns_not_sent": not_sent} if not_sent else {}
-        messages = sent + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else [])
+        ask = Ask(messages=sent + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else []),
+                  tools=[] if last_call else tool_registry.schemas(config.tools), last_call=last_call,
+                  step_fields={"turns_not_sent": not_sent} if not_sent else {})
         for attempt in range(1, MAX_ATTEMPTS_PER_CALL + 1):
-            remaining = budget.remaining_s()
-            timeout = budget.call_timeout()
-            if timeout is None:
-                self.skip(remaining)
-            started = budget.now()
-            writer.set_current(Kind.MODEL, self.name, timeout.total_s)
-            publishing.publish(writer)
-            on_text = publishing.live_text(writer, attempt)
             try:
-                completion = self.provider.complete(messages, tools, timeout, stop=stop, on_text=on_text)
+                completion = self.attempt(ask, attempt)
             except ProviderError as exc:
-                writer.set_current(None)
-                partial, arrived = writer.end_live()
-                outcome = FAILED_CALL_OUTCOMES.get(exc.kind, Outcome.ERROR)
-                self.record(started, outcome, timeout, remaining, attempt=attempt, detail=exc.message,
-                            last_call=last_call, **partial_fields(partial, arrived), **left_out)
-                if outcome == Outcome.STOPPED:
-                    waited_s = budget.now() - started
-                    raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
-                                    f"for the model's reply ({waited_s:.1f} s into the call).") from None
                 self.retry_or_end(exc, attempt)
+                if exc.nothing_streamed and ask.unstreamed is None:
+                    ask.unstreamed = NOTHING_STREAMED  # such a server says plainly what went wrong
                 continue
-            finally:
-                writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
-            writer.set_current(None)
-            usage = usage_of(completion)
-            self.record(started, Outcome.OK, timeout, remaining, attempt=attempt, last_call=last_call,
-                        tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **left_out)
-            return completion
+            lack = lacks(completion, ask.last_call)
+            if lack is None:
+                return completion
+            ask.unstreamed = self.after_empty_reply(completion, ask, attempt, lack)
         raise TurnEnded(Status.FAILED, ErrorKind.RETRIES,
                         f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")
+
+    def attempt(self, ask: Ask, attempt: int) -> Completion:
+        """One call and its step. Raises ProviderError (recorded), or TurnEnded when stopped or when
+        too little time is left to start it."""
+        budget, publishing, writer = self.context.budget, self.context.publishing, self.context.writer
+        remaining = budget.remaining_s()
+        timeout = budget.call_timeout()
+        if timeout is None:
+            self.skip(remaining)
+        started = budget.now()
+        writer.set_current(Kind.MODEL, self.name, timeout.total_s)
+        publishing.publish(writer)
+        on_text = publishing.live_text(writer, attempt)
+        fields = {"attempt": attempt, "last_call": ask.last_call, **ask.step_fields,
+                  **({"unstreamed": ask.unstreamed} if ask.unstreamed else {})}
+        # Asked only when it must be: a provider that never streams (a scripted test model) takes no `stream`.
+        how = {"stream": False} if ask.unstreamed else {}
+        try:
+            completion = self.provider.complete(ask.messages, ask.tools, timeout, stop=self.context.stops.event,
+                                                on_text=on_text, **how)
+        except ProviderError as exc:
+            writer.set_current(None)
+            partial, arrived = writer.end_live()
+            outcome = FAILED_CALL_OUTCOMES.get(exc.kind, Outcome.ERROR)
+            self.record(started, outcome, timeout, remaining, detail=exc.message, **partial_fields(partial, arrived),
+                        **fields)
+            if outcome == Outcome.STOPPED:
+                waited_s = budget.now() - started
+                raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
+                                f"for the model's reply ({waited_s:.1f} s into the call).") from None
+            raise
+        finally:
+            writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
+        writer.set_current(None)
+        usage = usage_of(completion)
+        lack = lacks(completion, ask.last_call)  # no answer: the caller says what follows
+        empty = {"detail": f"{EMPTY_REPLY.lower()} ({lack})"} if lack else {}
+        self.record(started, Outcome.ERROR if empty else Outcome.OK, timeout, remaining,
+                    tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **empty, **fields)
+        return completion
+
+    def after_empty_reply(self, completion: Completion, ask: Ask, attempt: int, lack: str) -> str:
+        """An empty reply that came as a stream is asked again once, without streaming (why, returned),
+        when an attempt and the time for it are left; otherwise the turn ends saying it was empty."""
+        means = f"{lack}, so there is no answer to show"
+        if not completion.streamed or ask.unstreamed is not None:
+            again = ", streamed and again without streaming" if ask.unstreamed == EMPTY_STREAMED else ""
+            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY, f"{EMPTY_REPLY}{again}: {means}.")
+        if attempt >= MAX_ATTEMPTS_PER_CALL:
+            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
+                            f"{EMPTY_REPLY}: {means} (no attempt was left to ask again without streaming).")
+        budget = self.context.budget
+        if budget.call_timeout() is None:
+            remaining, min_call_s = budget.remaining_s(), self.context.config.min_call_s
+            self.context.writer.add_step(
+                Kind.SKIP, self.name, budget.now(), Outcome.SKIPPED, remaining_s=round(remaining, 3),
+                detail=f"not asked again without streaming: {remaining:.1f} s left, below the {min_call_s:g} s minimum")
+            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
+                            f"{EMPTY_REPLY}: {means} (no time was left to ask again without streaming).")
+        return EMPTY_STREAMED
 
     def record(self, started: float, outcome: str, timeout: CallTimeout, remaining: float, **extra) -> None:
         self.context.writer.add_step(Kind.MODEL, self.name, started, outcome, timeout_s=round(timeout.total_s, 3),
@@ -135,6 +201,16 @@ class ModelCalls:
         after = f" (Retry-After {exc.retry_after_s:g} s)" if exc.retry_after_s is not None else ""
         writer.add_step(Kind.RETRY, retry, started, Outcome.OK, timeout_s=round(wait_s, 3),
                         remaining_s=round(budget.remaining_s(), 3), detail=f"after {exc.kind}{after}")
+
+
+def lacks(completion: Completion, last_call: bool) -> str | None:
+    """Why a reply is no answer, in words; None when it is one. Blank text is no text, and the last
+    call's tool calls are dropped unrun, so a last reply of tool calls alone says nothing either."""
+    if (completion.content or "").strip():
+        return None
+    if not completion.tool_calls:
+        return NO_TEXT_NO_CALL
+    return NO_TEXT_ONLY_CALLS if last_call else None
 
 
 def partial_fields(text: str, arrived: int) -> dict:

@@ -180,6 +180,8 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"↻ Waited {took} before {inert(step.get('name'))} ({detail or 'retry'})."
     attempt = step.get("attempt") or 1
     name = f"Model call ({inert(step.get('name'))})" + (f", try {attempt}" if attempt > 1 else "")
+    if step.get("unstreamed"):  # asked again plainly: why, in the words the turn recorded
+        name += f", asked without streaming ({inert(step['unstreamed'])})"
     if step.get("turns_not_sent"):  # the history cap: what the model saw is not the whole conversation
         name += f" (sent without the {step['turns_not_sent']} earliest turns: AGENT_MAX_HISTORY_SENT_BYTES)"
     if outcome == Outcome.TIMEOUT:
