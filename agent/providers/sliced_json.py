@@ -372,7 +372,7 @@ def _holds(text: str, target: str) -> Steps:
         window = carry + read_all(piece)
         if target in window:
             return True
-        carry = window[len(window) - keep:] if keep else ""
+        carry = window[max(0, len(window) - keep):] if keep else ""
         yield
     return False
 
