@@ -38,6 +38,7 @@ Steps = Generator[None, None, Any]  # yields between steps; returns the result
 ONE_STEP_CHARS = 64 * 1024  # a body this short is parsed in one step (json.loads: at most ~15 ms)
 RUN_CHARS = 32 * 1024  # characters of simple values parsed in one step
 STEP_TOKENS = 256  # containers opened or closed, keys or long strings read, in one step
+FAILED_RUN_TOKENS = 16  # what a run that did not match counts for: it may have read RUN_CHARS first
 RUN_DEPTH = 3  # nesting a value inside a run may have (deeper, its containers are opened one by one)
 MAX_DEPTH = 512  # nesting of arrays and objects; deeper is refused, as json.loads refuses ~1000
 BATCH_CHARS = 64 * 1024  # characters of strings cleaned in one step
@@ -156,14 +157,15 @@ class _Parser:
 
     def step(self) -> None:
         """One run of simple values, or up to STEP_TOKENS tokens."""
-        for _ in range(STEP_TOKENS):
-            if self.finished():
-                return
+        budget = STEP_TOKENS
+        while budget > 0 and not self.finished():
+            budget -= 1
             if self.state == _AFTER:
                 self._after_item()
             elif self._run():
                 return
             else:
+                budget -= FAILED_RUN_TOKENS
                 self._one()
 
     def _run(self) -> bool:
