@@ -39,7 +39,7 @@ ONE_STEP_CHARS = 64 * 1024  # a body this short is parsed in one step (json.load
 RUN_CHARS = 32 * 1024  # characters of simple values parsed in one step
 STEP_TOKENS = 256  # containers opened or closed, keys or long strings read, in one step
 FAILED_RUN_TOKENS = 16  # what a run that did not match counts for: it may have read RUN_CHARS first
-RUN_DEPTH = 3  # nesting a value inside a run may have (deeper, its containers are opened one by one)
+RUN_DEPTH = 2  # nesting a value inside a run may have (deeper, its containers are opened one by one)
 MAX_DEPTH = 512  # nesting of arrays and objects; deeper is refused, as json.loads refuses ~1000
 BATCH_CHARS = 64 * 1024  # characters of strings cleaned in one step
 BATCH_ITEMS = 8 * 1024  # array items or object members looked at in one step
@@ -54,13 +54,14 @@ _SCALAR = rf"(?>{_STRING}|-?[0-9][-+.0-9eE]*+(?=[ \t\n\r,\]}}])|true|false|null|
 
 
 def _value(depth: int) -> str:
-    """A value whose arrays and objects nest at most `depth` deep (possessive: no backtracking)."""
+    """A value whose arrays and objects nest at most `depth` deep (possessive: no backtracking). The
+    commas inside them are optional here, which keeps the pattern small (one copy of the level
+    below per kind of container): json.loads of the run refuses a missing one, as it would."""
     if depth == 0:
         return _SCALAR
     inner = _value(depth - 1)
-    member = rf"{_STRING}{_WS}:{_WS}{inner}"
-    array = rf"\[{_WS}(?:{inner}(?:{_WS},{_WS}{inner})*+)?+{_WS}\]"
-    obj = rf"\{{{_WS}(?:{member}(?:{_WS},{_WS}{member})*+)?+{_WS}\}}"
+    array = rf"\[{_WS}(?:{inner}{_WS},?+{_WS})*+\]"
+    obj = rf"\{{{_WS}(?:{_STRING}{_WS}:{_WS}{inner}{_WS},?+{_WS})*+\}}"
     return rf"(?>{_SCALAR}|{array}|{obj})"
 
 
