@@ -346,8 +346,10 @@ def _clean_texts(texts: list[str], secret: str | None, target: str) -> Steps:
         return cleaned if cleaned != texts else None
     separator, joined = found
     fixed = scrub(joined)  # a lone surrogate becomes U+FFFD: the separators are untouched
-    if secret and (yield from _holds(fixed, target)):
-        fixed = redact(fixed, secret)  # spans never cross a separator: see _separator
+    # Spans never cross a separator (see _separator). A batch is redacted at once; a longer text
+    # (one long string) is screened in pieces first, and redacted whole only if it holds the key.
+    if secret and (len(fixed) <= BATCH_CHARS + PIECE_CHARS or (yield from _holds(fixed, target))):
+        fixed = redact(fixed, secret)
     if fixed is joined:
         return None
     return fixed.split(separator)
