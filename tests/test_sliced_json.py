@@ -1,6 +1,6 @@
-"""A reply's JSON decoded in bounded steps (agent/providers/sliced_json.py): the same value as
-`json.loads` then the per-string scrub and redaction, the same refusals, and a cost that grows
-linearly. Pure logic, no I/O."""
+"""A reply's JSON decoded in bounded steps (agent/providers/sliced_json.py and bulk_redaction.py):
+the same value as `json.loads` then the per-string scrub and redaction, the same refusals, and a
+cost that grows linearly. Pure logic, no I/O."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from agent.providers import sliced_json
+from agent.providers import bulk_redaction, sliced_json
 from agent.providers.http import redact_json
 from agent.surrogates import scrub_json
 from tests.conftest import CANARY_KEY, cpu_seconds
@@ -77,9 +77,9 @@ def small_steps(monkeypatch):
     """Every body parsed in steps, runs cut off every few characters: each seam is exercised."""
     monkeypatch.setattr(sliced_json, "ONE_STEP_CHARS", 0)
     monkeypatch.setattr(sliced_json, "RUN_CHARS", 37)
-    monkeypatch.setattr(sliced_json, "BATCH_CHARS", 50)
-    monkeypatch.setattr(sliced_json, "BATCH_ITEMS", 7)
-    monkeypatch.setattr(sliced_json, "PIECE_CHARS", 40)
+    monkeypatch.setattr(bulk_redaction, "BATCH_CHARS", 50)
+    monkeypatch.setattr(bulk_redaction, "BATCH_ITEMS", 7)
+    monkeypatch.setattr(bulk_redaction, "PIECE_CHARS", 40)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -156,7 +156,7 @@ def test_eight_mebibytes_of_short_strings_decode_in_many_small_steps():
     value, steps = decoded(body)
     assert value["pad"][-1] == "ab" and len(value["pad"]) == 1_700_000
     # No step reads more than a run or a batch: hundreds of them, each a few milliseconds.
-    assert steps >= len(body) // max(sliced_json.RUN_CHARS, sliced_json.BATCH_CHARS)
+    assert steps >= len(body) // max(sliced_json.RUN_CHARS, bulk_redaction.BATCH_CHARS)
 
 
 @pytest.mark.parametrize("shape", ["plain", "with the key echoed"])
