@@ -201,6 +201,11 @@ def _target(secret: str) -> str:
     return reading(secret)
 
 
+def read_all(text: str) -> str:
+    """The reading `redact` searches for the key: `reading`, with character references decoded too."""
+    return _Reading(text).value
+
+
 def redact(text: str, secret: str | None) -> str:
     """`text` with every span that reads as `secret` replaced by REDACTED (see the module's docstring)."""
     if not secret or not text:

@@ -10,6 +10,8 @@ read raw and decoded here by `_decoded_chunks` (agent.providers.decoding), never
 decoding inflates a whole network chunk at once, however large that makes it.
 
 No signals (RQ owns SIGALRM) and no threads (a thread would keep streaming after we gave up).
+Decoding a reply's JSON is part of the call: it runs in steps (agent.providers.sliced_json), with
+the call's clock (agent.providers.call_clock) checked between them, so a timeout or Stop cuts it too.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from rq.timeouts import JobTimeoutException
 
 from agent import bounded_json, job_alarm
 from agent.deadline import CallTimeout
-from agent.providers import decoding
+from agent.providers import call_clock, decoding, sliced_json
 from agent.providers.base import ProviderError, ProviderErrorKind
 from agent.providers.sse import Event, EventStreamParser
 from agent.redaction import redact
@@ -153,7 +155,8 @@ def post_json(
     """POST `body` as JSON; the whole call is bounded by `timeout.total_s`, and ends as soon as
     `stop` is set (a STOPPED ProviderError). Raises ProviderError, with `secret` (the key sent)
     redacted from its message (by `_quote`): a transport error can quote what the server sent."""
-    return _run(_exchange(_session().client_for(url), url, headers, body, timeout, secret, None), stop)
+    return _run(_exchange(_session().client_for(url), url, headers, body, timeout, secret, None), timeout,
+                stop)
 
 
 def post_stream(
@@ -174,14 +177,17 @@ def post_stream(
     The reply then has `streamed` set and no body; whether the stream reached its end marker is the
     listener's to know. Any other reply (an error status, a plain JSON answer from a server that does
     not stream) is read whole, bounded, and returned as post_json would."""
-    return _run(_exchange(_session().client_for(url), url, headers, body, timeout, secret, on_events), stop)
+    return _run(_exchange(_session().client_for(url), url, headers, body, timeout, secret, on_events), timeout,
+                stop)
 
 
-def _run(call: Coroutine[Any, Any, HTTPReply], stop: threading.Event | None) -> HTTPReply:
-    """Run one call on this thread's loop, raced against `stop` and the job timeout."""
+def _run(call: Coroutine[Any, Any, HTTPReply], timeout: CallTimeout, stop: threading.Event | None) -> HTTPReply:
+    """Run one call on this thread's loop, raced against `stop` and the job timeout; its clock is
+    current meanwhile, so decoding a streamed reply's events (in the listener) is bounded too."""
     session = _session()
     try:
-        reply = session.loop.run_until_complete(_unless_stopped(call, stop))
+        with call_clock.bounding(timeout, stop):
+            reply = session.loop.run_until_complete(_unless_stopped(call, stop))
     except ProviderError:
         # A job timeout that fired inside a socket callback reaches here as a failed connection.
         job_alarm.raise_if_fired()
@@ -306,11 +312,11 @@ def _is_event_stream(headers: dict[str, str]) -> bool:
 
 
 def _timed_out(timeout: CallTimeout) -> ProviderError:
-    return ProviderError(ProviderErrorKind.TIMEOUT, f"the provider did not answer within {timeout.total_s:.1f} s")
+    return call_clock.timed_out(timeout.total_s)
 
 
 def _stopped() -> ProviderError:
-    return ProviderError(ProviderErrorKind.STOPPED, "the call was stopped at your request")
+    return call_clock.stopped()
 
 
 def _too_large() -> ProviderError:
@@ -392,8 +398,10 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
     """The provider's own error message, if its body carries one, cut to a readable length."""
     text = ""
     try:
-        data: Any = bounded_json.loads(body)
-    except ValueError:  # not JSON, or nested too deeply (TooDeep)
+        if bounded_json.exceeds(body):
+            raise bounded_json.TooDeep()
+        data: Any = call_clock.run(sliced_json.parse_steps(body))  # in steps: an error body can be 8 MiB
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply (TooDeep)
         data = None
     if isinstance(data, dict):
         # OpenAI and Anthropic: {"error": {"message": ...}}; Ollama: {"error": "..."};
@@ -413,8 +421,8 @@ def error_text(body: bytes, *, secret: str | None = None) -> str:
 
 
 def redact_json(value: Any, secret: str | None) -> Any:
-    """Every string in a parsed JSON value (object keys included) redacted: the one place a
-    provider's reply passes before any of it (content, tool names, arguments, ids) is kept."""
+    """Every string in a parsed JSON value (object keys included) redacted, one call per string:
+    what decode_json does to a reply, in bulk and in steps (agent.providers.sliced_json)."""
     if not secret:
         return value
     if isinstance(value, str):
@@ -465,13 +473,19 @@ def _finite(text: str) -> float | None:
 
 def decode_json(body: bytes | str, *, secret: str | None = None, cut: bool = False) -> Any:
     """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
-    wherever it appears, or a MALFORMED ProviderError. Nested past bounded_json.MAX_DEPTH, it is
-    refused, or with `cut` read with each too-deep part as a bounded_json.Cut."""
+    wherever it appears, or a MALFORMED ProviderError. Decoded in steps, bounded by the clock of the
+    call it is part of (agent.providers.call_clock): a TIMEOUT or STOPPED ProviderError when it runs out.
+    Nested past bounded_json.MAX_DEPTH (a linear scan first), it is refused, or with `cut` read with
+    each too-deep part as a bounded_json.Cut (in one step: only a hostile reply takes that path)."""
     try:
-        return redact_json(scrub_json(bounded_json.loads(body, cut=cut)), secret)
+        if bounded_json.exceeds(body):
+            if not cut:
+                raise bounded_json.TooDeep()
+            return redact_json(scrub_json(bounded_json.loads(body, cut=True)), secret)
+        return call_clock.run(sliced_json.decode_steps(body, secret))
     except bounded_json.TooDeep as exc:
         raise malformed(f"the body is {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise malformed("the body is not JSON") from exc
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.deadline import CallTimeout
-from agent.providers import server_errors
+from agent.providers import call_clock, server_errors
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
 from agent.providers.http import HTTPReply, decode_json, error_text, post_json, post_stream
 from agent.providers.sse import Event
@@ -48,13 +48,15 @@ class StreamedModel(RemoteModel):
               stop: threading.Event | None, on_text: TextListener | None, stream: bool,
               assembler: Callable[[TextListener | None, str | None], Assembler],
               parse: Callable[[Any], Completion]) -> Completion:
-        """One call: `assembler(on_text, secret)` reads the stream, `parse` a plain reply's decoded JSON."""
-        completion, refused = complete(
-            f"{self.base_url}{path}", headers=headers, body=body, stream_fields=stream_fields,
-            timeout=timeout, stop=stop, secret=self._api_key,
-            assembler=assembler(on_text, self._api_key) if stream and not self._plain_only else None,
-            parse=parse, on_text=on_text, cut=self.cuts_deep_replies,
-        )
+        """One call: `assembler(on_text, secret)` reads the stream, `parse` a plain reply's decoded JSON.
+        Its clock spans the decoding after the exchange as well (agent.providers.call_clock)."""
+        with call_clock.bounding(timeout, stop):
+            completion, refused = complete(
+                f"{self.base_url}{path}", headers=headers, body=body, stream_fields=stream_fields,
+                timeout=timeout, stop=stop, secret=self._api_key,
+                assembler=assembler(on_text, self._api_key) if stream and not self._plain_only else None,
+                parse=parse, on_text=on_text, cut=self.cuts_deep_replies,
+            )
         if refused:
             self._plain_only = True
         return completion
