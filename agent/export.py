@@ -2,10 +2,14 @@
 `ask --json` and the page read it) or Markdown (for a person: messages, tool calls and results, and
 how each turn ended). Pure: no I/O.
 
-Messages are untrusted text. In the Markdown they are quoted as the page shows them (images as their
-alt text, links only to web pages and mail addresses: a Markdown viewer opening the file fetches
-nothing); tool arguments and results go in fenced blocks whose fence is longer than any backtick run
-inside, so no content can end one. The JSON is the data as stored.
+Everything stored is untrusted text, and a viewer opening the Markdown must fetch nothing and run
+nothing, even one that renders raw HTML. So every part of it written there goes one of three ways:
+messages are quoted as the page shows them (images as their alt text, links only to web pages and
+mail addresses) and with no raw HTML at all (`no_html_markdown`); tool arguments and results go in
+fenced blocks whose fence is longer than any backtick run inside, so no content can end one; every
+other stored text (the title, a tool's name, a status, an error's kind) is one line with each Markdown
+character escaped (`inert`) or, for names, a code span no backtick can end. The JSON is the data as
+stored.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import datetime as dt
 import json
 
 from agent.contract import Role, State, Status, TurnSummary
-from agent.ui.markdown import safe_markdown
+from agent.ui.markdown import inert, no_html_markdown
 
 ENDINGS = {
     Status.DONE: "answered",
@@ -34,8 +38,9 @@ def to_json(state: State) -> str:
 
 def to_markdown(state: State, title: str | None = None) -> str:
     """The conversation for a person to read."""
-    lines = [f"# {_one_line(title) or 'Conversation'}", "",
-             f"Conversation `{state['conversation_id']}`, exported {_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
+    lines = [f"# {inert(_one_line(title)) or 'Conversation'}", "",
+             f"Conversation `{_code_span(state.get('conversation_id'))}`, exported "
+             f"{_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
     for number, (messages, summary) in enumerate(turns_of(state), start=1):
         lines += [f"## Turn {number}", ""]
         for message in messages:
@@ -81,16 +86,23 @@ def _message(message: dict) -> list[str]:
 def _ending(summary: TurnSummary | None) -> str:
     summary = summary or {}
     status = summary.get("status") or ""
-    words = ENDINGS.get(status, status)
+    words = ENDINGS.get(status) or inert(_one_line(status))
     ended = f" at {_when(summary['ended_at'])}" if summary.get("ended_at") else ""
-    error = summary.get("error") or {}
-    reason = f" ({_one_line(error.get('kind'))})" if error.get("kind") else ""
+    error = summary.get("error") if isinstance(summary.get("error"), dict) else {}
+    reason = f" ({inert(_one_line(error.get('kind')))})" if error.get("kind") else ""
     return f"*Ending: {words}{reason}{ended}.*"
 
 
+# A block quote's marker that puts its content at column 4: a tab in the content then ends at the
+# column it ends at in the message, so its lines are read alike inside the quote (a fence line with a
+# tab after `> ` would close a fence that the message's own parse leaves open).
+QUOTE = "  > "
+
+
 def _quoted(text) -> str:
-    """Quoted line for line, so it reads as the message and nothing else; made inert as on the page."""
-    return "\n".join("> " + line for line in safe_markdown(str(text if text is not None else "")).split("\n"))
+    """Quoted line for line, so it reads as the message and nothing else; made inert as on the page,
+    and with no raw HTML."""
+    return "\n".join(QUOTE + line for line in no_html_markdown(str(text if text is not None else "")).split("\n"))
 
 
 def _fenced(text, language: str = "") -> list[str]:
@@ -115,5 +127,8 @@ def _one_line(text) -> str:
     return " ".join(str(text or "").split())
 
 
-def _when(epoch_s: float) -> str:
-    return dt.datetime.fromtimestamp(epoch_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _when(epoch_s) -> str:
+    try:
+        return dt.datetime.fromtimestamp(epoch_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):  # not a time a calendar has: said as stored
+        return inert(_one_line(epoch_s))

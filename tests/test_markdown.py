@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.ui.markdown import inert, safe_markdown
+from agent.ui.markdown import inert, no_html_markdown, safe_markdown
 from tests.conftest import cpu_seconds, repeated
 
 MB = 1_000_000
@@ -81,6 +81,22 @@ def test_a_megabyte_of_random_markdown_renders_in_linear_time(seed):
     quarter, whole = render_costs(lambda size: random_mix(seed, size))
     assert whole < RENDER_BOUND_S, f"seed {seed}: 1 MB took {whole:.2f} s"
     assert whole / max(quarter, TIMING_FLOOR_S) < GROWTH_BOUND, f"seed {seed}: {quarter:.3f} s -> {whole:.3f} s"
+
+
+# What the file export's pass adds: a `<` at every line start (each one skipped as a block start),
+# carriage returns, fences between them, and random text.
+NO_HTML_SHAPES = ["<a\n", "<\n```\n", "\r<b>\r\n", "```\n<i>\n```\n<p>\n", "- <x\n", "< <! </ <?"]
+
+
+@pytest.mark.parametrize("make", [*(lambda size, s=shape: repeated(s, size) for shape in NO_HTML_SHAPES),
+                                  lambda size: random_mix(0, size)])
+def test_a_megabyte_made_inert_for_a_file_renders_in_linear_time(make):
+    small, large = make(QUARTER_MB), make(MB)
+    quarter, whole = cpu_seconds(no_html_markdown, small), cpu_seconds(no_html_markdown, large)
+    if whole > RENDER_BOUND_S or whole / max(quarter, TIMING_FLOOR_S) > GROWTH_BOUND:  # a neighbour's burst
+        quarter, whole = cpu_seconds(no_html_markdown, small), cpu_seconds(no_html_markdown, large)
+    assert whole < RENDER_BOUND_S, f"{large[:20]!r}: 1 MB took {whole:.2f} s"
+    assert whole / max(quarter, TIMING_FLOOR_S) < GROWTH_BOUND, f"{large[:20]!r}: {quarter:.3f} s -> {whole:.3f} s"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -226,11 +242,14 @@ def test_labels_show_every_markdown_character_as_typed():
 
 # -- the same, read by a real Markdown parser ---------------------------------------------------
 
+# Raw HTML escaped (as the page renders) unless the first argument says `html` (as a viewer that
+# passes it on does); links of every scheme kept, so that only what was written decides.
 PARSER_SCRIPT = """
 const {micromark} = require('micromark'); const {gfm, gfmHtml} = require('micromark-extension-gfm');
 const texts = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const allowDangerousHtml = process.argv[1] === 'html';
 console.log(JSON.stringify(texts.map(text => micromark(text, {extensions: [gfm()], htmlExtensions: [gfmHtml()],
-                                                              allowDangerousProtocol: true}))));
+                                                              allowDangerousProtocol: true, allowDangerousHtml}))));
 """
 PARSER_TIMEOUT_S = 120  # one parse of a few hundred small documents, on a busy machine
 
@@ -238,16 +257,17 @@ PARSER_TIMEOUT_S = 120  # one parse of a few hundred small documents, on a busy 
 PARSER_MODULES = Path(__file__).parent / "markdown_parser" / "node_modules"  # `make setup` installs it there
 
 
-def parsed_html(texts: list[str]) -> list[str]:
-    """Each text as HTML, read by micromark with GFM (the parser the page's Markdown is built on);
-    the test is skipped, saying why, where node or the parser is missing."""
+def parsed_html(texts: list[str], *, raw_html: bool = False) -> list[str]:
+    """Each text as HTML, read by micromark with GFM (the parser the page's Markdown is built on), raw
+    HTML passed on with `raw_html`; the test is skipped, saying why, where node or the parser is missing."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("no node to run micromark (apt-get install nodejs npm, then make setup)")
     if not (PARSER_MODULES / "micromark").is_dir():
         pytest.skip("micromark is not installed: make setup installs it where npm is available")
-    done = subprocess.run([node, "-e", PARSER_SCRIPT], input=json.dumps(texts), capture_output=True, text=True,
-                          timeout=PARSER_TIMEOUT_S, env={**os.environ, "NODE_PATH": str(PARSER_MODULES)})
+    done = subprocess.run([node, "-e", PARSER_SCRIPT, "html" if raw_html else "escaped"], input=json.dumps(texts),
+                          capture_output=True, text=True, timeout=PARSER_TIMEOUT_S,
+                          env={**os.environ, "NODE_PATH": str(PARSER_MODULES)})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

@@ -121,14 +121,18 @@ def _inert_links(text: str) -> str:
     return _LESS_THAN_RE.sub("&lt;", text)
 
 
-def _outside_code(text: str):
-    """(is code, stretch) for each stretch of the text: fenced code, or the text between."""
+def _outside_code(text: str, html_blocks: bool = True):
+    """(is code, stretch) for each stretch of the text: fenced code, or the text between. With
+    `html_blocks` false, the caller makes every `<` between the stretches inert, so none opens a block."""
     if "\r" in text:  # a lone CR ends a line for CommonMark and not for `re`: no stretch is taken as code
         yield False, text
         return
     done = pos = 0
     while (fence := _FENCE_OR_BLOCK_RE.search(text, pos)) is not None:
         marker = fence.group(1) or fence.group(2)
+        if marker is None and not html_blocks and fence.group().endswith("<"):
+            pos = fence.end()
+            continue
         if marker is None:  # an HTML, math or directive block may start here: no code after it
             break
         end = len(text)
@@ -148,6 +152,27 @@ def safe_markdown(text: str | None) -> str:
     if not text:
         return ""
     return "".join(part if code else _inert_links(_without_images(part)) for code, part in _outside_code(text))
+
+
+# A `<` that could open raw HTML (a tag, an end tag, a comment, a declaration, a processing
+# instruction) or an autolink: CommonMark and the browser both need a letter, `/`, `!` or `?` after it.
+_TAG_OPENER_RE = re.compile(r"<(?=[A-Za-z/!?])")
+_LINE_ENDING_RE = re.compile(r"\r\n?+")
+
+
+def no_html_markdown(text: str | None) -> str:
+    """`safe_markdown` for a file that any viewer may open, one that passes HTML included: also no raw
+    HTML at all (every `<` that could open a tag or an autolink written `&lt;`), line endings as `\n`.
+
+    Fenced code (surely code, see `_outside_code`) is left as written: a viewer shows it as text. An
+    inline code span is not exempt: which backticks pair up depends on what the viewer's parser reads
+    before them (`[x](`) <img> `` is a link, raw HTML, then a lone backtick), so a `<` in one is
+    written `&lt;` too (shown so), rather than left to a guess."""
+    if not text:
+        return ""
+    text = _LINE_ENDING_RE.sub("\n", text)  # a lone CR ends a line for CommonMark: the same lines for the fences
+    return "".join(part if code else _TAG_OPENER_RE.sub("&lt;", _inert_links(_without_images(part)))
+                   for code, part in _outside_code(text, html_blocks=False))
 
 
 _MARKDOWN_SPECIAL_RE = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
