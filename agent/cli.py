@@ -1,6 +1,6 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`. `list [--json]`, `show ID [--json]` and
-`export ID --format md|json` read the stored conversations (agent/conversations_cli.py).
+`export ID [--format md|json]` read the stored conversations (agent/conversations_cli.py).
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for

@@ -1,9 +1,11 @@
-"""`python -m agent list [--json]`, `show ID [--json]` and `export ID --format md|json [--output FILE]`.
+"""`python -m agent list [--json]`, `show ID [--json]` and `export ID [--format md|json] [--output FILE]`.
 
 They read what the page and `ask` stored, through the same Redis (the embedded one is started,
-without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage or an id that names no
-conversation (one line on stderr), as `ask`. Titles and messages are untrusted text: on a terminal,
-what it would act on is printed as an escape; an export to a file is written as stored.
+without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage, an id that names no
+conversation, or an --output that cannot be written whole (one line on stderr), as `ask`. Titles and
+messages are untrusted text: on a terminal, what it would act on is printed as an escape; an export
+to a file is written as the export made it (agent/output_file.py: whole or not at all, never through
+a symbolic link).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from agent import export
 from agent.contract import Role
 from agent.conversations import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.hosting import services
+from agent.output_file import OutputRefused, write_whole
 from agent.plain_text import plain_text, terminal_safe
 from agent.settings import Settings
 from agent.store import Store
@@ -36,7 +39,7 @@ def add_parsers(sub, conversation_id_type) -> None:
     show.add_argument("--json", action="store_true", help="the stored state object")
     exporting = sub.add_parser("export", help="one conversation as a Markdown or JSON file")
     exporting.add_argument("conversation", type=conversation_id_type)
-    exporting.add_argument("--format", choices=export.FORMATS, required=True)
+    exporting.add_argument("--format", choices=export.FORMATS, default="md", help="md (the default) or json")
     exporting.add_argument("--output", type=Path, default=None, help="write to this file (default: stdout)")
 
 
@@ -71,7 +74,11 @@ def run(args, settings: Settings) -> int:
         return EXIT_OK
     text = export.to_json(state) if args.format == "json" else export.to_markdown(state, title)
     if args.output is not None:
-        args.output.write_text(text, encoding="utf-8")
+        try:
+            write_whole(args.output, text.encode("utf-8"))
+        except OutputRefused as exc:
+            print(terminal_safe(f"error: {exc}").replace("\n", "\\n"), file=sys.stderr)
+            return EXIT_USAGE
     else:
         _out(text.rstrip("\n"), escape=sys.stdout.isatty())
     return EXIT_OK

@@ -4,13 +4,18 @@ print, and exit codes as the rest of the CLI (0, or 2 with one line on stderr)."
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 
 import pytest
 
 from agent.export import to_json
 from agent.queue import new_id
+from tests.conftest import ROOT
 from tests.test_app import begin, make_done
-from tests.test_cli import cli, one_line
+from tests.test_cli import CLI_TIMEOUT_S, cli, one_line
 
 
 @pytest.fixture
@@ -66,7 +71,7 @@ def test_an_unknown_or_deleted_id_exits_2_with_one_line(store, env, args):
 
 
 @pytest.mark.parametrize("args", [("show", "../etc/passwd"), ("export", "abc", "--format", "pdf"),
-                                  ("export", "abc"), ("list", "--limit", "0")])
+                                  ("export", "../etc/passwd"), ("list", "--limit", "0")])
 def test_bad_usage_exits_2_with_one_line(env, args):
     run = cli(env, *args)
     assert run.returncode == 2
@@ -110,3 +115,58 @@ def test_a_conversation_deleted_before_the_clis_first_read_ends_the_follow_sayin
     follower = Follower(store, queue.connection, queue, cid, turn_id, poll_interval_ms=200, as_json=False)
     assert follower.step() == EXIT_ENDED_BADLY
     assert "the conversation was deleted before the turn ended" in capsys.readouterr().err
+
+
+def test_export_without_a_format_writes_markdown(store, env, tmp_path):
+    cid = conversation(store)
+    printed = cli(env, "export", cid)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.decode().startswith("# What is 17\\*23?\n") and "**Assistant:**" in printed.stdout.decode()
+    out = tmp_path / "c.md"
+    assert cli(env, "export", cid, "--output", str(out)).returncode == 0
+    assert out.read_text().startswith("# What is 17\\*23?\n")
+
+
+def refused(run: subprocess.CompletedProcess, words: str) -> None:
+    assert run.returncode == 2 and run.stdout == b"", run.stderr
+    assert words in one_line(run.stderr)
+
+
+def test_an_output_that_cannot_be_written_exits_2_with_one_line_and_writes_nothing(store, env, tmp_path):
+    cid = conversation(store)
+    before = sorted(os.listdir(tmp_path))
+    refused(cli(env, "export", cid, "--output", str(tmp_path)), "is a folder")
+    refused(cli(env, "export", cid, "--output", str(tmp_path / "missing" / "c.md")), "does not exist")
+    refused(cli(env, "export", cid, "--output", "/dev/full"), "no space left on device")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_an_output_that_is_a_symbolic_link_is_refused_and_its_target_left_alone(store, env, tmp_path):
+    cid = conversation(store)
+    target = tmp_path / "someone-elses-file"
+    target.write_text("kept")
+    link = tmp_path / "c.md"
+    link.symlink_to(target)
+    refused(cli(env, "export", cid, "--output", str(link)), "symbolic link")
+    assert target.read_text() == "kept" and link.is_symlink()
+    dangling = tmp_path / "d.md"
+    dangling.symlink_to(tmp_path / "not-yet")
+    refused(cli(env, "export", cid, "--output", str(dangling)), "symbolic link")
+    assert not (tmp_path / "not-yet").exists()
+
+
+FILE_SIZE_LIMIT_BYTES = 300  # less than any export: the write fails part-way, as on a full disk
+
+
+def test_a_write_that_fails_part_way_leaves_the_file_as_it_was(store, env, tmp_path):
+    cid = conversation(store, answer="x" * 2000)
+    out = tmp_path / "c.md"
+    out.write_text("the export before")
+    before = sorted(os.listdir(tmp_path))
+    # Python ignores SIGXFSZ, so a write past RLIMIT_FSIZE fails with EFBIG, part-way, as ENOSPC would.
+    run = subprocess.run([sys.executable, "-m", "agent", "export", cid, "--output", str(out)], env=env, cwd=ROOT,
+                         capture_output=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT_BYTES,) * 2))
+    refused(run, "nothing was written")
+    assert out.read_text() == "the export before"
+    assert sorted(os.listdir(tmp_path)) == before  # no partial file left beside it
