@@ -45,6 +45,7 @@ SUBMIT_SPAN = "submit_turn"
 TURN_SPAN = f"invoke_agent {AGENT_NAME}"
 QUEUE_SPAN = "queue_wait"
 MCP_SEPARATOR = "__"  # an MCP tool is offered as <server>__<tool> (agent/tools/mcp.py)
+OTLP_INT_RANGE = range(-(2**63), 2**63)  # OTLP carries an integer attribute as 64 bits
 
 FORKED_FLUSH_S = 1.0  # seconds a forked work horse waits for its turn's spans to leave before it exits
 
@@ -184,7 +185,7 @@ def export_turn(tracer, state: State, turn_id: str) -> None:
     error = summary.get("error") or {}
 
     turn = tracer.start_span(TURN_SPAN, context=parent, kind=SpanKind.INTERNAL, start_time=_ns(enqueued_at))
-    turn.set_attributes(_drop_none({
+    turn.set_attributes(_exportable({
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": AGENT_NAME,
         "gen_ai.conversation.id": state.get("conversation_id"),
@@ -206,7 +207,7 @@ def export_turn(tracer, state: State, turn_id: str) -> None:
         tracer.start_span(QUEUE_SPAN, context=context, start_time=_ns(enqueued_at)).end(end_time=_ns(started_at))
     for step in steps:
         _step_span(tracer, turn, context, step, config, content)
-    ending = _drop_none({"agent.turn.status": status, "error.type": error.get("kind"),
+    ending = _exportable({"agent.turn.status": status, "error.type": error.get("kind"),
                          "agent.ending.message": _cut(error.get("message")) if content else None})
     turn.add_event("ending", ending, timestamp=_ns(summary["ended_at"]))
     if status == Status.DONE:
@@ -223,7 +224,7 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
 
     kind, outcome = step.get("kind"), step.get("outcome")
     started, ended = _ns(step.get("started_at")), _ns(step.get("ended_at"))
-    clocks = _drop_none({"agent.clock.timeout_s": step.get("timeout_s"),
+    clocks = _exportable({"agent.clock.timeout_s": step.get("timeout_s"),
                          "agent.clock.remaining_s": step.get("remaining_s")})
     if kind == Kind.RETRY:
         turn.add_event("retry", {**clocks, "agent.step.name": str(step.get("name")), "agent.step.outcome": outcome},
@@ -236,7 +237,7 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
         model = config.get("model") or str(step.get("name"))
         span = tracer.start_span(f"chat {model}", context=context, kind=SpanKind.CLIENT, start_time=started)
         usage = step.get("usage") if isinstance(step.get("usage"), dict) else {}
-        span.set_attributes(_drop_none({
+        span.set_attributes(_exportable({
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": config.get("provider"),
             "gen_ai.request.model": model,
@@ -252,7 +253,7 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
         name = str(step.get("name"))
         span = tracer.start_span(f"execute_tool {name}", context=context, kind=SpanKind.INTERNAL, start_time=started)
         server, _, _ = name.partition(MCP_SEPARATOR) if MCP_SEPARATOR in name else ("", "", "")
-        span.set_attributes(_drop_none({
+        span.set_attributes(_exportable({
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
             "gen_ai.tool.call.id": step.get("call_id"),
@@ -291,6 +292,8 @@ def _cut(text) -> str | None:
     return text if len(text) <= CONTENT_CHARS else text[: CONTENT_CHARS - 1] + "…"
 
 
-def _drop_none(attributes: dict) -> dict:
-    """OpenTelemetry attributes take no None; an unknown value is left out."""
-    return {key: value for key, value in attributes.items() if value is not None}
+def _exportable(attributes: dict) -> dict:
+    """What OpenTelemetry can carry: an unknown value (None) is left out, and so is an integer past 64
+    bits, which would fail the export of every span in its batch, not only its own attribute."""
+    return {key: value for key, value in attributes.items()
+            if value is not None and (not isinstance(value, int) or value in OTLP_INT_RANGE)}

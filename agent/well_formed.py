@@ -117,6 +117,23 @@ def count(value) -> int | None:
     return value
 
 
+def token_count(value) -> int | None:
+    """A token count, as a provider reports one or the store holds it: a whole number from 0 to
+    MAX_COUNT, else None (unknown). A count such as 1e29 is no count, and would overflow what reads
+    it later (an OTLP export carries 64-bit integers)."""
+    found = count(value)
+    return found if found is not None and found >= 0 else None
+
+
+def usage(value) -> dict | None:
+    """A model call's tokens, each a token_count; None when it says neither."""
+    if not isinstance(value, dict):
+        return None
+    fixed = {"input_tokens": token_count(value.get("input_tokens")),
+             "output_tokens": token_count(value.get("output_tokens"))}
+    return fixed if fixed != {"input_tokens": None, "output_tokens": None} else None
+
+
 def _text_or_none(value) -> str | None:
     return None if value is None else text_of(value)
 
@@ -197,7 +214,7 @@ def _unreadable_message(raw, why: str) -> dict:
 
 
 _STEP_TEXTS = ("detail", "arguments", "result", "unstreamed")
-_STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls")
+_STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls", "turns_not_sent", "partial_chars")
 _STEP_NUMBERS = ("started_at", "ended_at", "timeout_s", "remaining_s", "duration_s")
 
 
@@ -226,6 +243,8 @@ def step(raw, turn_id: str | None) -> dict:
             fixed[name] = count(value[name])
     if "last_call" in value:
         fixed["last_call"] = value["last_call"] is True
+    if "usage" in value:
+        fixed["usage"] = usage(value["usage"])
     return fixed
 
 

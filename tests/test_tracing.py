@@ -4,6 +4,7 @@ process and a worker over real OTLP/HTTP, and a collector that is down or slow c
 from __future__ import annotations
 
 import dataclasses
+import logging
 import subprocess
 import sys
 import threading
@@ -20,13 +21,20 @@ from rq.serializers import JSONSerializer
 
 from agent import tracing
 from agent.lost_worker import lost_worker_check
+from agent.providers import AnthropicProvider, OpenAIProvider
+from agent.providers.base import Usage
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.connection import queue_client
-from agent.runtime.loopback_server import LoopbackServer, hang, reply
+from agent.runtime.loopback_server import LoopbackServer, hang, reply, stream
+from agent.well_formed import MAX_COUNT
 from harness import pools
 from harness.private_redis import PrivateRedis
 from harness.waiting import wait_for
 from tests.conftest import CANARY_KEY, FAST, ROOT, ask, wait_done
+from tests.scripted_server import chat_reply
+from tests.sse_server import DONE, message_end, message_start, sse, text_block, text_chunks
+from tests.test_app import begin
+from tests.test_providers import SHORT
 
 CONTENT_CANARY = "zebra-7c1d"  # a word of the user's message: never exported unless content capture is on
 HUNG = dataclasses.replace(FAST, model="demo:hang~0")
@@ -311,3 +319,83 @@ def test_a_collector_that_is_down_or_hangs_costs_a_turn_nothing(tmp_path, base_e
     assert "Traceback" not in err
     if collector_state == "hanging":
         assert hits, "no export was attempted"
+
+
+# -- counts a provider reports, bounded where they are read -------------------------------------
+
+# Token counts no provider means: past any real count (a trace's 64-bit integer included), negative, not
+# whole, not a number. Each is dropped as unknown where the reply is read; the answer is kept.
+ODD_COUNTS = [10**29, 1e29, 2**63, MAX_COUNT + 1, -1, 1.5, True, "12"]
+
+
+def openai_plain(scripted, count):
+    scripted.add(chat_reply("ok", usage={"prompt_tokens": count, "completion_tokens": 5}))
+
+
+def openai_streamed(scripted, count):
+    usage = {"prompt_tokens": count, "completion_tokens": 5}
+    scripted.add(stream([*text_chunks("ok"), sse({"id": "c", "object": "chat.completion.chunk", "choices": [],
+                                                "usage": usage}), DONE]))
+
+
+def anthropic_plain(scripted, count):
+    scripted.add(reply(200, {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}],
+                           "usage": {"input_tokens": count, "output_tokens": 5}}))
+
+
+def anthropic_streamed(scripted, count):
+    scripted.add(stream([message_start(input_tokens=count), *text_block(0, "ok"), *message_end(output_tokens=5)]))
+
+
+REPLY_FORMS = {openai_plain: "openai", openai_streamed: "openai", anthropic_plain: "anthropic",
+               anthropic_streamed: "anthropic"}
+
+
+@pytest.mark.parametrize("form", REPLY_FORMS, ids=lambda form: form.__name__)
+def test_a_token_count_no_provider_means_is_dropped_where_the_reply_is_read(scripted, form):
+    provider = (OpenAIProvider(scripted.url + "/v1", "m", None) if REPLY_FORMS[form] == "openai"
+                else AnthropicProvider(scripted.url, "m", None))
+    for count in [*ODD_COUNTS, 0, MAX_COUNT]:
+        form(scripted, count)
+        completion = provider.complete([{"role": "user", "content": "hi"}], [], SHORT)
+        kept = count if count in (0, MAX_COUNT) else None
+        assert (completion.content, completion.usage) == ("ok", Usage(kept, 5)), count
+
+
+def test_a_stored_count_no_provider_means_reads_back_as_unknown(store):
+    cid, tid = begin(store)
+    odd = {"turn_id": tid, "kind": "model", "name": "demo", "started_at": 1.0, "ended_at": 2.0, "outcome": "ok"}
+    store.publish(cid, tid, {"status": "running", "error": None}, new_steps=[
+        {**odd, "index": 1, "usage": {"input_tokens": 10**29, "output_tokens": 7}, "partial_chars": 10**29},
+        {**odd, "index": 2, "usage": {"input_tokens": -1, "output_tokens": 2**63}, "turns_not_sent": -10**30},
+        {**odd, "index": 3, "usage": "lots"}])
+    steps = store.read(cid)["steps"]
+    assert steps[0]["usage"] == {"input_tokens": None, "output_tokens": 7} and steps[0]["partial_chars"] is None
+    assert steps[1]["usage"] is None and steps[1]["turns_not_sent"] is None
+    assert steps[2]["usage"] is None
+
+
+def test_an_integer_past_64_bits_is_left_out_of_a_span_not_its_whole_export(collector, caplog):
+    """Before the bound, a usage of 1e29 reached OTLP's 64-bit encoding, and every turn's export failed
+    with a logged traceback; now the count is left out and the rest of the trace goes."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{collector.server.url}/v1/traces")))
+    tracing.use_provider(provider)
+    tid = new_id()
+    step = {"turn_id": tid, "index": 1, "kind": "model", "name": "demo", "started_at": 1.7e9, "ended_at": 1.7e9 + 1,
+            "outcome": "ok", "attempt": 10**29, "usage": {"input_tokens": 10**29, "output_tokens": 7}}
+    summary = {"turn_id": tid, "status": "done", "error": None, "enqueued_at": 1.7e9, "ended_at": 1.7e9 + 2,
+               "config": {"provider": "demo", "model": "demo", "job_timeout_s": 2**64}}
+    try:
+        tracing.export_turn(tracing._tracer, {"conversation_id": "c", "steps": [step], "turns": [summary]}, tid)
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+    chat = wait_for(lambda: collector.named("chat demo"), 15, "the model call's span")[0]
+    assert chat["attributes"]["gen_ai.usage.output_tokens"] == 7
+    assert "gen_ai.usage.input_tokens" not in chat["attributes"] and "agent.call.attempt" not in chat["attributes"]
+    turn = wait_for(lambda: collector.named(tracing.TURN_SPAN), 15, "the turn's span")[0]
+    assert "agent.clock.job_timeout_s" not in turn["attributes"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from agent import well_formed
 from agent.deadline import CallTimeout
 from agent.providers import call_clock, server_errors
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
@@ -150,11 +151,9 @@ class TextRelay:
 
 
 def token_count(value: Any) -> int | None:
-    """A token count as reported, or None when it is not a non-negative whole number (usage is for
-    display: an odd count is dropped, the answer is kept)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+    """A token count as reported, or None when it is not a whole number from 0 to a bound past any
+    real count (usage is for display: an odd count is dropped, the answer is kept)."""
+    return well_formed.token_count(value)
 
 
 def usage_of(raw: Any, input_name: str, output_name: str) -> Usage | None:
