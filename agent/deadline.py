@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
 
+# Seconds past the job timeout before a silent turn counts as lost (agent/lost_worker.py): its ending
+# is written then, so a conversation's state must live at least the job timeout plus this.
+LOST_GRACE_S = 5.0
 BACKOFF_BASE_S = 0.5  # seconds before the first retry
 BACKOFF_MAX_S = 8.0  # seconds, the longest backoff without Retry-After
 

@@ -15,11 +15,11 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.contract import ErrorKind, State, Status
+from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
 from agent.endings import write_ending
 from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.store import Store
 
-LOST_GRACE_S = 5.0  # seconds past the job timeout before a silent turn counts as lost
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
 LIMBO_GRACE_S = 3.0  # seconds a job may be off the queue yet not started (a worker is between the two)
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
+from agent.deadline import LOST_GRACE_S
 from agent.hosts import host_name
 from agent.providers import registry
 from agent.providers.spec import ProviderSpec
@@ -135,7 +136,7 @@ class Settings:
         return cls(
             redis_url=redis_url,
             turn=turn,
-            state_ttl_s=_integer(env, "AGENT_STATE_TTL", DEFAULT_STATE_TTL_S, minimum=1),
+            state_ttl_s=state_ttl_s(env, turn),
             poll_interval_ms=_integer(
                 env, "AGENT_POLL_INTERVAL_MS", DEFAULT_POLL_INTERVAL_MS, minimum=MIN_POLL_INTERVAL_MS
             ),
@@ -199,6 +200,19 @@ def validate_clocks(turn: TurnConfig) -> None:
         raise SettingsError("AGENT_MAX_STEPS", "must be at least 1")
     if turn.tool_timeout_cap_s <= 0:
         raise SettingsError("AGENT_TOOL_TIMEOUT_CAP", "must be more than 0")
+
+
+def state_ttl_s(env: Mapping[str, str], turn: TurnConfig) -> int:
+    """AGENT_STATE_TTL, refused when a conversation could expire while its turn may still write: every
+    write sets the TTL again, and the longest wait for the next is the job timeout, plus the grace after
+    which a front end writes the ending of a turn whose worker was lost."""
+    ttl_s = _integer(env, "AGENT_STATE_TTL", DEFAULT_STATE_TTL_S, minimum=1)
+    least_s = math.ceil(turn.job_timeout_s + LOST_GRACE_S)
+    if ttl_s < least_s:
+        raise SettingsError("AGENT_STATE_TTL", f"must be at least {least_s} seconds, the job timeout "
+                            f"({turn.job_timeout_s} s) plus {LOST_GRACE_S:g} s for a lost worker's ending, "
+                            f"or a conversation can expire mid-turn; not {ttl_s}")
+    return ttl_s
 
 
 def mcp_start_timeout_s(env: Mapping[str, str]) -> float:

@@ -4,9 +4,11 @@ the clocks scaled down (a state TTL of seconds, not minutes)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from agent import queue as queue_module
+from agent.deadline import LOST_GRACE_S
 from agent.lost_worker import lost_worker_check
 from agent.queue import job_status, new_id, submit_turn
 from agent.store import Keys, Store
@@ -14,8 +16,11 @@ from harness.pools import stop_pool
 from harness.waiting import wait_for
 from tests.conftest import FAST, start_pool, wait_done
 
-STATE_TTL_S = 3  # seconds: the scaled-down AGENT_STATE_TTL
-SLOW = FAST.with_changes(model="demo@2.5", job_timeout_s=20, deadline_margin_s=4.0, call_timeout_cap_s=10.0)
+SLOW = FAST.with_changes(model="demo@2.5", job_timeout_s=10, deadline_margin_s=2.0, call_timeout_cap_s=5.0)
+# Seconds: the scaled-down AGENT_STATE_TTL, the least the settings accept for these turns' clocks (a
+# state must outlive the longest a running turn may go without a write).
+STATE_TTL_S = math.ceil(max(SLOW.job_timeout_s, FAST.job_timeout_s) + LOST_GRACE_S)
+BUSY_TURNS = 4  # slow turns of two 2.5 s model calls each, ahead in the queue: longer than the state TTL
 
 
 def test_a_turn_queued_longer_than_the_state_ttl_still_runs_and_answers(private_redis, tmp_path):
@@ -25,9 +30,10 @@ def test_a_turn_queued_longer_than_the_state_ttl_still_runs_and_answers(private_
     try:
         store = Store(client, ttl_s=STATE_TTL_S)
         queue = private_redis.queue
-        # The one worker is busy for two slow model calls (about 5 s); a second slow turn queues
-        # behind it, and the turn under test behind both: it waits well past the 3 s state TTL.
-        busy = [new_id(), new_id()]
+        # The one worker is busy with slow turns (about 5 s each), and the turn under test queues
+        # behind them all: it waits well past the state TTL.
+        assert BUSY_TURNS * 2 * 2.5 > STATE_TTL_S + 2
+        busy = [new_id() for _ in range(BUSY_TURNS)]
         for cid in busy:
             submit_turn(store, queue, cid, "What is 17*23?", SLOW)
         waiting = new_id()
@@ -49,6 +55,8 @@ def test_a_turn_queued_longer_than_the_state_ttl_still_runs_and_answers(private_
 def test_a_turn_dropped_for_waiting_longer_than_the_queue_allows_is_ended_in_words(private_redis, monkeypatch):
     # No worker at all: the job waits until RQ drops it at the queue's wait limit (scaled down).
     monkeypatch.setattr(queue_module, "QUEUE_WAIT_S", 2)
+    # A TTL far below any the settings accept (job timeout + LOST_GRACE_S): only the queued turn's own
+    # TTL can keep this conversation past it, which is what is shown here.
     store = Store(private_redis.client, ttl_s=1)
     connection = private_redis.queue_connection
     cid = new_id()

@@ -1,9 +1,11 @@
 """Configuration: defaults, and one clear line naming the variable for every bad value."""
 
 import itertools
+import math
 
 import pytest
 
+from agent.deadline import LOST_GRACE_S
 from agent.hosts import host_allowed
 from agent.settings import Settings, SettingsError
 
@@ -45,6 +47,7 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
         ({"AGENT_MAX_STEPS": "2.5"}, "AGENT_MAX_STEPS"),
         ({"AGENT_WORKERS": "-1"}, "AGENT_WORKERS"),
         ({"AGENT_STATE_TTL": "soon"}, "AGENT_STATE_TTL"),
+        ({"AGENT_STATE_TTL": "3"}, "AGENT_STATE_TTL"),
         ({"AGENT_POLL_INTERVAL_MS": "10"}, "AGENT_POLL_INTERVAL_MS"),
         ({"AGENT_PROVIDER": "gpt"}, "AGENT_PROVIDER"),
         ({"AGENT_PROVIDER": "openai"}, "OPENAI_API_KEY"),
@@ -66,6 +69,25 @@ def test_bad_value_is_refused_in_one_line_naming_the_variable(env, variable):
     assert info.value.variable == variable
     assert str(info.value).startswith(f"{variable}: ")
     assert "\n" not in str(info.value)
+
+
+# Clocks whose job timeout is 10 s: a state must live at least 10 s plus the lost-worker grace.
+TEN_S_JOB = {"AGENT_JOB_TIMEOUT": "10", "AGENT_DEADLINE_MARGIN": "2", "AGENT_MIN_CALL_SECONDS": "1",
+             "AGENT_CALL_TIMEOUT_CAP": "5", "AGENT_CONNECT_TIMEOUT": "1"}
+
+
+def test_a_state_ttl_shorter_than_a_turn_may_run_is_refused_naming_the_variable():
+    """AGENT_STATE_TTL=3 with a 5 s model call deleted the conversation mid-turn: every write sets the
+    TTL again, but a turn may go its whole job timeout without one, and a lost worker's ending is
+    written LOST_GRACE_S after that."""
+    least_s = math.ceil(10 + LOST_GRACE_S)
+    assert Settings.from_env({**TEN_S_JOB, "AGENT_STATE_TTL": str(least_s)}).state_ttl_s == least_s
+    for too_short in (1, 3, 10, least_s - 1):
+        with pytest.raises(SettingsError) as info:
+            Settings.from_env({**TEN_S_JOB, "AGENT_STATE_TTL": str(too_short)})
+        assert info.value.variable == "AGENT_STATE_TTL" and f"at least {least_s} seconds" in str(info.value)
+    with pytest.raises(SettingsError, match="AGENT_STATE_TTL"):
+        Settings.from_env({"AGENT_STATE_TTL": str(least_s)})  # the default 120 s job timeout needs more
 
 
 def test_job_timeout_is_cut_to_whole_seconds_as_rq_enforces_it():
