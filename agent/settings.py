@@ -207,12 +207,17 @@ def state_ttl_s(env: Mapping[str, str], turn: TurnConfig) -> int:
     write sets the TTL again, and the longest wait for the next is the job timeout, plus the grace after
     which a front end writes the ending of a turn whose worker was lost."""
     ttl_s = _integer(env, "AGENT_STATE_TTL", DEFAULT_STATE_TTL_S, minimum=1)
-    least_s = math.ceil(turn.job_timeout_s + LOST_GRACE_S)
+    least_s = least_state_ttl_s(turn)
     if ttl_s < least_s:
         raise SettingsError("AGENT_STATE_TTL", f"must be at least {least_s} seconds, the job timeout "
                             f"({turn.job_timeout_s} s) plus {LOST_GRACE_S:g} s for a lost worker's ending, "
                             f"or a conversation can expire mid-turn; not {ttl_s}")
     return ttl_s
+
+
+def least_state_ttl_s(turn: TurnConfig) -> int:
+    """The shortest state TTL with which a turn on these clocks cannot lose its conversation mid-turn."""
+    return math.ceil(turn.job_timeout_s + LOST_GRACE_S)
 
 
 def mcp_start_timeout_s(env: Mapping[str, str]) -> float:

@@ -1,6 +1,6 @@
-"""A turn that waits in the queue longer than AGENT_STATE_TTL: its state lives while its job can
-still run, and a job dropped for waiting too long is ended in words. Real Redis, real workers,
-the clocks scaled down (a state TTL of seconds, not minutes)."""
+"""A turn that waits in the queue, or runs, longer than AGENT_STATE_TTL: its state lives while its job
+can still run or write, and a job dropped for waiting too long is ended in words. Real Redis, real
+workers, the clocks scaled down (a state TTL of seconds, not minutes)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from agent import queue as queue_module
 from agent.deadline import LOST_GRACE_S
 from agent.lost_worker import lost_worker_check
 from agent.queue import job_status, new_id, submit_turn
+from agent.settings import least_state_ttl_s
 from agent.store import Keys, Store
 from harness.pools import stop_pool
 from harness.waiting import wait_for
@@ -71,3 +72,25 @@ def test_a_turn_dropped_for_waiting_longer_than_the_queue_allows_is_ended_in_wor
     assert state["error"]["kind"] == "queue_expired"
     assert "No worker was free" in state["history"][-1]["content"]
     assert "Send your message again" in state["history"][-1]["content"]
+
+
+SHORT_TTL_S = 3  # seconds: the AGENT_STATE_TTL of the review's report, shorter than one model call below
+# One 5 s model call, on a job timeout the page may choose, longer than the workers' settings checked.
+LONG_CALL = FAST.with_changes(model="demo@5", job_timeout_s=20, deadline_margin_s=2.0, call_timeout_cap_s=10.0)
+
+
+def test_a_turn_whose_model_call_outlasts_the_state_ttl_keeps_its_conversation(private_redis, tmp_path):
+    """AGENT_STATE_TTL=3 with a 5 s model call deleted the conversation mid-turn, the user's message with
+    it. The settings now refuse such a TTL at start; a turn whose own job timeout is longer than the one
+    they checked (the page sets it per turn) keeps its conversation for that job timeout and its grace."""
+    url = private_redis.url
+    handle = start_pool(url, 1, tmp_path / "pool.log", extra_env={"AGENT_STATE_TTL": str(SHORT_TTL_S)})
+    try:
+        store = Store(private_redis.client, ttl_s=SHORT_TTL_S)
+        cid = new_id()
+        submit_turn(store, private_redis.queue, cid, "What is 2+2?", LONG_CALL)
+        state = wait_done(store, cid, timeout_s=60)
+        assert state["status"] == "done" and state["history"][0]["content"] == "What is 2+2?"
+        assert SHORT_TTL_S < private_redis.client.ttl(Keys.of(cid).meta) <= least_state_ttl_s(LONG_CALL)
+    finally:
+        stop_pool(handle, url)

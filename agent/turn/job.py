@@ -19,7 +19,7 @@ from agent.contract import ErrorKind, Message, Status, carried
 from agent.endings import write_ending
 from agent.queue import JOB_FUNCTION
 from agent.runtime.connection import state_client
-from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig
+from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig, least_state_ttl_s
 from agent.store import Store
 from agent.turn.loop import Turn
 from agent.turn.tool_runs import answer_every_call
@@ -67,6 +67,9 @@ def _run(conversation_id: str, turn_id: str) -> str:
     if state["turn_id"] != turn_id or state["done"]:
         return "stale"
     config = TurnConfig.from_dict(state["config"] or {})
+    # The page may give a turn a longer job timeout than the one AGENT_STATE_TTL was checked against:
+    # its conversation must still outlive the longest wait for its next write (see settings.state_ttl_s).
+    store.ttl_s = max(store.ttl_s, least_state_ttl_s(config))
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
         log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
         return "duplicate"
