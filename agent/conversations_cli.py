@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -73,15 +74,28 @@ def run(args, settings: Settings) -> int:
             _show(state, title)
         return EXIT_OK
     text = export.to_json(state) if args.format == "json" else export.to_markdown(state, title)
-    if args.output is not None:
-        try:
+    try:
+        if args.output is not None:
             write_whole(args.output, text.encode("utf-8"))
-        except OutputRefused as exc:
-            print(terminal_safe(f"error: {exc}").replace("\n", "\\n"), file=sys.stderr)
-            return EXIT_USAGE
-    else:
-        _out(text.rstrip("\n"), escape=sys.stdout.isatty())
+        else:
+            _to_stdout(text.rstrip("\n"))
+    except OutputRefused as exc:
+        print(terminal_safe(f"error: {exc}").replace("\n", "\\n"), file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
+
+
+def _to_stdout(text: str) -> None:
+    """The export on stdout, or OutputRefused when stdout cannot take it (a full disk, a closed pipe)."""
+    try:
+        _out(text, escape=sys.stdout.isatty())
+    except OSError as exc:
+        # What stayed in stdout's buffer would fail again at exit, a second line on stderr: dropped.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        why = exc.strerror or type(exc).__name__
+        raise OutputRefused(f"cannot write to standard output: {why[:1].lower()}{why[1:]}") from None
 
 
 def _list(store: Store, args) -> int:

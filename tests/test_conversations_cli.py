@@ -139,6 +139,10 @@ def test_an_output_that_cannot_be_written_exits_2_with_one_line_and_writes_nothi
     refused(cli(env, "export", cid, "--output", str(tmp_path / "missing" / "c.md")), "does not exist")
     refused(cli(env, "export", cid, "--output", "/dev/full"), "no space left on device")
     assert sorted(os.listdir(tmp_path)) == before
+    with open("/dev/full", "wb") as full:  # and a full disk behind stdout
+        run = subprocess.run([sys.executable, "-m", "agent", "export", cid], env=env, cwd=ROOT, stdout=full,
+                             stderr=subprocess.PIPE, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert run.returncode == 2 and "standard output: no space left on device" in one_line(run.stderr)
 
 
 def test_an_output_that_is_a_symbolic_link_is_refused_and_its_target_left_alone(store, env, tmp_path):
