@@ -2,7 +2,7 @@
 
 They read what the page and `ask` stored, through the same Redis (the embedded one is started,
 without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage, an id that names no
-conversation, or an --output that cannot be written whole (one line on stderr), as `ask`. Titles and
+conversation, or an export that --output or stdout cannot take (one line on stderr), as `ask`. Titles and
 messages are untrusted text: on a terminal, what it would act on is printed as an escape; an export
 to a file is written as the export made it (agent/output_file.py: whole or not at all, never through
 a symbolic link).
