@@ -599,7 +599,7 @@ def test_a_turn_with_no_steps_draws_no_empty_chart(store):
     at = app(cid)
     at.run()
     assert_no_exception(at)
-    assert not at.get("arrow_vega_lite_chart") and not at.main.toggle
+    assert not at.get("vega_lite_chart") and not at.main.toggle
     assert "No step was recorded" in texts(at)
 
 
@@ -903,3 +903,38 @@ def test_tokens_that_are_not_counts_are_left_out():
     assert render.step_tokens({"usage": {"input_tokens": 7}}) == (7, None)
     assert render.tokens_text(7, None) == "Tokens: 7 in"
     assert render.tokens_text(None, None) == ""
+
+
+# -- issue: hardening, third round ------------------------------------------------------------------
+
+
+def chart_now_s(at: AppTest) -> float:
+    """Where the live timeline draws its now-line, in seconds since the job started."""
+    (chart,) = at.get("vega_lite_chart")
+    spec = json.loads(chart.proto.spec)
+    rules = [layer for layer in spec["layer"] if layer["mark"].get("color") == "#333"]
+    return rules[0]["data"]["values"][0]["at_s"]
+
+
+def budget_used_s(at: AppTest) -> float:
+    text = at.progress[0].proto.text
+    used = text.split("⏱️ ", 1)[1].split(" used", 1)[0]
+    return float(used.removesuffix(" ms")) / 1000 if used.endswith(" ms") else float(used.removesuffix(" s"))
+
+
+def test_the_live_timelines_now_line_is_the_budget_bars_now_while_a_call_hangs(store, monkeypatch):
+    """A regression: the chart was drawn only when a step started or ended, so while a call hung its
+    now-line stayed where the call began (1.6 s) as the budget bar went on (5.6 s used)."""
+    from agent.ui import page
+
+    cid, turn_id = make_status(store, "running")
+    started_at = store.read(cid)["started_at"]
+    clock = iter(started_at + 1.0 + 0.5 * n for n in range(10_000))  # each reading half a second later
+    monkeypatch.setattr(ui, "now", lambda: next(clock))
+    monkeypatch.setattr(page, "STATUS_REDRAW_S", 0.05)  # the bridge's hold redraws the bar a few times
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    used_s = budget_used_s(at)
+    assert used_s >= 2.0, "the budget bar was redrawn during the hold"
+    assert chart_now_s(at) == pytest.approx(used_s, abs=0.01)

@@ -183,12 +183,6 @@ def text_only_change(old: State, new: State) -> bool:
     return same and lists and _live_key(old) == _live_key(new)
 
 
-def steps_moved(old: State, new: State) -> bool:
-    """A step started or ended: the timeline needs drawing again."""
-    return len(old.get("steps") or []) != len(new.get("steps") or []) or old.get("current_step") != new.get(
-        "current_step") or old.get("status") != new.get("status")
-
-
 def _live_key(state: State) -> tuple | None:
     """Which message and try the live text belongs to: a new one (or none) redraws the turn."""
     live = state.get("live")
