@@ -589,6 +589,10 @@ def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left(
     last = {**step("t", 2, "tool", "wait", 0.0), "timeout_s": 4.2, "remaining_s": 4.2}
     assert "60.0 s (the tool cap" in render.tool_step_caption(capped)
     assert "4.20 s (the time left before the deadline)" in render.tool_step_caption(last)
+    kept = {**last, "timeout_s": 3.45, "remaining_s": 4.2, "kept_s": 0.75}
+    assert "3.45 s (the time left before the deadline, less 750 ms kept for the last model call)" in (
+        render.tool_step_caption(kept))
+    assert "(the tool cap" in render.tool_step_caption({**kept, "timeout_s": 2.0})
 
 
 def test_a_turn_with_no_steps_draws_no_empty_chart(store):

@@ -264,14 +264,25 @@ def test_a_job_naming_another_function_is_refused_and_the_worker_survives(store,
     assert wait_done(store, cid)["status"] == "done"
 
 
-def test_a_slow_tool_is_bounded_by_the_remaining_budget(store, queue):
-    cid = ask(store, queue, "hi", FAST.with_changes(model="demo:slow-tool"))
+def test_a_slow_tool_is_bounded_by_the_remaining_budget_and_the_turn_still_answers(store, queue):
+    """A regression: the tool got every second left before the deadline, so the promised last call
+    without tools was skipped (0.2 s left). Its limit now keeps that call's minimum free."""
+    from agent.deadline import TOOL_CUT_SLACK_S
+
+    # Its answer written all at once (~0): the last call has the minimum, 0.5 s, not time to stream it.
+    cid = ask(store, queue, "hi", FAST.with_changes(model="demo:slow-tool~0"))
     state = wait_done(store, cid, timeout_s=15)
     wait_step = next(s for s in steps_of(state, "tool") if s["name"] == "wait")
-    assert wait_step["duration_s"] < FAST.job_timeout_s - FAST.deadline_margin_s
     assert "stopped at the tool's time limit" in wait_step["result"]
-    assert wait_step["timeout_s"] == wait_step["remaining_s"]  # that limit was the time left, under the tool cap
-    assert state["updated_at"] < state["job_timeout_at"]
+    kept_s = FAST.min_call_s + TOOL_CUT_SLACK_S
+    assert wait_step["kept_s"] == pytest.approx(kept_s)
+    assert wait_step["timeout_s"] == pytest.approx(wait_step["remaining_s"] - kept_s, abs=0.01)
+    assert state["status"] == "done", [(s["kind"], s["outcome"], s.get("detail")) for s in state["steps"]]
+    last = steps_of(state, "model")[-1]
+    assert last["outcome"] == "ok" and last["last_call"], "the last call, without tools, answered"
+    assert not steps_of(state, "skip")
+    assert state["history"][-1]["role"] == "assistant" and "Waited" in state["history"][-1]["content"]
+    assert state["updated_at"] < state["deadline_at"]
 
 
 def test_the_flaky_scenario_is_retried_to_success_inside_the_budget(store, queue):

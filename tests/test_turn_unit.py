@@ -241,3 +241,24 @@ def test_a_turn_records_a_bounded_number_of_steps_whatever_its_step_limit(store,
     assert state["error"]["kind"] == "step_limit"
     assert 10 <= len(state["steps"]) <= 10 + 2
     assert "the most one turn may record" in state["history"][-1]["content"]
+
+
+def test_tools_that_would_leave_no_time_to_answer_are_not_run_and_the_last_call_answers(store, scripted_model):
+    from agent.turn.tool_runs import NO_TIME_RESULT
+
+    model = scripted_model(
+        Completion(None, [ToolCall("c1", "calculator", '{"expression": "1+1"}'),
+                          ToolCall("c2", "calculator", '{"expression": "2+2"}')]),
+        Completion("Here is what I have."),
+    )
+    deadline_s = FAST.job_timeout_s - FAST.deadline_margin_s
+    # 0.6 s left: a model call fits (its minimum is 0.5 s), but not a tool and a call after it.
+    turn = make_turn(store, started_at=time.time() - (deadline_s - FAST.min_call_s - 0.1))
+    assert turn.run() == "done"
+    assert model.calls[1]["tools"] == [], "the last call goes without tools"
+    state = store.read(turn.context.writer.conversation_id)
+    results = [m for m in state["history"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in results] == [("c1", NO_TIME_RESULT), ("c2", NO_TIME_RESULT)]
+    (not_run,) = [s for s in state["steps"] if s["kind"] == "tool"]
+    assert not_run["outcome"] == "skipped" and not_run["not_run_calls"] == 2
+    assert state["history"][-1] == {"role": "assistant", "content": "Here is what I have."}

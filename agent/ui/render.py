@@ -162,9 +162,14 @@ def tool_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"Stopped at your request after {took}."
     if not safeguards:
         return f"Took {took}; safeguards were off, so it had no time limit of its own."
-    timeout_s, remaining_s = step.get("timeout_s"), step.get("remaining_s")
-    capped = timeout_s is not None and remaining_s is not None and timeout_s < remaining_s
-    why = "the tool cap; more was left before the deadline" if capped else "the time left before the deadline"
+    timeout_s, remaining_s, kept_s = step.get("timeout_s"), step.get("remaining_s"), number(step.get("kept_s")) or 0.0
+    capped = timeout_s is not None and remaining_s is not None and timeout_s < remaining_s - kept_s - 0.01
+    if capped:
+        why = "the tool cap; more was left before the deadline"
+    elif kept_s:
+        why = f"the time left before the deadline, less {_seconds(kept_s)} kept for the last model call"
+    else:
+        why = "the time left before the deadline"
     return f"Took {took}; it was given {_seconds(timeout_s)} ({why})."
 
 
