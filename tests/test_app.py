@@ -560,6 +560,28 @@ def test_the_clocks_sentence_gives_points_in_time_not_two_durations_in_a_row():
     assert "625 ms, 99.4 s before" not in text
 
 
+@pytest.mark.parametrize("kind", ["model", "tool", "retry"])
+def test_a_step_cut_at_a_timeout_that_ran_to_the_deadline_is_said_as_a_cut_not_a_late_ending(kind):
+    """A regression: a hang cut at its 8.0 s timeout, the deadline, ended 4 ms after it, and the caption
+    said "it ended 4 ms late", which reads as the guarantee failing."""
+    t0 = 1_000_000.0
+    deadline = t0 + 9.6
+    cut = {**step("t", 2, kind, "demo", t0), "started_at": deadline - 8.0, "timeout_s": 8.0,
+           "ended_at": deadline + 0.003, "outcome": "timeout"}
+    text = render.clocks_caption(clocks_summary(deadline_at=deadline, ended_at=deadline + 0.004), [cut])
+    assert "late" not in text
+    what = render.CUT_KINDS[kind]
+    assert f"the {what} running then was cut at its 8.00 s timeout, which ran to the deadline" in text
+    assert "**4 ms** after it: the time a cut takes" in text
+
+
+def test_a_turn_that_ended_after_its_deadline_with_no_step_cut_there_is_said_late():
+    t0 = 1_000_000.0
+    short = {**step("t", 1, "tool", "wait", t0), "timeout_s": 1.0}  # ended well before its limit and the deadline
+    text = render.clocks_caption(clocks_summary(ended_at=t0 + 100.5), [short])
+    assert "it ended **500 ms** late." in text
+
+
 def test_a_turn_the_queue_killed_says_it_did_and_does_not_count_zero_calls():
     summary = clocks_summary(status="timed_out", deadline_at=None, ended_at=1_000_000.0 + 120,
                              error={"kind": "job_timeout", "message": "killed"}, config={"safeguards": False})
