@@ -208,6 +208,31 @@ def test_when_only_one_call_fits_the_last_call_is_made_without_tools(store, queu
     assert steps_of(state, "model")[-1]["last_call"] is True
 
 
+def test_tool_calls_that_repeat_an_id_run_once_and_every_call_sent_back_has_one_result_of_its_own(
+        store, queue, scripted):
+    """A regression: two calls with one id both ran, and their two results shared the id, a history
+    providers refuse. A repeat within one reply is refused; a later reply's call under an id used
+    earlier in the turn runs, under a fresh id."""
+    scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "2+2"}, "call_1"),
+                                   tool_call("calculator", {"expression": "3*3"}, "call_1")]))
+    scripted.add(chat_reply(None, [tool_call("calculator", {"expression": "5+5"}, "call_1")]))
+    scripted.add(chat_reply("done"))
+    cid = ask(store, queue, "hi", scripted_config(scripted))
+    state = wait_done(store, cid)
+    assert state["status"] == "done"
+    ran = [s for s in steps_of(state, "tool") if s["outcome"] == "ok"]
+    assert [(s["call_id"], s["result"]) for s in ran] == [("call_1", "4"), ("call_1_3", "10")]
+    for request in scripted.requests[1:]:
+        messages = request.json["messages"]
+        call_ids = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        result_ids = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+        assert len(set(call_ids)) == len(call_ids), call_ids
+        assert sorted(result_ids) == sorted(call_ids), "exactly one result per call"
+    results = {m["tool_call_id"]: m["content"] for m in state["history"] if m["role"] == "tool"}
+    assert results == {"call_1": "4", "call_1_2": results["call_1_2"], "call_1_3": "10"}
+    assert "repeated the id 'call_1'" in results["call_1_2"]
+
+
 def test_job_timeout_exception_is_never_swallowed(store, queue, redis_client):
     # Safeguards off: no deadline, so the queue's own timeout fires inside the call.
     cid = ask(store, queue, "hi", FAST.with_changes(model="demo:hang", job_timeout_s=3, safeguards=False))

@@ -8,7 +8,7 @@ output, the error of a refused call, or a note that it never ran because time or
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
@@ -21,25 +21,26 @@ from agent.turn.response_limits import PlannedCall
 log = logging.getLogger(__name__)
 
 RECORDED_CHARS = 2000  # characters of a call's arguments and result kept in its step
-NOT_RUN_RESULT = "Error: not run: the turn's deadline came before this tool could start"
-NO_TIME_RESULT = ("Error: not run: too little time is left in this turn to run this tool and still answer; "
+NOT_RUN_RESULT = ("Error: not run: too little time was left in this turn to run this tool and still answer; "
                   "answer with what you have")
 UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended first."
 
 
 @dataclass
 class ToolRuns:
-    """The turn's tool runs, each with the time that remains as its timeout."""
+    """The turn's tool runs, each with the time that remains (less the last call's) as its timeout."""
 
     context: TurnContext  # its config.tools: the tools this turn may run (None: every tool the worker has)
     history: list[Message]  # what the model sees: each result is added to it and to the state
     used: bool = False  # a tool has run in this turn
     out_of_time: bool = False  # calls were left unrun to keep time for the answer: the next call is the last
+    call_ids: set[str] = field(default_factory=set)  # every call id of the turn so far: a repeat is not run
 
     def run_all(self, planned: list[PlannedCall]) -> None:
         """Once no tool can run and leave time for the last call, none is started: the calls left are
-        answered in one step, and the turn goes on to that call (or ends, when even it does not fit)."""
+        answered in one step, and the turn goes on to that call."""
         first_result = len(self.history)
+        self.call_ids.update(item.call.id for item in planned)
         try:
             for index, item in enumerate(planned):
                 self.context.stops.check()
@@ -98,31 +99,21 @@ class ToolRuns:
                                      call_id=item.call.id, **extra)
 
     def not_run(self, left: list[PlannedCall]) -> None:
-        """Too little time for a tool and the last call after it: every call left is answered in one
-        step. The last call then answers without tools; when even it does not fit, the turn ends here."""
+        """Too little time for a tool and a model call after it: every call left is answered in one step,
+        and the next call is the last, without tools (or, when even it does not fit, is skipped: the
+        turn ends there, saying how much time was left)."""
         budget, writer = self.context.budget, self.context.writer
-        final_call = budget.can_call()
-        result = NO_TIME_RESULT if final_call else NOT_RUN_RESULT
         for item in left:
-            self.answer(item.call.id, item.refusal or result)
+            self.answer(item.call.id, item.refusal or NOT_RUN_RESULT)
         not_run = sum(1 for item in left if item.refusal is None)
         noun = "tool call" if not_run == 1 else "tool calls"
         remaining = budget.remaining_s()
-        why = (f"{remaining:.1f} s left: kept for the last model call" if final_call
-               else f"the deadline came before {not_run} {noun} could start")
+        why = f"{remaining:.1f} s left: too little to run {noun} and still call the model after"
         writer.add_step(Kind.TOOL, f"{not_run} {noun} not run", budget.now(), Outcome.SKIPPED,
-                        remaining_s=round(remaining, 3), not_run_calls=not_run, arguments="{}", result=result,
+                        remaining_s=round(remaining, 3), not_run_calls=not_run, arguments="{}", result=NOT_RUN_RESULT,
                         detail=why)
         log.info("turn %s: %d tool calls not run: %s", writer.turn_id, not_run, why)
-        if final_call:
-            self.out_of_time = True
-            return
-        raise TurnEnded(
-            Status.TIMED_OUT,
-            ErrorKind.DEADLINE,
-            f"I ran out of time: the turn's deadline came before {not_run} of the {noun} I asked for could run, "
-            "so I stopped here.",
-        )
+        self.out_of_time = True
 
 
 def answer_every_call(history: list[Message]) -> list[Message]:
