@@ -184,8 +184,7 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
-        st.toast("That conversation " + ("cannot be read" if conversation.unreadable else "was not found")
-                 + ": this is a new chat.", icon="🔎")
+        st.toast(f"That conversation {conversation.gone}: this is a new chat.", icon="🔎")
     # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
     # in flight, then the rest of the page.
     turns_box, live_box, stop_box = st.container(), st.container(), st.container()
