@@ -964,3 +964,17 @@ def test_the_live_timelines_now_line_is_the_budget_bars_now_while_a_call_hangs(s
     used_s = budget_used_s(at)
     assert used_s >= 2.0, "the budget bar was redrawn during the hold"
     assert chart_now_s(at) == pytest.approx(used_s, abs=0.01)
+
+
+@pytest.mark.parametrize("status", [None, "running", "done"])
+def test_every_page_draws_a_code_block_before_any_tool_step_so_a_steps_boxes_never_wait_for_the_code_renderer(
+        store, status):
+    """A regression: the browser loads its code renderer when the page first draws a code block; drawn
+    first by a tool step, its Arguments and Result boxes showed empty for 1-2 s (measured in Chromium)."""
+    from agent.ui.page import CLOCK_RULES
+
+    cid = make_status(store, status)[0] if status else None
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    assert at.code and at.code[0].value == CLOCK_RULES

@@ -31,6 +31,7 @@ from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState
 from streamlit_autorefresh import st_autorefresh
 
 from agent.contract import Status
+from agent.deadline import TOOL_CUT_SLACK_S
 from agent.hosting import services
 from agent.hosts import host_allowed
 from agent.runtime.connection import is_memory_error, redis_problem
@@ -81,6 +82,12 @@ HOW_IT_WORKS = (
     "see each tool call as it lands, and it always says how it ended. Try a scenario from the sidebar "
     "(*hang*, *slow tool*) to watch the clocks at work."
 )
+
+CLOCK_RULES = f"""\
+deadline     = job start + job timeout - margin
+call timeout = min(call cap, time left before the deadline)
+tool limit   = min(tool cap, time left - minimum call - {TOOL_CUT_SLACK_S:g} s)
+no model call starts with less than the minimum call left"""
 
 
 @st.cache_resource(show_spinner="Starting Redis and the workers…")
@@ -181,6 +188,9 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     st.markdown(LEAD)
     with st.expander("How it works", expanded=state is None):
         st.markdown(HOW_IT_WORKS)
+        # Also the page's first code block, collapsed or not: the browser loads its code renderer (a
+        # chunk of its own) now, not when a tool step lands, whose boxes showed empty until it came.
+        st.code(CLOCK_RULES, language=None)
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
