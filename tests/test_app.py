@@ -827,6 +827,29 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
         watch.close()
 
 
+@pytest.mark.parametrize("status", ["running", "done"])
+def test_a_delete_wakes_a_watch_blocked_on_the_conversation_at_once_not_at_the_end_of_its_read(store, status):
+    """A regression: a delete removed the event stream, which wakes no blocked reader, so a tab on the
+    conversation learned of it only when its read ran out (up to MAX_BLOCK_MS) or at its next check."""
+    from agent.store import MAX_BLOCK_MS
+    from agent.ui.watch import VersionWatch
+    from harness.waiting import wait_for
+
+    cid, _ = make_status(store, status)
+    watch = VersionWatch(store, cid, store.version(cid))
+    try:
+        blocked = lambda: any(c.get("cmd") == "xread" for c in store.redis.client_list())  # noqa: E731
+        wait_for(blocked, 10, "the watch blocks on the conversation's events")
+        deleted = time.monotonic()
+        assert store.delete(cid)
+        assert watch.wait(MAX_BLOCK_MS / 1000 + 5), "the delete woke it"
+        woke_s = time.monotonic() - deleted
+        assert woke_s < MAX_BLOCK_MS / 2000, f"woke {woke_s:.2f} s after the delete"
+        assert watch.error is None and store.version(cid) is None
+    finally:
+        watch.close()
+
+
 def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_not_a_thread_traceback(store):
     from agent.store import Keys
     from agent.ui.watch import VersionWatch
