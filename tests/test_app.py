@@ -615,6 +615,10 @@ def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left(
     assert "3.45 s (the time left before the deadline, less 750 ms kept for the last model call)" in (
         render.tool_step_caption(kept))
     assert "(the tool cap" in render.tool_step_caption({**kept, "timeout_s": 2.0})
+    not_run = {**step("t", 3, "tool", "2 tool calls not run", 0.0), "outcome": "skipped", "timeout_s": None,
+               "detail": "0.6 s left: too little to run tool calls and still call the model after"}
+    caption = render.tool_step_caption(not_run)
+    assert caption.startswith("Not run: ") and "too little to run tool calls and still call the model after" in caption
 
 
 def test_a_turn_with_no_steps_draws_no_empty_chart(store):

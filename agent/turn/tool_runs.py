@@ -34,7 +34,7 @@ class ToolRuns:
     history: list[Message]  # what the model sees: each result is added to it and to the state
     used: bool = False  # a tool has run in this turn
     out_of_time: bool = False  # calls were left unrun to keep time for the answer: the next call is the last
-    call_ids: set[str] = field(default_factory=set)  # every call id of the turn so far: a repeat is not run
+    call_ids: set[str] = field(default_factory=set)  # the turn's call ids: a later call reusing one gets a fresh id
 
     def run_all(self, planned: list[PlannedCall]) -> None:
         """Once no tool can run and leave time for the last call, none is started: the calls left are

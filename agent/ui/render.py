@@ -160,6 +160,8 @@ def tool_step_caption(step: Step, *, safeguards: bool = True) -> str:
     took = _seconds(step["duration_s"])
     if step["outcome"] == Outcome.STOPPED:
         return f"Stopped at your request after {took}."
+    if step["outcome"] == Outcome.SKIPPED:  # calls answered without running: no time limit was given
+        return f"Not run: {inert(step.get('detail') or 'no time was left')}."
     if not safeguards:
         return f"Took {took}; safeguards were off, so it had no time limit of its own."
     timeout_s, remaining_s, kept_s = step.get("timeout_s"), step.get("remaining_s"), number(step.get("kept_s")) or 0.0
