@@ -128,6 +128,7 @@ class Step(TypedDict):
     ended_at: float
     timeout_s: float | None  # the timeout it was given
     remaining_s: float | None  # the budget left when it started
+    kept_s: NotRequired[float]  # tool runs: seconds of that budget kept back for the turn's last model call
     outcome: str  # an Outcome
     duration_s: float
     attempt: NotRequired[int]  # model calls: 1 for the first try
@@ -140,7 +141,7 @@ class Step(TypedDict):
     result: NotRequired[str]  # tool runs: the result the model got (cut)
     call_id: NotRequired[str]  # tool runs: the id of the model's call it answers
     refused_calls: NotRequired[int]  # the record of a refusal: how many calls it answers for
-    not_run_calls: NotRequired[int]  # the record of calls the deadline left unrun
+    not_run_calls: NotRequired[int]  # the record of calls left unrun (deadline, or time kept for the answer)
     usage: NotRequired[Usage]  # model calls: the tokens the provider reported
     partial_text: NotRequired[str]  # model calls cut, failed or stopped mid-stream: the text that arrived (cut)
     partial_chars: NotRequired[int]  # ... and how many characters had arrived

@@ -5,8 +5,11 @@ Pure arithmetic with an injectable clock; no I/O. Every time is epoch seconds.
     deadline     = job start + job timeout - margin
     remaining    = max(0, deadline - now)
     call timeout = min(cap, remaining), connect = min(connect cap, remaining)
-    tool timeout = min(tool cap, remaining)
+    tool timeout = max(0, min(tool cap, remaining - minimum - cut slack))
     no call starts when remaining < minimum
+
+A tool's time limit keeps back what the turn's last model call needs (the minimum, and a moment for
+the tool's cut and its write), so a tool that runs to its limit still leaves time for an answer.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ Clock = Callable[[], float]
 LOST_GRACE_S = 5.0
 BACKOFF_BASE_S = 0.5  # seconds before the first retry
 BACKOFF_MAX_S = 8.0  # seconds, the longest backoff without Retry-After
+TOOL_CUT_SLACK_S = 0.25  # seconds a tool's limit also keeps back: its cut (a wait slice) and its result's write
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,15 @@ class Budget:
             return None
         return CallTimeout(total_s=min(self.cap_s, remaining), connect_s=min(self.connect_cap_s, remaining))
 
+    @property
+    def kept_for_answer_s(self) -> float:
+        """What a tool's limit keeps back from the time left, so the last model call can still start."""
+        return self.min_call_s + TOOL_CUT_SLACK_S
+
     def tool_timeout_s(self) -> float:
-        """The timeout for a tool run starting now: what remains, at most the tool cap."""
-        return min(self.tool_cap_s, self.remaining_s())
+        """The timeout for a tool run starting now: what remains less what the last call needs, at
+        most the tool cap, never below zero (zero: no tool can run and still leave time to answer)."""
+        return max(0.0, min(self.tool_cap_s, self.remaining_s() - self.kept_for_answer_s))
 
     def only_one_call_left(self) -> bool:
         """True when a call fits now but a second one after it could not start."""

@@ -14,6 +14,9 @@ Layout per conversation (all keys share one TTL, refreshed on every write):
     agent:conversations      sorted set: every conversation id, scored by its last write (epoch s):
                              the sidebar's and `list`'s index (agent/conversations.py), never a key scan
     agent:deleted:{id}       a marker that the conversation was deleted (not expired), for a while
+    agent:gone:{id}          stream: one entry, added by the delete, that wakes every reader blocked on
+                             the conversation's events at once (a deleted stream wakes no one); it
+                             lives a minute
 
 The live text is append-only while the same text (same seq) continues, so a reader that has its
 first N bytes fetches only the rest (GETRANGE from N). The publish that appends the completed
@@ -51,6 +54,7 @@ from agent.well_formed import UnreadableState
 KEY_PREFIX = "agent:"
 INDEX_KEY = f"{KEY_PREFIX}conversations"
 DELETED_MARKER_TTL_S = 7 * 24 * 3600  # seconds an open tab can still learn that its conversation was deleted
+GONE_EVENT_TTL_S = 60  # seconds the delete's wake-up entry lives: readers blocked at that moment take it at once
 TITLE_CHARS = 80  # characters of the first message kept as a conversation's title
 # The most one conversation keeps (messages, steps and turn summaries, as stored JSON): past it, the
 # next message is refused (ConversationFull). A turn in flight is never cut short by it, so a
@@ -158,6 +162,8 @@ _DELETE = """
 local existed = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('SET', KEYS[8], '1', 'EX', tonumber(ARGV[2]))
+redis.call('XADD', KEYS[9], 'MAXLEN', '~', 1, '*', 'gone', '1')
+redis.call('EXPIRE', KEYS[9], tonumber(ARGV[3]))
 return existed
 """
 
@@ -261,6 +267,10 @@ def deleted_marker(conversation_id: str) -> str:
     return f"{KEY_PREFIX}deleted:{conversation_id}"
 
 
+def gone_events(conversation_id: str) -> str:
+    return f"{KEY_PREFIX}gone:{conversation_id}"
+
+
 def make_title(text) -> str:
     """A conversation's title from untrusted text: control characters dropped, whitespace collapsed, cut."""
     text = "".join(ch if ch.isprintable() else " " for ch in str(text or ""))
@@ -304,7 +314,8 @@ class Store:
         timeout_ms = max(1, min(int(timeout_ms), MAX_BLOCK_MS))
         after = f"{seen}-1" if seen else "0-0"
         with _readable(conversation_id):
-            self.redis.xread({keys.events: after}, count=1, block=timeout_ms)
+            # `$`: only a delete from now on wakes it (a delete before it shows as no version at all).
+            self.redis.xread({keys.events: after, gone_events(conversation_id): "$"}, count=1, block=timeout_ms)
         return self.version(conversation_id)
 
     def read(self, conversation_id: str) -> State | None:
@@ -452,8 +463,9 @@ class Store:
         turn_id, done = self.redis.hmget(keys.meta, "turn_id", "done")
         if turn_id is not None and done != b"1":
             self.request_cancel(_text(turn_id), DELETED_MARKER_TTL_S)
-        existed = self._delete(keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id)],
-                               args=[conversation_id, DELETED_MARKER_TTL_S])
+        existed = self._delete(keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id),
+                                     gone_events(conversation_id)],
+                               args=[conversation_id, DELETED_MARKER_TTL_S, GONE_EVENT_TTL_S])
         return int(existed) > 0
 
     def rename(self, conversation_id: str, title: str) -> bool:

@@ -241,6 +241,8 @@ def step(raw, turn_id: str | None) -> dict:
     for name in _STEP_COUNTS:
         if name in value:
             fixed[name] = count(value[name])
+    if "kept_s" in value:
+        fixed["kept_s"] = number(value["kept_s"])
     if "last_call" in value:
         fixed["last_call"] = value["last_call"] is True
     if "usage" in value:

@@ -560,6 +560,28 @@ def test_the_clocks_sentence_gives_points_in_time_not_two_durations_in_a_row():
     assert "625 ms, 99.4 s before" not in text
 
 
+@pytest.mark.parametrize("kind", ["model", "tool", "retry"])
+def test_a_step_cut_at_a_timeout_that_ran_to_the_deadline_is_said_as_a_cut_not_a_late_ending(kind):
+    """A regression: a hang cut at its 8.0 s timeout, the deadline, ended 4 ms after it, and the caption
+    said "it ended 4 ms late", which reads as the guarantee failing."""
+    t0 = 1_000_000.0
+    deadline = t0 + 9.6
+    cut = {**step("t", 2, kind, "demo", t0), "started_at": deadline - 8.0, "timeout_s": 8.0,
+           "ended_at": deadline + 0.003, "outcome": "timeout"}
+    text = render.clocks_caption(clocks_summary(deadline_at=deadline, ended_at=deadline + 0.004), [cut])
+    assert "late" not in text
+    what = render.CUT_KINDS[kind]
+    assert f"the {what} running then was cut at its 8.00 s timeout, which ran to the deadline" in text
+    assert "**4 ms** after it: the time a cut takes" in text
+
+
+def test_a_turn_that_ended_after_its_deadline_with_no_step_cut_there_is_said_late():
+    t0 = 1_000_000.0
+    short = {**step("t", 1, "tool", "wait", t0), "timeout_s": 1.0}  # ended well before its limit and the deadline
+    text = render.clocks_caption(clocks_summary(ended_at=t0 + 100.5), [short])
+    assert "it ended **500 ms** late." in text
+
+
 def test_a_turn_the_queue_killed_says_it_did_and_does_not_count_zero_calls():
     summary = clocks_summary(status="timed_out", deadline_at=None, ended_at=1_000_000.0 + 120,
                              error={"kind": "job_timeout", "message": "killed"}, config={"safeguards": False})
@@ -589,6 +611,14 @@ def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left(
     last = {**step("t", 2, "tool", "wait", 0.0), "timeout_s": 4.2, "remaining_s": 4.2}
     assert "60.0 s (the tool cap" in render.tool_step_caption(capped)
     assert "4.20 s (the time left before the deadline)" in render.tool_step_caption(last)
+    kept = {**last, "timeout_s": 3.45, "remaining_s": 4.2, "kept_s": 0.75}
+    assert "3.45 s (the time left before the deadline, less 750 ms kept for the last model call)" in (
+        render.tool_step_caption(kept))
+    assert "(the tool cap" in render.tool_step_caption({**kept, "timeout_s": 2.0})
+    not_run = {**step("t", 3, "tool", "2 tool calls not run", 0.0), "outcome": "skipped", "timeout_s": None,
+               "detail": "0.6 s left: too little to run tool calls and still call the model after"}
+    caption = render.tool_step_caption(not_run)
+    assert caption.startswith("Not run: ") and "too little to run tool calls and still call the model after" in caption
 
 
 def test_a_turn_with_no_steps_draws_no_empty_chart(store):
@@ -599,7 +629,7 @@ def test_a_turn_with_no_steps_draws_no_empty_chart(store):
     at = app(cid)
     at.run()
     assert_no_exception(at)
-    assert not at.get("arrow_vega_lite_chart") and not at.main.toggle
+    assert not at.get("vega_lite_chart") and not at.main.toggle
     assert "No step was recorded" in texts(at)
 
 
@@ -801,6 +831,29 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
         watch.close()
 
 
+@pytest.mark.parametrize("status", ["running", "done"])
+def test_a_delete_wakes_a_watch_blocked_on_the_conversation_at_once_not_at_the_end_of_its_read(store, status):
+    """A regression: a delete removed the event stream, which wakes no blocked reader, so a tab on the
+    conversation learned of it only when its read ran out (up to MAX_BLOCK_MS) or at its next check."""
+    from agent.store import MAX_BLOCK_MS
+    from agent.ui.watch import VersionWatch
+    from harness.waiting import wait_for
+
+    cid, _ = make_status(store, status)
+    watch = VersionWatch(store, cid, store.version(cid))
+    try:
+        blocked = lambda: any(c.get("cmd") == "xread" for c in store.redis.client_list())  # noqa: E731
+        wait_for(blocked, 10, "the watch blocks on the conversation's events")
+        deleted = time.monotonic()
+        assert store.delete(cid)
+        assert watch.wait(MAX_BLOCK_MS / 1000 + 5), "the delete woke it"
+        woke_s = time.monotonic() - deleted
+        assert woke_s < MAX_BLOCK_MS / 2000, f"woke {woke_s:.2f} s after the delete"
+        assert watch.error is None and store.version(cid) is None
+    finally:
+        watch.close()
+
+
 def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_not_a_thread_traceback(store):
     from agent.store import Keys
     from agent.ui.watch import VersionWatch
@@ -903,3 +956,52 @@ def test_tokens_that_are_not_counts_are_left_out():
     assert render.step_tokens({"usage": {"input_tokens": 7}}) == (7, None)
     assert render.tokens_text(7, None) == "Tokens: 7 in"
     assert render.tokens_text(None, None) == ""
+
+
+# -- issue: hardening, third round ------------------------------------------------------------------
+
+
+def chart_now_s(at: AppTest) -> float:
+    """Where the live timeline draws its now-line, in seconds since the job started."""
+    (chart,) = at.get("vega_lite_chart")
+    spec = json.loads(chart.proto.spec)
+    rules = [layer for layer in spec["layer"] if layer["mark"].get("color") == "#333"]
+    return rules[0]["data"]["values"][0]["at_s"]
+
+
+def budget_used_s(at: AppTest) -> float:
+    text = at.progress[0].proto.text
+    used = text.split("⏱️ ", 1)[1].split(" used", 1)[0]
+    return float(used.removesuffix(" ms")) / 1000 if used.endswith(" ms") else float(used.removesuffix(" s"))
+
+
+def test_the_live_timelines_now_line_is_the_budget_bars_now_while_a_call_hangs(store, monkeypatch):
+    """A regression: the chart was drawn only when a step started or ended, so while a call hung its
+    now-line stayed where the call began (1.6 s) as the budget bar went on (5.6 s used)."""
+    from agent.ui import page
+
+    cid, turn_id = make_status(store, "running")
+    started_at = store.read(cid)["started_at"]
+    clock = iter(started_at + 1.0 + 0.5 * n for n in range(10_000))  # each reading half a second later
+    monkeypatch.setattr(ui, "now", lambda: next(clock))
+    monkeypatch.setattr(page, "STATUS_REDRAW_S", 0.05)  # the bridge's hold redraws the bar a few times
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    used_s = budget_used_s(at)
+    assert used_s >= 2.0, "the budget bar was redrawn during the hold"
+    assert chart_now_s(at) == pytest.approx(used_s, abs=0.01)
+
+
+@pytest.mark.parametrize("status", [None, "running", "done"])
+def test_every_page_draws_a_code_block_before_any_tool_step_so_a_steps_boxes_never_wait_for_the_code_renderer(
+        store, status):
+    """A regression: the browser loads its code renderer when the page first draws a code block; drawn
+    first by a tool step, its Arguments and Result boxes showed empty for 1-2 s (measured in Chromium)."""
+    from agent.ui.page import CLOCK_RULES
+
+    cid = make_status(store, status)[0] if status else None
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    assert at.code and at.code[0].value == CLOCK_RULES

@@ -113,6 +113,7 @@ def test_deleting_a_conversation_in_flight_in_another_tab_ends_its_turn_cleanly_
     watching.run()  # its next poll
     assert_no_exception(watching)
     assert "was deleted" in texts(watching)
+    assert [t.value for t in watching.toast] == ["That conversation was deleted: this is a new chat."]
     assert not autorefresh_present(watching) and not watching.chat_input[0].disabled
     assert "c" not in watching.query_params
     # The worker's turn stops and ends without writing the conversation back.
@@ -205,3 +206,22 @@ def test_opening_another_conversation_keeps_a_message_that_was_not_sent(store):
     at.button(key=f"conv-{second}").click().run()
     assert at.query_params["c"] == second
     assert "my long question" in [c.value for c in at.code]
+
+
+@pytest.mark.parametrize("how", ["deleted", "never there", "unreadable"])
+def test_the_toast_on_a_conversation_that_is_gone_says_what_its_notice_says(store, how):
+    """A regression: a tab said "deleted" on the page and "not found" in the toast."""
+    cid = done_conversation(store)
+    if how == "deleted":
+        store.delete(cid)
+    elif how == "never there":
+        cid = new_id()
+    else:
+        store.redis.hset(Keys.of(cid).meta, "version", "not a number")
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    (toast,) = [t.value for t in at.toast]
+    gone = toast.removeprefix("That conversation ").split(":", 1)[0]
+    assert gone == {"deleted": "was deleted", "never there": "was not found", "unreadable": "cannot be read"}[how]
+    assert gone in " ".join(i.value for i in at.info), "the notice on the page says the same"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.deadline import Budget, backoff_s, retry_wait_s
+from agent.deadline import TOOL_CUT_SLACK_S, Budget, backoff_s, retry_wait_s
 from agent.settings import TurnConfig
 
 
@@ -92,3 +92,20 @@ def test_backoff_grows_exponentially_with_jitter_and_a_ceiling():
 def test_retry_after_is_honoured_over_backoff():
     assert retry_wait_s(1, 3.0) == 3.0
     assert retry_wait_s(1, None, rng=lambda: 1.0) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("elapsed_s", "tool_cap_s", "expected_s"), [
+    (0, 30, 30),  # early: the tool cap
+    (0, float("inf"), 100 - 5 - TOOL_CUT_SLACK_S),  # no cap: all but what the last call needs
+    (80, 30, 20 - 5 - TOOL_CUT_SLACK_S),  # late: the time left less the last call's minimum
+    (94.9, 30, 0.0),  # less than the last call needs: never below zero
+    (500, 30, 0.0),  # past the deadline
+])
+def test_a_tools_limit_keeps_the_last_calls_minimum_free(elapsed_s, tool_cap_s, expected_s):
+    clock = FakeClock()
+    b = budget(clock, tool_timeout_cap_s=tool_cap_s)
+    clock.now += elapsed_s
+    assert b.tool_timeout_s() == pytest.approx(expected_s)
+    if expected_s > 0:
+        clock.now += expected_s  # a tool that runs to its limit
+        assert b.can_call(), "the last call can still start after it"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agent.providers.base import Completion, ToolCall
 from agent.turn.response_limits import (
     MAX_ARGUMENTS_CHARS,
@@ -64,3 +66,35 @@ def test_an_overlong_id_or_name_is_cut():
     call = bounded.completion.tool_calls[0]
     assert call.id == "i" * MAX_ID_CHARS and call.name == "n" * MAX_NAME_CHARS
     assert bounded.calls[0].call == call
+
+
+def ids_and_refusals(bounded) -> list[tuple[str, bool]]:
+    return [(p.call.id, p.refusal is not None) for p in bounded.calls]
+
+
+@pytest.mark.parametrize(("ids", "used", "expected"), [
+    (["a", "a"], (), [("a", False), ("a_2", True)]),  # repeated within one reply
+    (["a", "b", "a", "a"], (), [("a", False), ("b", False), ("a_2", True), ("a_3", True)]),
+    (["a"], ("a",), [("a_2", False)]),  # used earlier in the turn: a new request, under a fresh id
+    (["a", "a"], ("a",), [("a_2", False), ("a_3", True)]),  # ... repeated within the reply too
+    (["a", "a_2"], ("a",), [("a_3", False), ("a_2", False)]),  # a fresh id never takes one the reply has
+    (["", ""], (), [("call_2", False), ("call_3", False)]),  # no id at all: each runs, under an id of its own
+])
+def test_every_kept_call_has_an_id_of_its_own_and_a_repeated_id_runs_once(ids, used, expected):
+    bounded = bound_response(Completion(None, [ToolCall(i, "calculator", '{"expression": "1+1"}') for i in ids]),
+                             used_ids=set(used))
+    assert ids_and_refusals(bounded) == expected
+    kept = [c.id for c in bounded.completion.tool_calls]
+    assert len(set(kept)) == len(kept) and not set(kept) & set(used)
+    for planned in bounded.calls:
+        if planned.refusal and planned.call.id != "":
+            assert "repeated the id" in planned.refusal
+
+
+def test_the_record_of_a_refusal_by_count_gets_an_id_of_its_own_too():
+    same = [ToolCall("x", "calculator", '{"expression": "1+1"}')] * (MAX_TOOL_CALLS_PER_RESPONSE + 5)
+    bounded = bound_response(Completion(None, same))
+    kept = [c.id for c in bounded.completion.tool_calls]
+    assert len(set(kept)) == len(kept) == MAX_TOOL_CALLS_PER_RESPONSE + 1
+    assert [p.refusal is None for p in bounded.calls].count(True) == 1
+    assert bounded.calls[-1].refused_calls == 5 and "21 tool calls" in bounded.calls[-1].refusal

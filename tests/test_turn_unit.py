@@ -241,3 +241,65 @@ def test_a_turn_records_a_bounded_number_of_steps_whatever_its_step_limit(store,
     assert state["error"]["kind"] == "step_limit"
     assert 10 <= len(state["steps"]) <= 10 + 2
     assert "the most one turn may record" in state["history"][-1]["content"]
+
+
+def test_tools_that_would_leave_no_time_to_answer_are_not_run_and_the_last_call_answers(store, scripted_model):
+    from agent.turn.tool_runs import NOT_RUN_RESULT
+
+    model = scripted_model(
+        Completion(None, [ToolCall("c1", "calculator", '{"expression": "1+1"}'),
+                          ToolCall("c2", "calculator", '{"expression": "2+2"}')]),
+        Completion("Here is what I have."),
+    )
+    deadline_s = FAST.job_timeout_s - FAST.deadline_margin_s
+    # 0.6 s left: a model call fits (its minimum is 0.5 s), but not a tool and a call after it.
+    turn = make_turn(store, started_at=time.time() - (deadline_s - FAST.min_call_s - 0.1))
+    assert turn.run() == "done"
+    assert model.calls[1]["tools"] == [], "the last call goes without tools"
+    state = store.read(turn.context.writer.conversation_id)
+    results = [m for m in state["history"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in results] == [("c1", NOT_RUN_RESULT), ("c2", NOT_RUN_RESULT)]
+    (not_run,) = [s for s in state["steps"] if s["kind"] == "tool"]
+    assert not_run["outcome"] == "skipped" and not_run["not_run_calls"] == 2
+    assert state["history"][-1] == {"role": "assistant", "content": "Here is what I have."}
+
+
+class _StoppedWhile:
+    """A provider whose call is stopped after writing `text` (nothing: while waiting for its reply)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def complete(self, messages, tools, timeout, stop=None, on_text=None):
+        if self.text and on_text is not None:
+            on_text(self.text)
+        raise ProviderError(ProviderErrorKind.STOPPED, "stopped at your request")
+
+
+@pytest.mark.parametrize(("written", "said"), [
+    ("", "while waiting for the model's reply"),
+    ("The answer is", "while the model was writing its reply (13 characters written"),
+])
+def test_a_stop_notice_names_what_the_model_call_was_doing(store, monkeypatch, written, said):
+    """A regression: a stop while the reply was being written said "while waiting for the model's reply"."""
+    monkeypatch.setattr("agent.turn.loop.make_provider", lambda config: _StoppedWhile(written))
+    turn = make_turn(store)
+    assert turn.run() == "cancelled"
+    ending = store.read(turn.context.writer.conversation_id)["history"][-1]["content"]
+    assert ending.startswith("Stopped at your request, " + said), ending
+
+
+def test_a_stop_during_a_retry_wait_says_it_came_while_waiting_to_try_again(store, monkeypatch):
+    flaky = ScriptedModel(ProviderError(ProviderErrorKind.SERVER, "HTTP 503", status=503, retry_after_s=2.0))
+    monkeypatch.setattr("agent.turn.loop.make_provider", lambda config: flaky)
+    turn = make_turn(store)
+    original = turn.context.stops.sleep
+
+    def stop_then_sleep(seconds):
+        store.request_cancel(turn.context.writer.turn_id, ttl_s=60)
+        original(seconds)
+
+    turn.context.stops.sleep = stop_then_sleep
+    assert turn.run() == "cancelled"
+    ending = store.read(turn.context.writer.conversation_id)["history"][-1]["content"]
+    assert ending == "Stopped at your request, while waiting 2.0 s before trying the model call again."

@@ -90,8 +90,10 @@ class Turn:
             if (recorded := self.context.writer.step_index) >= MAX_RECORDED_STEPS:
                 raise TurnEnded(Status.FAILED, ErrorKind.STEP_LIMIT, f"I stopped after {recorded} "
                                 "steps, the most one turn may record, without a final answer.")
-            last_call = self.tools.used and self.context.budget.only_one_call_left()
-            response = bound_response(model.complete(self.history, last_call=last_call))
+            # The last call goes without tools: after a tool, when only one call fits, or when tools were
+            # left unrun to keep its time.
+            last_call = self.tools.out_of_time or (self.tools.used and self.context.budget.only_one_call_left())
+            response = bound_response(model.complete(self.history, last_call=last_call), self.tools.call_ids)
             message = response.completion.as_message()
             if last_call:
                 message.pop("tool_calls", None)

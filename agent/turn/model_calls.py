@@ -118,9 +118,8 @@ class ModelCalls:
             self.record(started, outcome, timeout, remaining, detail=exc.message, **partial_fields(partial, arrived),
                         **fields)
             if outcome == Outcome.STOPPED:
-                waited_s = budget.now() - started
-                raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
-                                f"for the model's reply ({waited_s:.1f} s into the call).") from None
+                raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED,
+                                stopped_call_words(budget.now() - started, arrived)) from None
             raise
         finally:
             writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
@@ -192,10 +191,13 @@ class ModelCalls:
         retry = f"attempt {attempt + 1}"
         try:
             self.context.stops.sleep(wait_s)
-        except TurnEnded:
+        except TurnEnded as ended:
             writer.set_current(None)
             writer.add_step(Kind.RETRY, retry, started, Outcome.STOPPED, timeout_s=round(wait_s, 3),
                             remaining_s=round(budget.remaining_s(), 3), detail="stopped at your request")
+            if ended.kind == ErrorKind.CANCELLED:  # a stop, not the queue's timeout caught on the way
+                raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
+                                f"{wait_s:.1f} s before trying the model call again.") from None
             raise
         writer.set_current(None)
         after = f" (Retry-After {exc.retry_after_s:g} s)" if exc.retry_after_s is not None else ""
@@ -211,6 +213,14 @@ def lacks(completion: Completion, last_call: bool) -> str | None:
     if not completion.tool_calls:
         return NO_TEXT_NO_CALL
     return NO_TEXT_ONLY_CALLS if last_call else None
+
+
+def stopped_call_words(into_call_s: float, arrived_chars: int) -> str:
+    """What a stop cut, named as it was: the reply being written, or the wait for it to begin."""
+    if arrived_chars:
+        return (f"Stopped at your request, while the model was writing its reply ({arrived_chars:,} characters "
+                f"written, {into_call_s:.1f} s into the call).")
+    return f"Stopped at your request, while waiting for the model's reply ({into_call_s:.1f} s into the call)."
 
 
 def partial_fields(text: str, arrived: int) -> dict:

@@ -31,6 +31,7 @@ class Unbounded:
     min_call_s: float
     clock: Clock = field(default=time.time, repr=False)
     deadline_at = None
+    kept_for_answer_s = 0.0  # no deadline, so nothing to keep back for a last call
 
     @classmethod
     def for_turn(cls, config, started_at: float, clock: Clock = time.time) -> Unbounded:
@@ -51,6 +52,9 @@ class Unbounded:
 
     def tool_timeout_s(self) -> float:
         return NAIVE_TIMEOUT_S
+
+    def can_call(self) -> bool:
+        return True
 
     def only_one_call_left(self) -> bool:
         return False

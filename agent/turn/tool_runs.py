@@ -1,13 +1,14 @@
 """One response's tool calls, in order, each bounded by the time that remains and recorded as a step.
 
-Every call gets a result in the history (the model needs one for each): its output, the error of
-a refused call, or a note that it never ran because the deadline or a stop came first.
+A tool's limit keeps back what the turn's last model call needs (deadline.py), so the turn can still
+answer after a slow tool. Every call gets a result in the history (the model needs one for each): its
+output, the error of a refused call, or a note that it never ran because time or a stop came first.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
@@ -20,28 +21,35 @@ from agent.turn.response_limits import PlannedCall
 log = logging.getLogger(__name__)
 
 RECORDED_CHARS = 2000  # characters of a call's arguments and result kept in its step
-NOT_RUN_RESULT = "Error: not run: the turn's deadline came before this tool could start"
+NOT_RUN_RESULT = ("Error: not run: too little time was left in this turn to run this tool and still answer; "
+                  "answer with what you have")
 UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended first."
 
 
 @dataclass
 class ToolRuns:
-    """The turn's tool runs, each with the time that remains as its timeout."""
+    """The turn's tool runs, each with the time that remains (less the last call's) as its timeout."""
 
     context: TurnContext  # its config.tools: the tools this turn may run (None: every tool the worker has)
     history: list[Message]  # what the model sees: each result is added to it and to the state
     used: bool = False  # a tool has run in this turn
+    out_of_time: bool = False  # calls were left unrun to keep time for the answer: the next call is the last
+    call_ids: set[str] = field(default_factory=set)  # the turn's call ids: a later call reusing one gets a fresh id
 
     def run_all(self, planned: list[PlannedCall]) -> None:
-        """Once the deadline has passed, none is started: the calls left are answered in one step and the turn ends."""
+        """Once no tool can run and leave time for the last call, none is started: the calls left are
+        answered in one step, and the turn goes on to that call."""
         first_result = len(self.history)
+        self.call_ids.update(item.call.id for item in planned)
         try:
             for index, item in enumerate(planned):
                 self.context.stops.check()
                 if item.refusal is not None:
                     self.refuse(item)
-                elif self.context.budget.remaining_s() <= 0:
-                    self.skip(planned[index:])
+                elif self.context.budget.tool_timeout_s() <= 0:
+                    self.not_run(planned[index:])
+                    self.context.publishing.tool_landed(self.context.writer, len(planned) - 1, len(planned))
+                    return
                 else:
                     self.run_tool(item.call)
                 self.context.publishing.tool_landed(self.context.writer, index, len(planned))
@@ -70,8 +78,9 @@ class ToolRuns:
         self.answer(call.id, result.output)
         outcome = Outcome.STOPPED if result.stopped else Outcome.OK if result.ok else Outcome.ERROR
         writer.add_step(Kind.TOOL, call.name, started, outcome, timeout_s=round(timeout_s, 3),
-                        remaining_s=round(remaining, 3), arguments=cut(call.arguments, RECORDED_CHARS),
-                        result=cut(result.output, RECORDED_CHARS), call_id=call.id)
+                        remaining_s=round(remaining, 3), kept_s=round(budget.kept_for_answer_s, 3),
+                        arguments=cut(call.arguments, RECORDED_CHARS), result=cut(result.output, RECORDED_CHARS),
+                        call_id=call.id)
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
             raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, f"Stopped at your request, while the {call.name} "
@@ -89,23 +98,22 @@ class ToolRuns:
                                      arguments=cut(item.call.arguments, RECORDED_CHARS), result=item.refusal,
                                      call_id=item.call.id, **extra)
 
-    def skip(self, left: list[PlannedCall]) -> None:
-        """The deadline has passed: answer every call left in one step, and end the turn."""
-        now, writer = self.context.budget.now(), self.context.writer
+    def not_run(self, left: list[PlannedCall]) -> None:
+        """Too little time for a tool and a model call after it: every call left is answered in one step,
+        and the next call is the last, without tools (or, when even it does not fit, is skipped: the
+        turn ends there, saying how much time was left)."""
+        budget, writer = self.context.budget, self.context.writer
         for item in left:
             self.answer(item.call.id, item.refusal or NOT_RUN_RESULT)
         not_run = sum(1 for item in left if item.refusal is None)
         noun = "tool call" if not_run == 1 else "tool calls"
-        writer.add_step(Kind.TOOL, f"{not_run} {noun} not run", now, Outcome.SKIPPED, remaining_s=0.0,
-                        not_run_calls=not_run, arguments="{}", result=NOT_RUN_RESULT,
-                        detail=f"the deadline came before {not_run} {noun} could start")
-        log.info("turn %s: deadline passed with %d tool calls left; none started", writer.turn_id, not_run)
-        raise TurnEnded(
-            Status.TIMED_OUT,
-            ErrorKind.DEADLINE,
-            f"I ran out of time: the turn's deadline came before {not_run} of the {noun} I asked for could run, "
-            "so I stopped here.",
-        )
+        remaining = budget.remaining_s()
+        why = f"{remaining:.1f} s left: too little to run {noun} and still call the model after"
+        writer.add_step(Kind.TOOL, f"{not_run} {noun} not run", budget.now(), Outcome.SKIPPED,
+                        remaining_s=round(remaining, 3), not_run_calls=not_run, arguments="{}", result=NOT_RUN_RESULT,
+                        detail=why)
+        log.info("turn %s: %d tool calls not run: %s", writer.turn_id, not_run, why)
+        self.out_of_time = True
 
 
 def answer_every_call(history: list[Message]) -> list[Message]:

@@ -31,6 +31,7 @@ from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState
 from streamlit_autorefresh import st_autorefresh
 
 from agent.contract import Status
+from agent.deadline import TOOL_CUT_SLACK_S
 from agent.hosting import services
 from agent.hosts import host_allowed
 from agent.runtime.connection import is_memory_error, redis_problem
@@ -81,6 +82,12 @@ HOW_IT_WORKS = (
     "see each tool call as it lands, and it always says how it ended. Try a scenario from the sidebar "
     "(*hang*, *slow tool*) to watch the clocks at work."
 )
+
+CLOCK_RULES = f"""\
+deadline     = job start + job timeout - margin
+call timeout = min(call cap, time left before the deadline)
+tool limit   = min(tool cap, time left - minimum call - {TOOL_CUT_SLACK_S:g} s)
+no model call starts with less than the minimum call left"""
 
 
 @st.cache_resource(show_spinner="Starting Redis and the workers…")
@@ -181,11 +188,13 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     st.markdown(LEAD)
     with st.expander("How it works", expanded=state is None):
         st.markdown(HOW_IT_WORKS)
+        # Also the page's first code block, collapsed or not: the browser loads its code renderer (a
+        # chunk of its own) now, not when a tool step lands, whose boxes showed empty until it came.
+        st.code(CLOCK_RULES, language=None)
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
-        st.toast("That conversation " + ("cannot be read" if conversation.unreadable else "was not found")
-                 + ": this is a new chat.", icon="🔎")
+        st.toast(f"That conversation {conversation.gone}: this is a new chat.", icon="🔎")
     # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
     # in flight, then the rest of the page.
     turns_box, live_box, stop_box = st.container(), st.container(), st.container()
@@ -302,7 +311,7 @@ class _Live:
     body: DeltaGenerator  # the turn: messages and steps
     text: DeltaGenerator | None  # the text being written, inside the body
     status: DeltaGenerator  # the budget bar and the step running now (its clock moves every second)
-    chart: DeltaGenerator  # the timeline (Altair takes a while: drawn when a step starts or ends)
+    chart: DeltaGenerator  # the timeline, redrawn with the budget bar: its now-line is the bar's now
 
 
 def _live_places() -> _Live:
@@ -382,7 +391,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
     else:
         live = _live_places()
         _draw_turn(live, state)
-        _draw_status(settings, be, live, state, chart=True)
+        _draw_status(settings, be, live, state)
     if full_run:  # the run follows the turn in flight once it has drawn the rest of the page (_bridge)
         return live
     if _hold(settings, be, cid, state, live, limit_s=HOLD_S):
@@ -435,7 +444,6 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
                 next_status = time.monotonic() + IDLE_CHECK_S
                 continue
             text_only = ui.text_only_change(state, fresh)
-            steps_moved = ui.steps_moved(state, fresh)
             if fresh["version"] != state["version"]:
                 if text_only and live.text is not None:
                     render.render_live_text(live.text, render.live_text(fresh))
@@ -443,7 +451,7 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: _Live
                     _draw_turn(live, fresh)
             state = fresh
             if stale or not text_only:
-                _draw_status(settings, be, live, state, chart=steps_moved)
+                _draw_status(settings, be, live, state)
                 next_status = time.monotonic() + STATUS_REDRAW_S
     except redis.RedisError as exc:
         log.warning("redis failed while following a conversation: %s", exc)
@@ -512,12 +520,16 @@ def _draw_turn(live: _Live, state: dict) -> None:
         live.text = render.render_turn(render.current_turn(state), latest=True)
 
 
-def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict, *, chart: bool) -> None:
+def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict) -> None:
+    """The budget bar and the timeline, drawn together from one reading of the clock: the chart's
+    now-line and running bar are the same instant as the bar's "used" (a chart drawn only when a step
+    started or ended froze its now while a call hung). The spec takes well under a millisecond."""
+    now = ui.now()
     turn = render.current_turn(state)
     with live.status.container():
-        _in_flight(settings, be, state)
-    if chart and state["status"] != Status.QUEUED:
-        figure = timeline_chart(turn["steps"], turn["summary"], now=ui.now(), current=state.get("current_step"))
+        _in_flight(settings, be, state, now)
+    if state["status"] != Status.QUEUED:
+        figure = timeline_chart(turn["steps"], turn["summary"], now=now, current=state.get("current_step"))
         if figure is not None:
             live.chart.vega_lite_chart(figure, width="stretch")
 
@@ -528,8 +540,7 @@ def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
         st.button(example, key=f"example-{index}", on_click=_send_text, args=(settings, be, cid, example))
 
 
-def _in_flight(settings: Settings, be: ui.Backend, state: dict) -> None:
-    now = ui.now()
+def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> None:
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
     with st.container(border=True):

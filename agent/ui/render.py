@@ -160,11 +160,18 @@ def tool_step_caption(step: Step, *, safeguards: bool = True) -> str:
     took = _seconds(step["duration_s"])
     if step["outcome"] == Outcome.STOPPED:
         return f"Stopped at your request after {took}."
+    if step["outcome"] == Outcome.SKIPPED:  # calls answered without running: no time limit was given
+        return f"Not run: {inert(step.get('detail') or 'no time was left')}."
     if not safeguards:
         return f"Took {took}; safeguards were off, so it had no time limit of its own."
-    timeout_s, remaining_s = step.get("timeout_s"), step.get("remaining_s")
-    capped = timeout_s is not None and remaining_s is not None and timeout_s < remaining_s
-    why = "the tool cap; more was left before the deadline" if capped else "the time left before the deadline"
+    timeout_s, remaining_s, kept_s = step.get("timeout_s"), step.get("remaining_s"), number(step.get("kept_s")) or 0.0
+    capped = timeout_s is not None and remaining_s is not None and timeout_s < remaining_s - kept_s - 0.01
+    if capped:
+        why = "the tool cap; more was left before the deadline"
+    elif kept_s:
+        why = f"the time left before the deadline, less {_seconds(kept_s)} kept for the last model call"
+    else:
+        why = "the time left before the deadline"
     return f"Took {took}; it was given {_seconds(timeout_s)} ({why})."
 
 
@@ -361,9 +368,8 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
         return ""
     sentences = [f"The job ran for **{_seconds(ended - started)}**."]
     if deadline:
-        spare = deadline - ended
-        when = f"**{_seconds(spare)}** early" if spare >= 0 else f"**{_seconds(-spare)}** late"
-        sentences.append(f"Its own deadline was at {_seconds(deadline - started)}: it ended {when}.")
+        against = _against_deadline(ended, deadline, steps)
+        sentences.append(f"Its own deadline was at {_seconds(deadline - started)}: {against}")
     if kill:
         killed = (summary.get("error") or {}).get("kind") == ErrorKind.JOB_TIMEOUT
         verb = "killed it" if killed else "would have killed it"
@@ -382,6 +388,34 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
     elif not safeguards_on(summary.get("config")):
         sentences.append("No step was recorded: with safeguards off the job writes only when it ends.")
     return " ".join(sentences)
+
+
+CUT_KINDS = {Kind.MODEL: "model call", Kind.TOOL: "tool run", Kind.RETRY: "retry wait"}
+SAME_INSTANT_S = 0.01  # seconds: two clock readings this close are one instant in a caption
+
+
+def _against_deadline(ended: float, deadline: float, steps: list[Step]) -> str:
+    """When the turn ended against its deadline. A step whose timeout ran to the deadline is cut there, and
+    the cut takes a few ms to land: the ending after it is that latency, not a deadline overrun, said so."""
+    spare = deadline - ended
+    if spare >= 0:
+        return f"it ended **{_seconds(spare)}** early."
+    cut = next((s for s in reversed(steps) if _ran_to_deadline(s, deadline)), None)
+    if cut is None:
+        return f"it ended **{_seconds(-spare)}** late."
+    what = CUT_KINDS.get(cut["kind"], "step")
+    return (f"the {what} running then was cut at its {_seconds(cut['timeout_s'])} timeout, which ran to the "
+            f"deadline, and the ending was written **{_seconds(-spare)}** after it: the time a cut takes.")
+
+
+def _ran_to_deadline(step: Step, deadline: float) -> bool:
+    """The step ran to the end of a timeout that reached the deadline (it was given all the time left)."""
+    started, ended = number(step.get("started_at")), number(step.get("ended_at"))
+    timeout_s = number(step.get("timeout_s"))
+    if started is None or ended is None or not timeout_s:
+        return False
+    limit = started + timeout_s
+    return limit >= deadline - SAME_INSTANT_S and ended >= limit - SAME_INSTANT_S
 
 
 @st.cache_data(max_entries=512, show_spinner=False)

@@ -62,6 +62,7 @@ class Conversation:
     in_url: bool
     notice: str | None = None  # why the id in the URL was not used
     unreadable: bool = False  # it was not used because its stored state cannot be read
+    gone: str = ""  # the notice's verb in brief ("was deleted"), for a toast that agrees with it
 
 
 def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int) -> Conversation:
@@ -80,12 +81,13 @@ def resolve_conversation(url_cid: str | None, session, store: Store, ttl_s: int)
         if is_conversation_id(url_cid) and store.was_deleted(url_cid):
             what = ("The conversation this tab was showing" if seen
                     else f"The conversation in this link ({inert(url_cid)})")
-            notice = f"{what} was deleted (here or in another tab)."
+            gone, notice = "was deleted", f"{what} was deleted (here or in another tab)."
         elif seen:
-            notice = f"The conversation this tab was showing has expired: {kept}."
+            gone, notice = "has expired", f"The conversation this tab was showing has expired: {kept}."
         else:
+            gone = "was not found"
             notice = f"The conversation in this link ({inert(url_cid[:24])}) was not found: {kept}."
-        return Conversation(_draft(session), in_url=False,
+        return Conversation(_draft(session), in_url=False, gone=gone,
                             notice=notice + " Nothing you had not sent is lost: this is a new chat.")
     return Conversation(_draft(session), in_url=False)
 
@@ -109,7 +111,7 @@ def _unreadable(url_cid: str, session, exc: UnreadableState) -> Conversation:
     session.pop(VIEW_KEY, None)
     notice = (f"The conversation in this link ({inert(url_cid[:24])}) cannot be read: "
               f"{unreadable_sentence(exc)} This is a new chat.")
-    return Conversation(_draft(session), in_url=False, notice=notice, unreadable=True)
+    return Conversation(_draft(session), in_url=False, notice=notice, unreadable=True, gone="cannot be read")
 
 
 def unreadable_sentence(exc: UnreadableState) -> str:
@@ -181,12 +183,6 @@ def text_only_change(old: State, new: State) -> bool:
     same = all(old.get(name) == new.get(name) for name in ("turn_id", "status", "done", "current_step", "error"))
     lists = all(len(old.get(name) or []) == len(new.get(name) or []) for name in ("history", "steps"))
     return same and lists and _live_key(old) == _live_key(new)
-
-
-def steps_moved(old: State, new: State) -> bool:
-    """A step started or ended: the timeline needs drawing again."""
-    return len(old.get("steps") or []) != len(new.get("steps") or []) or old.get("current_step") != new.get(
-        "current_step") or old.get("status") != new.get("status")
 
 
 def _live_key(state: State) -> tuple | None:
