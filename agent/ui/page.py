@@ -513,10 +513,14 @@ def _draw_turn(live: _Live, state: dict) -> None:
 
 
 def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict, *, chart: bool) -> None:
+    """The budget bar and the step running now; the timeline too (`chart`) once the turn has a step that
+    ended. Not before: a first chart loads Vega (about 0.8 MB of script) and drawing it holds the
+    browser's main thread for 0.2-1 s, just when the first call's first words arrive, which then showed
+    half a second late. A running call alone is said by the status line above it."""
     turn = render.current_turn(state)
     with live.status.container():
         _in_flight(settings, be, state)
-    if chart and state["status"] != Status.QUEUED:
+    if chart and state["status"] != Status.QUEUED and turn["steps"]:
         figure = timeline_chart(turn["steps"], turn["summary"], now=ui.now(), current=state.get("current_step"))
         if figure is not None:
             live.chart.vega_lite_chart(figure, width="stretch")
