@@ -23,7 +23,7 @@ from pathlib import Path
 import rq
 
 from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
-from bench import conversations, cost, latency, load, page, report, tracing_cost, worker_memory
+from bench import conversations, cost, first_screen, latency, load, page, report, tracing_cost, worker_memory
 from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +51,9 @@ class Plan:
     page_turns: int = 6  # measured turns per length and condition
     page_hogs: tuple[int, ...] = (0, 2)  # CPU hogs per condition: an idle machine, then a busy one
     page_stops: int = 6  # Stop clicks per condition
+    page_new_chats: int = page.NEW_CHATS  # replies timed in a new chat per condition
+    first_screen_sizes: tuple[int, ...] = first_screen.SIZES  # conversations stored when the first screen is timed
+    first_screen_opens: int = first_screen.OPENS  # warm opens of each app per size
     list_sizes: tuple = conversations.LIST_SIZES  # conversations in the index when the sidebar's page is listed
     memory_turns: tuple = conversations.TURN_COUNTS  # (turns per conversation, conversations measured)
     worker_memory_with_mcp_json: bool = True  # also measure a worker holding the project's MCP server
@@ -99,6 +102,9 @@ QUICK = Plan(
     page_turns=1,
     page_hogs=(0,),
     page_stops=1,
+    page_new_chats=1,
+    first_screen_sizes=(20,),
+    first_screen_opens=1,
 )
 
 METHOD = {
@@ -157,6 +163,12 @@ METHOD = {
     "before the browser's observer saw it) and click to the turn ended on screen, settled "
     "(stop_ended_s), both on the browser's clock. Conditions: an idle machine, then with busy-loop processes "
     "running (hogs).",
+    "first_screen": "From opening the page to a chat input that can be typed into (navigation start to the "
+    "input present and enabled, the browser's clock), `streamlit run app.py` against a minimal Streamlit chat "
+    "app (harness/minimal_chat.py: a title, the history, st.chat_input) in the same Chromium and venv, with "
+    "50 and 10,000 conversations stored; per size both apps are started afresh, opened once (the first page "
+    "after the start), then {first_screen_opens} more times each in turns (A B, B A, ...), every time in a "
+    "fresh browser context (no cache, a new session). ratio: page / minimal per pair; median and p95.",
     "deadline_accuracy": "Three-tool turns on {workers} simple workers with short clocks {clocks}; each turn's "
     "provider is random: 50% demo@U(0.05,1.5), 20% demo@U(1.5,4) (calls that outlive the cap or the "
     "deadline), 15% demo:hang, 15% demo:flaky@U(0.05,1). final write = the updated_at of the turn's last "
@@ -170,8 +182,12 @@ def progress(message: str, started: float) -> None:
 
 def run_page(plan: Plan, started: float, results: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-page-") as tmp:
-        section = page.page_cost(plan.page_lengths, plan.page_turns, plan.page_hogs, Path(tmp),
-                                 lambda message: progress(message, started), stops=plan.page_stops)
+        say = lambda message: progress(message, started)  # noqa: E731
+        section = page.page_cost(plan.page_lengths, plan.page_turns, plan.page_hogs, Path(tmp), say,
+                                 stops=plan.page_stops, new_chats=plan.page_new_chats)
+        if section is not None:
+            results["first_screen"] = first_screen.first_screen(plan.first_screen_sizes, plan.first_screen_opens,
+                                                                Path(tmp), say)
     if section is not None:
         results["page"] = section
         busiest = list(section["conditions"])[-1]
@@ -255,6 +271,8 @@ def judge(results: dict) -> dict:
     if results.get("page"):
         goals |= page.goals(results["page"])
         goals["page_tick_growth"] = page.tick_flat(results)
+    for row in (results.get("first_screen") or {}).get("rows", []):
+        goals[f"first_screen_ratio_{row['conversations']}"] = row["ratio"]["p50"] <= first_screen.RATIO_GOAL
     # Each goal is judged from its own figures, when the results hold them (a `--page-only` run merges
     # into an earlier run's file, which may predate a section).
     checks = {
@@ -312,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     results["method"] = {
         k: v.format(latency=plan.latency_s, pairs=plan.overhead_pairs, n=plan.first_step_repeats,
                     interval=plan.poll_interval_s, workers=plan.deadline_workers,
-                    clocks=json.dumps(plan.deadline_clocks), page_turns=plan.page_turns)
+                    clocks=json.dumps(plan.deadline_clocks), page_turns=plan.page_turns,
+                    first_screen_opens=plan.first_screen_opens)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -334,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
-             "page_update_bytes_growth", "page_tick_noise_ms", "page", "goals", "default_worker_class", "first_step",
+             "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "goals", "default_worker_class",
+             "first_step",
              "queue_overhead", "method", "meta")
     ordered = {k: results[k] for k in order if k in results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,8 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
             out.append((f"page, {condition}: a streamed word to the screen p50 / p95",
                         _ms(figures["word_to_screen_ms"]), "p95 <= " + ("200" if key == "idle" else "600") + " ms",
                         _check(goals.get(f"page_word_to_screen_ms_{key}"))))
+            out.append((f"page, {condition}: a reply's first word / a new chat's words, p50 / p95",
+                        f"{_ms(figures['first_word_ms'])}; {_ms(figures['new_chat_word_ms'])}", "", ""))
             out.append((f"page, {condition}: Stop click to \"Stopping…\" p50 / p95",
                         _ms(figures["stop_acknowledged_ms"]), "p95 <= 300 ms" if key == "idle" else "",
                         _check(goals.get(f"page_stop_acknowledged_ms_{key}"))))
@@ -116,6 +118,11 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     f"{results.get('page_tick_growth')}x ({_signed(results.get('page_tick_added_ms'))} ms) / "
                     f"{results.get('page_tick_bytes_growth')}x / {results.get('page_update_bytes_growth')}x",
                     f"<= 1.5x or +{results.get('page_tick_noise_ms', '?')} ms", _check(goals.get("page_tick_growth"))))
+    for row in (results.get("first_screen") or {}).get("rows", []):
+        out.append((f"first screen, {row['conversations']:,} conversations: page / minimal chat app, p50 (ratio)",
+                    f"{row['page_ms']['p50']:g} / {row['minimal_ms']['p50']:g} ms ({row['ratio']['p50']}x; "
+                    f"first after start {row['first_after_start_ratio']}x)", "<= 1.3x",
+                    _check(goals.get(f"first_screen_ratio_{row['conversations']}"))))
     deadline = results.get("deadline_accuracy")
     if deadline:
         d = deadline["final_write_minus_deadline_ms"]

@@ -108,9 +108,10 @@ def free_port() -> int:
 
 
 class PageServer:
-    """`streamlit run app.py` in its own session, with a private data dir (its own Redis and pool)."""
+    """`streamlit run app.py` (or another `script`) in its own session, with a private data dir (its own
+    Redis and pool)."""
 
-    def __init__(self, data_dir: Path, log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, log_path: Path, env: dict[str, str] | None = None, script: str = "app.py"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.data_dir = data_dir
@@ -122,7 +123,7 @@ class PageServer:
         full_env.update(env or {})
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
+            [sys.executable, "-m", "streamlit", "run", script, "--server.port", str(self.port),
              "--server.address", "127.0.0.1", "--server.headless", "true"],
             cwd=ROOT, env=full_env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -178,8 +179,8 @@ class PageServer:
 
 
 @contextlib.contextmanager
-def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = None):
-    server = PageServer(data_dir, log_path, env)
+def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = None, script: str = "app.py"):
+    server = PageServer(data_dir, log_path, env, script)
     try:
         yield server
     finally:

@@ -66,3 +66,14 @@ def test_the_page_tick_is_judged_flat_in_time_past_a_noise_floor_and_in_bytes(gr
 
     assert tick_flat({"page_tick_growth": growth, "page_tick_added_ms": added_ms,
                       "page_tick_bytes_growth": bytes_growth, "page_update_bytes_growth": per_write_growth}) is flat
+
+
+def test_the_page_figures_count_every_word_and_report_first_words_and_new_chats_apart():
+    from bench.page import word_figures
+
+    replies = [(True, [0.5, 0.02, 0.03]), (False, [0.3, 0.01]), (False, [])]
+    figures = word_figures(replies)
+    assert figures["word_to_screen_ms"]["n"] == 5 and figures["word_to_screen_ms"]["max"] == 500
+    assert figures["first_word_ms"]["n"] == 2 and figures["first_word_ms"]["min"] == 300
+    assert figures["new_chat_word_ms"]["n"] == 3
+    assert figures["new_chat_first_word_ms"] == {"n": 1, "p50": 500, "p95": 500, "min": 500, "max": 500}

@@ -521,14 +521,17 @@ def _draw_turn(live: _Live, state: dict) -> None:
 
 
 def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict) -> None:
-    """The budget bar and the timeline, drawn together from one reading of the clock: the chart's
-    now-line and running bar are the same instant as the bar's "used" (a chart drawn only when a step
-    started or ended froze its now while a call hung). The spec takes well under a millisecond."""
+    """The budget bar and, once the turn has a step that ended, the timeline, drawn together from one
+    reading of the clock: the chart's now-line and running bar are the same instant as the bar's
+    "used" (a chart drawn only when a step started or ended froze its now while a call hung). No chart
+    before a step has ended: a first chart loads Vega (about 0.8 MB of script), and drawing it held the
+    browser's main thread for 0.2-1 s just as the first call's first words arrived, which then showed
+    half a second late. A running first call is said by the status line above it."""
     now = ui.now()
     turn = render.current_turn(state)
     with live.status.container():
         _in_flight(settings, be, state, now)
-    if state["status"] != Status.QUEUED:
+    if state["status"] != Status.QUEUED and turn["steps"]:  # steps are recorded when they end
         figure = timeline_chart(turn["steps"], turn["summary"], now=now, current=state.get("current_step"))
         if figure is not None:
             live.chart.vega_lite_chart(figure, width="stretch")
