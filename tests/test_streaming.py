@@ -439,3 +439,23 @@ def test_an_exception_from_the_listener_ends_the_call_and_the_next_call_starts_c
     with pytest.raises(RuntimeError, match="the listener failed"):
         openai.complete(MESSAGES, [], SHORT, on_text=failing)
     assert openai.complete(MESSAGES, [], SHORT) == Completion("next")
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_key_written_with_json_escapes_in_tool_arguments_is_redacted_as_the_parser_reads_it(server, streamed):
+    # `\u0073k-…` is the key to whoever parses the arguments (the page, the tool): it must not be stored.
+    escaped = "".join(f"\\u{ord(c):04x}" if i % 3 == 0 else c for i, c in enumerate(SECRET))
+    arguments = '{"echo": "' + escaped + '", "again": "\\u0073' + SECRET[1:] + '"}'
+    provider = OpenAIProvider(server.url + "/v1", "m", SECRET)
+    if streamed:
+        server.add(stream([call_delta(0, call_id="call_1", name="calculator", arguments=arguments[:17]),
+                           call_delta(0, arguments=arguments[17:]), chunk(finish_reason="tool_calls"), DONE]))
+    else:
+        server.add(reply(200, {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "calculator", "arguments": arguments}}]}}]}))
+
+    completion = provider.complete(MESSAGES, [], SHORT, stream=streamed)
+
+    parsed = json.loads(completion.tool_calls[0].arguments)
+    assert parsed == {"echo": "[redacted]", "again": "[redacted]"}

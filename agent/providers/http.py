@@ -436,6 +436,13 @@ def redact_json(value: Any, secret: str | None) -> Any:
     return value
 
 
+def redact_arguments(arguments: str, secret: str | None) -> str:
+    """A tool call's arguments (JSON text, as OpenAI sends them) with the key redacted as whoever parses
+    them reads it: `\\u0073k-…` is the key to the page and to the tool, so the escapes are spelled out
+    first (the text stays JSON)."""
+    return redact(bounded_json.spelled_out(arguments), secret) if secret else arguments
+
+
 def parse_retry_after(headers: dict[str, str], *, now: float | None = None) -> float | None:
     """Seconds to wait from `retry-after-ms`, or `Retry-After` (seconds or an HTTP-date); None if absent."""
     raw_ms = headers.get("retry-after-ms", "").strip()

@@ -14,7 +14,7 @@ from agent.providers.base import (
     ToolCall,
     Usage,
 )
-from agent.providers.http import decode_json, malformed, redact
+from agent.providers.http import decode_json, malformed, redact, redact_arguments
 from agent.providers.server_errors import error_of, raise_reported
 from agent.providers.spec import ProviderSpec
 from agent.providers.sse import ERROR_EVENT, Event
@@ -45,7 +45,7 @@ class OpenAIProvider(StreamedModel):
             headers["authorization"] = f"Bearer {self._api_key}"
         return self._call("/chat/completions", headers=headers, body=body, stream_fields=STREAM_FIELDS,
                           timeout=timeout, stop=stop, on_text=on_text, stream=stream, assembler=ChatStream,
-                          parse=parse_completion)
+                          parse=lambda data: parse_completion(data, self._api_key))
 
 
 class ChatStream:
@@ -163,14 +163,15 @@ class _CallParts:
             raise malformed(f"the streamed tool call {index} has no id or no name")
         # Each piece was redacted as it came; a key split across pieces is only whole here.
         arguments = "".join(self.arguments) or "{}"  # a call without arguments may send none
-        return ToolCall(id=redact(self.id, secret), name=redact(name, secret), arguments=redact(arguments, secret))
+        return ToolCall(id=redact(self.id, secret), name=redact(name, secret),
+                        arguments=redact_arguments(arguments, secret))
 
 
 OPENAI = ProviderSpec(name="openai", client=OpenAIProvider, default_model="gpt-4o-mini", url_variable="OPENAI_BASE_URL",
                       default_url="https://api.openai.com/v1", key_variable="OPENAI_API_KEY")
 
 
-def parse_completion(data: Any) -> Completion:
+def parse_completion(data: Any, secret: str | None = None) -> Completion:
     """Validate a Chat Completions response strictly; anything unexpected is "malformed", never a crash."""
     if not isinstance(data, dict):
         raise malformed("the body is not a JSON object")
@@ -191,14 +192,14 @@ def parse_completion(data: Any) -> Completion:
         raw_calls = []
     if not isinstance(raw_calls, list):
         raise malformed("'tool_calls' is not a list")
-    calls = [_tool_call(raw, index) for index, raw in enumerate(raw_calls)]
+    calls = [_tool_call(raw, index, secret) for index, raw in enumerate(raw_calls)]
     if content is None and not calls:
         content = ""
     return Completion(content=content, tool_calls=calls,
                       usage=streaming.usage_of(data.get("usage"), "prompt_tokens", "completion_tokens"))
 
 
-def _tool_call(raw: Any, index: int) -> ToolCall:
+def _tool_call(raw: Any, index: int, secret: str | None) -> ToolCall:
     where = f"tool_calls[{index}]"
     if not isinstance(raw, dict):
         raise malformed(f"{where} is not an object")
@@ -214,4 +215,5 @@ def _tool_call(raw: Any, index: int) -> ToolCall:
     if not isinstance(function.get("arguments"), str):
         # Invalid JSON inside the string is the tool layer's business; a non-string is ours.
         raise malformed(f"{where}.function.arguments is not a string")
-    return ToolCall(id=raw["id"], name=function["name"], arguments=function["arguments"])
+    # Its strings were redacted as decoded, but the arguments are JSON text of their own, read again.
+    return ToolCall(id=raw["id"], name=function["name"], arguments=redact_arguments(function["arguments"], secret))
