@@ -202,9 +202,11 @@ while os.getppid() == parent:
 def cpu_hogs(count: int):
     """`count` busy loops, one process each, for a machine as busy as a shared demo laptop.
 
-    Under `make test-under-load` its hogs count towards `count` (CPU_HOGS_RUNNING), so a test
-    asks for the load it means, not that load on top of the suite's own."""
-    count = max(0, count - int(os.environ.get("CPU_HOGS_RUNNING") or 0))
+    Under `make test-under-load` its hogs count towards `count` (CPU_HOGS_RUNNING), and so do the
+    suite's other pytest-xdist processes under `make test` (each runs tests, as busy as a hog), so a
+    test asks for the load it means, not that load on top of the suite's own."""
+    peers = max(0, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) - 1)
+    count = max(0, count - int(os.environ.get("CPU_HOGS_RUNNING") or 0) - peers)
     # Each loop also ends by itself once this process is gone (a test run killed outright runs no finally).
     procs = [subprocess.Popen([sys.executable, "-c", HOG_LOOP, str(os.getpid())], stdin=subprocess.DEVNULL,
                               start_new_session=True) for _ in range(count)]
