@@ -20,7 +20,7 @@ def _check(ok: bool | None) -> str:
 
 
 def rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """(measure, value, goal, verdict) for the table (also the README's)."""
+    """(measure, value, goal, verdict) for the table (also docs/benchmarks.md's)."""
     out = []
     goals = results.get("goals", {})
     plan = results.get("meta", {}).get("plan_detail", {})

@@ -441,6 +441,41 @@ def test_search_docs_rereads_a_doc_after_it_changes(tmp_path, monkeypatch):
     assert "lighthouse" in run_tool("search_docs", args(query="pelicans"), 5).output
 
 
+def test_search_docs_skips_a_list_of_links_to_other_pages(tmp_path, monkeypatch):
+    # The README's list of docs pages names every topic; quoting it answers nothing.
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "# Top\n\n## Documentation\n\n- [Streaming](docs/streaming.md): how streaming works, streaming.\n"
+        "- [Tools](docs/tools.md): tools.\n"
+    )
+    (tmp_path / "docs" / "streaming.md").write_text("# Streaming\n\nReplies stream as server-sent events.\n")
+    monkeypatch.setattr(docs_tool, "PROJECT_ROOT", tmp_path)
+    output = run_tool("search_docs", args(query="streaming"), 5).output
+    assert output.startswith("[docs/streaming.md - Streaming]")
+    assert "docs/streaming.md)" not in output
+
+
+def test_search_docs_quotes_prose_before_an_equally_matching_table(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Figures\n\n| measure | value |\n| --- | --- |\n| margin | 20 |\n")
+    (tmp_path / "docs" / "b.md").write_text("# Clocks\n\nThe margin is kept free for the final write.\n")
+    monkeypatch.setattr(docs_tool, "PROJECT_ROOT", tmp_path)
+    output = run_tool("search_docs", args(query="margin"), 5).output
+    assert output.startswith("[docs/b.md - Clocks]")
+
+
+@pytest.mark.parametrize(("question", "source"), [
+    ("How do I point it at a real model?", "[docs/configuration.md - Pointing it at a real model]"),
+    ("How does streaming work?", "[docs/configuration.md - Pointing it at a real model]"),
+    ("worker pool", "[docs/scaling.md - Worker pool]"),
+    ("stop button", "[docs/guide.md - The Stop button]"),
+    ("MCP servers", "[docs/tools.md - Tools from MCP servers and Python modules]"),
+])
+def test_search_docs_answers_a_question_from_the_page_on_its_topic(question, source):
+    output = run_tool("search_docs", args(query=question), 5).output
+    assert output.startswith(source + "\n"), output[:200]
+
+
 # --- wait ---
 
 

@@ -59,7 +59,7 @@ class RecyclingSimpleWorker(RecyclesAfterAbandonedTools, SimpleWorker):
 
 # SimpleWorker runs the job in the worker's own process: no fork per job (a fork costs tens of
 # milliseconds per turn), and the job timeout is still RQ's SIGALRM in that process. A killed
-# job takes its worker with it; the pool starts a new one. See the README for the figures.
+# job takes its worker with it; the pool starts a new one. See docs/benchmarks.md for the figures.
 # Fork and spawn run tools in a child that exits after each job, so only "simple" ever recycles,
 # and the other two are RQ's own classes: a spawned work horse imports its worker's class by name,
 # which a class of this module, run as __main__, could not give it.

@@ -44,12 +44,22 @@ def _doc_files() -> list[Path]:
     return [f for f in files if f.is_file()]
 
 
+_LINK_ITEM = re.compile(r"^\s*[-*]\s+\[[^\]]+\]\([^)]+\)")
+
+
+def _is_link_list(lines: list[str]) -> bool:
+    """A list whose every item starts with a link (the README's table of contents) only names topics:
+    a question would match its words and get pointers instead of the passage they point to."""
+    items = [line for line in lines if line.strip()]
+    return bool(items) and all(_LINK_ITEM.match(line) for line in items)
+
+
 def _split_passages(source: str, text: str) -> list[_Passage]:
     passages, heading, paragraph, in_fence = [], source, [], False
 
     def flush() -> None:
         body = "\n".join(paragraph).strip()
-        if body:
+        if body and not _is_link_list(paragraph):
             passages.append(_Passage(source, heading, body, _words(body) + _words(heading), frozenset(_words(heading))))
         paragraph.clear()
 
@@ -100,12 +110,14 @@ def search_docs(query: str) -> str:
             # Distinct query words matched count most; heading matches and repeated mentions break ties.
             repeats = sum(passage.words[w] for w in matched)
             score = len(matched) + 0.5 * len(wanted & passage.heading_words) + 0.1 * min(repeats, 5)
-            scored.append((-score, order, passage))
+            # On a tie, prose before a table or code block: a reply can quote prose, not a table.
+            verbatim = passage.text.lstrip().startswith(("|", "```"))
+            scored.append((-score, verbatim, order, passage))
     if not scored:
         return f"No passage matches {query!r} in the project docs."
-    scored.sort(key=lambda item: item[:2])
+    scored.sort(key=lambda item: item[:3])
     blocks = []
-    for _, _, passage in scored[:MAX_PASSAGES]:
+    for *_, passage in scored[:MAX_PASSAGES]:
         text = passage.text if len(passage.text) <= MAX_PASSAGE_CHARS else passage.text[:MAX_PASSAGE_CHARS] + " ..."
         blocks.append(f"[{passage.source} - {passage.heading}]\n{text}")
     return "\n\n".join(blocks)
