@@ -24,7 +24,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from agent.surrogates import scrub
+from agent.text.surrogates import scrub
 
 MAX_DEPTH = 64  # levels of arrays and objects in any JSON value the agent takes in or keeps
 TOO_DEEP = "nested too deeply"  # the words every refusal starts with, for a person and for the model

@@ -22,9 +22,9 @@ from agent.contract import Role
 from agent.conversations import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.hosting import services
 from agent.output_file import OutputRefused, write_whole
-from agent.plain_text import plain_text, terminal_safe
 from agent.settings import Settings
 from agent.store import Store
+from agent.text.plain_text import plain_text, terminal_safe
 
 EXIT_OK, EXIT_USAGE = 0, 2
 MAX_LIST = 10_000  # the most `list --limit` prints

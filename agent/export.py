@@ -18,7 +18,7 @@ import datetime as dt
 import json
 
 from agent.contract import Role, State, Status, TurnSummary
-from agent.ui.markdown import inert, no_html_markdown
+from agent.text.markdown import inert, no_html_markdown
 
 ENDINGS = {
     Status.DONE: "answered",

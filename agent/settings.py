@@ -15,6 +15,8 @@ from agent.deadline import LOST_GRACE_S
 from agent.hosts import host_name
 from agent.providers import registry
 from agent.providers.spec import ProviderSpec
+from agent.runtime.embedded_redis import DEFAULT_MAXMEMORY_MB as DEFAULT_REDIS_MAXMEMORY_MB
+from agent.runtime.embedded_redis import DEFAULT_REDIS_WAIT_S
 from agent.store import DEFAULT_MAX_CONVERSATION_BYTES
 
 DEFAULT_JOB_TIMEOUT_S = 120  # seconds; RQ enforces whole seconds
@@ -32,7 +34,6 @@ MAX_CONVERSATION_BYTES_VARIABLE = "AGENT_MAX_CONVERSATION_BYTES"
 # (never out of what is stored), and the model call's step says how many. ~125k tokens of English.
 DEFAULT_MAX_HISTORY_SENT_BYTES = 500_000  # bytes
 REDIS_MAXMEMORY_VARIABLE = "AGENT_REDIS_MAXMEMORY_MB"
-DEFAULT_REDIS_MAXMEMORY_MB = 1024  # megabytes the embedded Redis may hold (noeviction: then writes are refused)
 DEFAULT_POLL_INTERVAL_MS = 1000  # milliseconds
 # A page run must finish well inside the interval, or every refresh cuts the one before short.
 MIN_POLL_INTERVAL_MS = 250  # milliseconds
@@ -40,9 +41,6 @@ DEFAULT_WORKERS = 2
 MCP_START_TIMEOUT_VARIABLE = "AGENT_MCP_START_TIMEOUT"
 DEFAULT_MCP_START_TIMEOUT_S = 20.0  # seconds an MCP server gets to start and list its tools (mcp-server-time: ~2 s)
 REDIS_WAIT_VARIABLE = "AGENT_REDIS_WAIT"
-# Seconds a process waits for an embedded Redis that runs but does not answer (stopped, busy, loading
-# a large data file) before it gives up, leaving that server running: a slow server is never replaced.
-DEFAULT_REDIS_WAIT_S = 30.0
 # The names the page answers at, besides the address it is bound to and AGENT_ALLOWED_HOSTS: any
 # other Host header is a browser sent here by a name someone else controls (DNS rebinding).
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")

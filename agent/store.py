@@ -48,7 +48,7 @@ import redis
 
 from agent import bounded_json, well_formed
 from agent.contract import LIST_FIELDS, Live, Message, State, Step, TurnDoc, TurnSummary
-from agent.surrogates import scrub
+from agent.text.surrogates import scrub
 from agent.well_formed import UnreadableState
 
 KEY_PREFIX = "agent:"

@@ -14,7 +14,7 @@ import time
 
 from agent.providers.http import redact_json
 from agent.providers.sliced_json import decode_steps
-from agent.surrogates import scrub_json
+from agent.text.surrogates import scrub_json
 
 KEY = "sk-bench-0123456789abcdef"
 BODY_BYTES = 8 * 2**20

@@ -14,6 +14,7 @@ import redis
 from agent.queue import get_queue
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
+from agent.settings import redis_maxmemory_mb
 from agent.store import Store
 
 DEFAULT_STATE_TTL_S = 600  # seconds; long enough for any test (the product keeps conversations 30 days)
@@ -23,7 +24,7 @@ class PrivateRedis:
     """The server, its URL, a state client and store, and a queue on its own queue connection."""
 
     def __init__(self, directory: Path, *, state_ttl_s: float = DEFAULT_STATE_TTL_S):
-        self.server = EmbeddedRedis(directory)
+        self.server = EmbeddedRedis(directory, maxmemory_mb=redis_maxmemory_mb())
         self.url = self.server.acquire()
         self.client = state_client(self.url)
         self.store = Store(self.client, ttl_s=state_ttl_s)

@@ -15,9 +15,9 @@ from agent.contract import turn_summary
 from agent.endings import write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.store import Store
+from agent.text.markdown import safe_markdown
 from agent.ui import render, timeline
 from agent.ui import state as ui
-from agent.ui.markdown import safe_markdown
 from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
 from tests.conftest import FAST, wait_done
 

@@ -368,7 +368,7 @@ def test_json_output_grows_linearly_with_the_steps_of_a_turn(cli_env):
 def test_nothing_a_terminal_would_act_on_reaches_it_from_a_reply_a_tool_or_its_arguments(cli_env):
     # A reply can carry escape sequences (ESC ] 0; retitles the window, ESC [ 2J clears the screen,
     # C1's CSI does the same in one byte) and bidirectional overrides: each is printed as its escape.
-    from agent.plain_text import TERMINAL_ACTIVE
+    from agent.text.plain_text import TERMINAL_ACTIVE
     from tests.scripted_server import ScriptedServer, chat_reply, tool_call
 
     active = "".join(map(chr, TERMINAL_ACTIVE))

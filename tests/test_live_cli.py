@@ -8,7 +8,7 @@ import json
 import random
 
 from agent.cli import Follower, calls_text
-from agent.plain_text import PlainTextStream, plain_text
+from agent.text.plain_text import PlainTextStream, plain_text
 
 TURN = "t1"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.ui.markdown import inert, no_html_markdown, safe_markdown
+from agent.text.markdown import inert, no_html_markdown, safe_markdown
 from tests.conftest import cpu_seconds, repeated
 
 MB = 1_000_000

@@ -592,7 +592,7 @@ def test_a_real_openai_compatible_model_is_offered_the_mcp_tools_schema(mcp_back
 
 
 def test_a_hostile_tool_result_is_stored_as_text_and_drawn_inert(mcp_backend):
-    from agent.ui.markdown import safe_markdown
+    from agent.text.markdown import safe_markdown
 
     state, (step,) = run_turn(mcp_backend, "run markup please")
     assert step["result"] == HOSTILE_TEXT  # the page shows a tool result in a code block, as text

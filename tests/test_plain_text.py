@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agent.plain_text import plain_text
+from agent.text.plain_text import plain_text
 from tests.conftest import cpu_seconds, repeated
 
 LARGE_CHARS = 160_000  # characters of a pathological input

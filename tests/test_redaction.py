@@ -2,7 +2,7 @@
 forms and case, fuzzed per character; linear time; and a hostile provider through a real worker.
 
 The oracle is the standard library's own reading (html.unescape, NFKC, casefold, category Cf), not
-agent.redaction's."""
+agent.text.redaction's."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import unicodedata
 import pytest
 
 from agent.providers.http import redact, redact_json
-from agent.redaction import REDACTED
 from agent.runtime.loopback_server import reply
+from agent.text.redaction import REDACTED
 from tests.conftest import CANARY_KEY, FAST, ask, cpu_seconds, redis_dump, repeated, wait_done
 from tests.scripted_server import chat_reply, tool_call
 

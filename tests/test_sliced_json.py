@@ -11,7 +11,7 @@ import pytest
 
 from agent.providers import bulk_redaction, sliced_json
 from agent.providers.http import redact_json
-from agent.surrogates import scrub_json
+from agent.text.surrogates import scrub_json
 from tests.conftest import CANARY_KEY, cpu_seconds
 from tests.test_redaction import encode_key
 

@@ -3,7 +3,7 @@ on (what the live text in Redis can hold at any moment, and what the CLI prints 
 `partial_text`, the history message and the page's rendering of each never read as the key; the cost
 stays linear; and end to end through a real SSE server, real workers and a real Redis.
 
-The oracle is tests.test_redaction's `readable` (the standard library's reading), not agent.redaction's."""
+The oracle is tests.test_redaction's `readable` (the standard library's reading), not agent.text.redaction's."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import time
 
 import pytest
 
-from agent.plain_text import PlainTextStream
 from agent.providers.base import Completion
 from agent.providers.streaming import TextRelay
-from agent.redaction import REDACTED, cut, redact
 from agent.store import Keys
+from agent.text.markdown import safe_markdown
+from agent.text.plain_text import PlainTextStream
+from agent.text.redaction import REDACTED, cut, redact
 from agent.turn.model_calls import partial_fields
 from agent.turn.response_limits import bound_response
 from agent.turn.writer import LiveText
-from agent.ui.markdown import safe_markdown
 from tests.conftest import CANARY_KEY, FAST, ask, cpu_seconds, redis_dump, repeated, wait_done
 from tests.sse_server import DONE, text_chunks
 from tests.test_markdown import parsed_html

@@ -10,7 +10,7 @@ import pytest
 from agent.queue import new_id
 from agent.runtime.loopback_server import reply
 from agent.store import Store
-from agent.surrogates import REPLACEMENT, scrub, scrub_json
+from agent.text.surrogates import REPLACEMENT, scrub, scrub_json
 from agent.tools import run_tool
 from tests.conftest import ask, wait_done
 from tests.scripted_server import chat_reply

@@ -23,7 +23,7 @@ from agent import tracing
 from agent.hosting import pool
 from agent.runtime.connection import describe, is_disk_error, queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering, data_dir
-from agent.settings import Settings
+from agent.settings import Settings, redis_maxmemory_mb
 from agent.store import Store
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def acquire_redis(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
     if settings.redis_url:
         check_redis(settings.redis_url)
         return settings.redis_url, None
-    embedded = EmbeddedRedis()
+    embedded = EmbeddedRedis(maxmemory_mb=redis_maxmemory_mb())
     try:
         url = embedded.acquire(wait_s=settings.redis_wait_s)
     except RedisNotAnswering as exc:

@@ -15,7 +15,7 @@ from agent.providers.server_errors import raise_reported
 from agent.providers.spec import ProviderSpec
 from agent.providers.sse import DEFAULT_EVENT, Event
 from agent.providers.streaming import StreamedModel
-from agent.surrogates import scrub_json
+from agent.text.surrogates import scrub_json
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024  # tokens per response

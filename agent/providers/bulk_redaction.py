@@ -16,8 +16,8 @@ import unicodedata
 from collections.abc import Generator
 from typing import Any
 
-from agent.redaction import read_all, reading, redact
-from agent.surrogates import scrub
+from agent.text.redaction import read_all, reading, redact
+from agent.text.surrogates import scrub
 
 Steps = Generator[None, None, Any]  # yields between steps; returns the result
 

@@ -38,8 +38,8 @@ from agent.deadline import CallTimeout
 from agent.providers import call_clock, decoding, sliced_json
 from agent.providers.base import ProviderError, ProviderErrorKind
 from agent.providers.sse import Event, EventStreamParser
-from agent.redaction import redact
-from agent.surrogates import scrub, scrub_json
+from agent.text.redaction import redact
+from agent.text.surrogates import scrub, scrub_json
 
 log = logging.getLogger(__name__)
 
@@ -479,7 +479,7 @@ def _finite(text: str) -> float | None:
 
 
 def decode_json(body: bytes | str, *, secret: str | None = None, cut: bool = False) -> Any:
-    """The parsed body, lone surrogates replaced (see agent.surrogates) and the key `secret` redacted
+    """The parsed body, lone surrogates replaced (see agent.text.surrogates) and the key `secret` redacted
     wherever it appears, or a MALFORMED ProviderError. Decoded in steps, bounded by the clock of the
     call it is part of (agent.providers.call_clock): a TIMEOUT or STOPPED ProviderError when it runs out.
     Nested past bounded_json.MAX_DEPTH (a linear scan first), it is refused, or with `cut` read with

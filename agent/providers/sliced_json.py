@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from agent.providers.bulk_redaction import Steps, clean_steps, holds
-from agent.redaction import reading
+from agent.text.redaction import reading
 
 ONE_STEP_CHARS = 64 * 1024  # a body this short is parsed in one step (json.loads: at most ~15 ms)
 RUN_CHARS = 32 * 1024  # characters of simple values parsed in one step

@@ -20,7 +20,7 @@ from agent.providers import call_clock, server_errors
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
 from agent.providers.http import HTTPReply, decode_json, error_text, post_json, post_stream
 from agent.providers.sse import Event
-from agent.streamed_redaction import StreamRedactor
+from agent.text.streamed_redaction import StreamRedactor
 
 MIN_FALLBACK_S = 0.5  # seconds; with less left after a refusal, the refusal is the answer
 REFUSAL_STATUSES = frozenset({400, 415, 422, 501})  # how servers say "not with these parameters"
@@ -118,7 +118,7 @@ def _plain(reply: HTTPReply, parse: Callable[[Any], Completion], on_text: TextLi
 class TextRelay:
     """Collects an answer's text and hands it on, batched per network read, with the API key
     redacted even when a server splits it across deltas, in any form the redaction reads (see
-    agent.streamed_redaction): what could still turn out to be part of the key is held back."""
+    agent.text.streamed_redaction): what could still turn out to be part of the key is held back."""
 
     def __init__(self, on_text: TextListener | None, secret: str | None):
         self._on_text = on_text

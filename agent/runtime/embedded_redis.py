@@ -33,7 +33,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agent import PROJECT_ROOT
-from agent.settings import DEFAULT_REDIS_WAIT_S, redis_maxmemory_mb
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +41,10 @@ PING_TIMEOUT_S = 2.0  # seconds for one PING (a stopped server accepts connectio
 RECHECK_PAUSE_S = 0.25  # seconds between looks at a server that does not answer
 STOP_TIMEOUT_S = 5.0  # seconds to wait for SIGTERM before SIGKILL
 MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108
+# Seconds a process waits for an embedded Redis that runs but does not answer (stopped, busy, loading
+# a large data file) before it gives up, leaving that server running: a slow server is never replaced.
+DEFAULT_REDIS_WAIT_S = 30.0
+DEFAULT_MAXMEMORY_MB = 1024  # megabytes the server may hold (noeviction: then writes are refused); 0: no bound
 
 
 def data_dir() -> Path:
@@ -63,8 +66,11 @@ def redis_binary() -> str:
 
 
 class EmbeddedRedis:
-    def __init__(self, directory: Path | None = None):
+    def __init__(self, directory: Path | None = None, *, maxmemory_mb: int = DEFAULT_MAXMEMORY_MB):
+        """The server under `directory`; `maxmemory_mb` (AGENT_REDIS_MAXMEMORY_MB, read by the settings)
+        bounds a server this object starts: one it joins keeps the bound it was started with."""
         self.dir = Path(directory or data_dir()).resolve()
+        self.maxmemory_mb = maxmemory_mb
         self.pid_file = self.dir / "redis.pid"
         self.password_file = self.dir / "redis.password"
         self.conf_file = self.dir / "redis.conf"
@@ -233,7 +239,7 @@ class EmbeddedRedis:
         """Launch a server; `acquire` waits for it to answer (a large data file takes a while to load)."""
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
-        conf = _server_config(self.socket, self.dir, self.pid_file, self.log_file, self.password)
+        conf = _server_config(self.socket, self.dir, self.pid_file, self.log_file, self.password, self.maxmemory_mb)
         fd = os.open(self.conf_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(conf)
@@ -262,11 +268,11 @@ class EmbeddedRedis:
         return live
 
 
-def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path, password: str) -> str:
+def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path, password: str,
+                   maxmemory_mb: int) -> str:
     # A bound on what it holds (AGENT_REDIS_MAXMEMORY_MB, checked at start with the other settings). At
     # the bound nothing is evicted: writes are refused, and the store refuses new turns a little before
     # (agent/store.py), so the turns in flight still end.
-    maxmemory_mb = redis_maxmemory_mb()
     return "\n".join(
         [
             "port 0",  # no TCP listener at all: the unix socket is the only way in

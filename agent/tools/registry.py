@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pydantic
 
 from agent import bounded_json
-from agent.surrogates import scrub_json
+from agent.text.surrogates import scrub_json
 
 TIMEOUT_PARAMETER = "timeout_s"  # filled by run_tool with the time the run may take, never shown to the model
 STOP_PARAMETER = "stop"  # filled by run_tool with an Event set when the user stops the turn; never shown

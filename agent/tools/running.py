@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from agent import bounded_json
-from agent.surrogates import scrub
+from agent.text.surrogates import scrub
 from agent.tools.registry import REGISTRY, ToolError, check_arguments
 
 MAX_OUTPUT_CHARS = 4000  # characters of a tool's output sent back to the model

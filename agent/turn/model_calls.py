@@ -20,7 +20,7 @@ from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status, Usag
 from agent.deadline import CallTimeout, retry_wait_s
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
-from agent.redaction import cut
+from agent.text.redaction import cut
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
 from agent.turn.history_window import latest_turns

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from agent import bounded_json
 from agent.providers.base import Completion, ToolCall
-from agent.redaction import cut
+from agent.text.redaction import cut
 
 MAX_TOOL_CALLS_PER_RESPONSE = 16  # tool calls run from one model response; the rest are refused
 MAX_ARGUMENTS_CHARS = 16_000  # characters of one call's arguments; longer ones are refused, not run

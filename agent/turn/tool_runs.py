@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
 from agent.providers.base import ToolCall
-from agent.redaction import cut
+from agent.text.redaction import cut
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
 from agent.turn.response_limits import PlannedCall

@@ -16,8 +16,8 @@ import streamlit as st
 from agent import export
 from agent.conversations import ConversationInfo, info, list_conversations
 from agent.store import Store
+from agent.text.markdown import inert
 from agent.ui import state as ui
-from agent.ui.markdown import inert
 
 SIDEBAR_LIMIT = 20  # conversations the sidebar lists
 FILTER_KEY = "conv_filter"

@@ -21,8 +21,8 @@ from agent.contract import (
     safeguards_on,
 )
 from agent.providers.streaming import token_count
+from agent.text.markdown import inert, safe_markdown
 from agent.ui.guard import drawn_or_said
-from agent.ui.markdown import inert, safe_markdown
 from agent.ui.timeline import timeline_chart
 from agent.well_formed import Malformed, number, parse_json
 

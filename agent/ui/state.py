@@ -29,7 +29,7 @@ from agent.queue import (
 )
 from agent.settings import Settings, TurnConfig
 from agent.store import ConversationFull, ConversationGone, Store, StoreFull, TurnInFlight, is_conversation_id
-from agent.ui.markdown import inert
+from agent.text.markdown import inert
 from agent.well_formed import UnreadableState
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id

@@ -8,8 +8,8 @@ from __future__ import annotations
 import redis
 import streamlit as st
 
+from agent.text.markdown import inert
 from agent.tools.catalogue import read_catalogue
-from agent.ui.markdown import inert
 
 CHOSEN_KEY = "sb_tools"  # the multiselect's session key: the tool names chosen
 OFFERED_KEY = "sb_tools_offered"  # every tool name the catalogue listed when the sidebar was drawn

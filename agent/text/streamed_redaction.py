@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from agent.redaction import MAX_CODE_POINT_DIGITS, _matches, _Reading, _replaced, reading
+from agent.text.redaction import MAX_CODE_POINT_DIGITS, _matches, _Reading, _replaced, reading
 
 # A reference that the next text may still lengthen or end otherwise: `&`, `&#`, `&#x`, digits (any
 # number: leading zeros count for nothing), or a name of up to 32 characters (its `;` may follow).

@@ -10,7 +10,7 @@ and so is the Markdown a word can hold (`*`, `_`, `~`, backticks, escaping backs
 A match is mapped back to the original characters it came from, and that whole span (references
 and invisible characters included) is replaced. Only matched spans change: text that does not
 read as the key comes back as it was. A text that arrives in pieces is redacted by
-agent.streamed_redaction; a redacted text is shortened by `cut`, never by a bare slice.
+agent.text.streamed_redaction; a redacted text is shortened by `cut`, never by a bare slice.
 
 Linear, and in C but for one step per reference and per match: one regex without nested
 repetition finds the references; the rest of the text is read in bulk (`str.lower` when plain ASCII,
