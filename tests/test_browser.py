@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from agent.ui.sidebar import SETTINGS_LABEL
 from harness.page import (
     AUTOREFRESH,
     INPUT,
@@ -68,6 +69,14 @@ def ask(page, url: str, question: str) -> None:
     page.keyboard.press("Enter")
 
 
+def open_settings(page):
+    """The sidebar's settings for the next message: a popover, whose widgets exist only once it is open."""
+    page.get_by_test_id("stSidebar").get_by_role("button", name=SETTINGS_LABEL).click()
+    body = page.get_by_test_id("stPopoverBody")
+    body.wait_for(timeout=10000)
+    return body
+
+
 def quiet_for(sent_at: list[float], quiet_s: float, within_s: float) -> bool:
     """True once no websocket frame was sent for `quiet_s`, waiting at most `within_s`."""
     end = time.monotonic() + within_s
@@ -107,6 +116,20 @@ def test_a_question_shows_each_tool_step_before_the_answer_then_stops_polling(se
     page.get_by_text("calculator(17*23)").first.wait_for(timeout=5000)
 
 
+def test_the_settings_are_drawn_only_once_opened_and_then_all_there(server, page):
+    page.goto(server.url)
+    page.wait_for_selector(INPUT, timeout=START_TIMEOUT_S * 1000)
+    # Closed, none of their widgets is in the page: the first screen does not pay for them.
+    assert page.get_by_test_id("stNumberInput").count() == 0
+    assert page.get_by_test_id("stSelectbox").count() == 0
+    assert page.get_by_test_id("stSidebar").get_by_text("The turn stops itself").count() == 1  # what they amount to
+    settings = open_settings(page)
+    for label in ("Provider", "Scenario", "Model latency (s)", "Job timeout (s)", "Deadline margin (s)",
+                  "Call timeout cap (s)", "Minimum for a call (s)", "Safeguards off (the naive loop)"):
+        settings.get_by_text(label, exact=True).first.wait_for(timeout=10000)
+    settings.get_by_text("Tools", exact=True).first.wait_for(timeout=10000)
+
+
 def test_a_page_reached_under_a_foreign_host_name_shows_no_conversation(server, page):
     ask(page, server.url, "What is 19*23?")
     page.wait_for_url("**/?c=*", timeout=15000)
@@ -142,10 +165,15 @@ def test_screenshots_for_the_readme(server, browser):
 
         # The hang scenario on the short demo clocks: it ends timed out, before the deadline.
         page.get_by_role("button", name="New chat").click()
-        page.get_by_role("button", name="Demo clocks").click()
-        page.get_by_test_id("stSidebar").get_by_test_id("stSelectbox").nth(1).click()  # the scenario
+        settings = open_settings(page)
+        settings.get_by_role("button", name="Demo clocks").click()
+        settings.get_by_test_id("stNumberInput").filter(has_text="Job timeout").locator("input").wait_for()
+        assert settings.get_by_test_id("stNumberInput").filter(has_text="Job timeout").locator(
+            "input").input_value() == "20"  # the demo clocks were applied, and the settings stay open
+        settings.get_by_test_id("stSelectbox").nth(1).click()  # the scenario
         page.get_by_role("option", name="hang").click()
         page.wait_for_timeout(500)
+        page.keyboard.press("Escape")  # the settings close; the chat input is reachable again
         page.fill(INPUT, "What is 17*23?")
         page.keyboard.press("Enter")
         wait_settled(page, "Ran out of time", timeout_s=30)
@@ -166,9 +194,9 @@ def test_an_mcp_tool_from_mcp_json_is_listed_and_its_step_lands_in_the_page(tmp_
             page.get_by_text("time__get_current_time").first.wait_for(timeout=60000)
             page.get_by_text("Asia/Tokyo").first.wait_for(timeout=30000)  # the server's own answer
             wait_settled(page, "Asia/Tokyo", timeout_s=30)
-            sidebar = page.get_by_test_id("stSidebar")
-            sidebar.get_by_text("time", exact=True).first.wait_for(timeout=10000)  # the source, by its name
-            assert sidebar.get_by_text("The workers have not listed their tools yet.").count() == 0
+            settings = open_settings(page)
+            settings.get_by_text("time", exact=True).first.wait_for(timeout=10000)  # the source, by its name
+            assert settings.get_by_text("The workers have not listed their tools yet.").count() == 0
             if os.environ.get("AGENT_SCREENSHOTS"):
                 page.wait_for_timeout(800)
                 page.screenshot(path=str(SCREENSHOTS / "mcp_tool.png"), full_page=True)

@@ -205,8 +205,9 @@ def _page(settings: Settings, be: ui.Backend) -> None:
     # drawn), then the next turn's settings.
     top = st.sidebar.container()
     st.sidebar.divider()
-    config, config_error = sidebar.render_sidebar(settings.turn)
-    tool_sources.render_tool_sources(be.store.redis)
+    settings_box = sidebar.settings_box()
+    config, config_error = sidebar.render_sidebar(settings.turn, settings_box)
+    tool_sources.render_tool_sources(be.store.redis, settings_box)
     # Streamlit pins the input to the bottom wherever it is called. A run that starts a turn turns it off
     # before it shows the turn; one that ends a turn empties the turn's frame before it turns it back on:
     # the page never shows a turn in flight with the input on.

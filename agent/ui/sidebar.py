@@ -212,53 +212,28 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
     )
 
 
-def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
-    """Draw the sidebar; return the next turn's config, or None and the reason it is invalid."""
+SETTINGS_LABEL = "⚙️ Settings for the next message"
+
+
+def settings_box():
+    """The next turn's settings, in a popover of the sidebar: the browser draws its widgets only once it
+    is opened. Drawn open, they were about a third of the first screen's excess over a minimal chat app
+    (an expander's closed body is drawn all the same)."""
+    return st.sidebar.popover(SETTINGS_LABEL, width="stretch")
+
+
+def render_sidebar(base: TurnConfig, sb=None) -> tuple[TurnConfig | None, str | None]:
+    """Draw the settings into `sb` (settings_box() unless given) and what they amount to below it in the
+    sidebar; return the next turn's config, or None and the reason it is invalid."""
     init_defaults(base)
-    sb = st.sidebar
-    sb.header("Next message")
+    sb = settings_box() if sb is None else sb
     sb.caption("These settings apply to the next message you send; a turn keeps the settings it was sent with.")
-
-    sb.subheader("Model")
-    provider = sb.selectbox("Provider", registry.names(), key=K["provider"],
-                            format_func=lambda p: registry.PROVIDERS[p].label or p)
-    if provider == DEMO.name:
-        sb.selectbox("Scenario", list(SCENARIOS), key=K["scenario"], on_change=_scenario_changed,
-                     format_func=lambda s: s.replace("-", " "))
-        sb.caption(SCENARIOS[st.session_state[K["scenario"]]].capitalize() + ".")
-        if st.session_state[K["scenario"]] != "healthy" and st.session_state[K["job_timeout_s"]] > DEMO_CLOCKS_OFFER_S:
-            sb.info(f"On these clocks this scenario can take up to {st.session_state[K['job_timeout_s']]} s to "
-                    "end. The demo clocks show the same story in seconds.", icon="⏱️")
-            sb.button("Use the demo clocks", key="offer-demo-clocks", on_click=_apply_preset,
-                      args=(PRESETS["stakeholder"],), width="stretch")
-        sb.number_input("Model latency (s)", min_value=0.0, max_value=600.0, step=0.5, key=K["latency"],
-                        help="How long the demo model thinks before each reply. 1 s makes each step easy to follow.")
-        sb.number_input("Writing speed (characters/s)", min_value=0.0, max_value=MAX_STREAM_CPS, step=10.0,
-                        key=K["stream_cps"],
-                        help="How fast the demo model writes its answer, which the page shows as it is written. "
-                             "0 writes it all at once; a long answer is written faster, in 4 s at most.")
-    else:
-        sb.text_input("Model", key=K["model"])
-        sb.caption(f"API key: **{key_status(provider)}** · base URL: `{_base_url(provider, base)}`")
-
-    sb.subheader("Clocks")
-    left, right = sb.columns(2)
-    left.button("Demo clocks", on_click=_apply_preset, args=(PRESETS["stakeholder"],), width="stretch",
-                help="Job timeout 20 s, margin 5 s, call cap 8 s, minimum 2 s: the hang scenario ends in seconds.")
-    right.button("Defaults", on_click=_set_clocks, args=(base,), width="stretch",
-                 help="The clocks from the environment (AGENT_JOB_TIMEOUT and friends).")
-    sb.number_input("Job timeout (s)", min_value=1, max_value=3600, step=5, key=K["job_timeout_s"],
-                    help="The queue's limit: RQ kills the job when it passes. Whole seconds.")
-    sb.number_input("Deadline margin (s)", min_value=0.0, max_value=3600.0, step=1.0, key=K["deadline_margin_s"],
-                    help="deadline = job start + job timeout − margin. Kept free for the final write.")
-    sb.number_input("Call timeout cap (s)", min_value=0.0, max_value=3600.0, step=1.0, key=K["call_timeout_cap_s"],
-                    help="The most one model call gets: min(cap, time left before the deadline).")
-    sb.number_input("Minimum for a call (s)", min_value=0.0, max_value=3600.0, step=0.5, key=K["min_call_s"],
-                    help="With less than this left before the deadline, no model call starts.")
-
+    _model_settings(sb, base)
+    _clock_settings(sb, base)
     sb.subheader("Safeguards")
     sb.toggle("Safeguards off (the naive loop)", key=K["naive"])
     sync_url(base)
+    sb = st.sidebar  # what the settings amount to shows without opening them
     config, error = None, None
     try:
         config = next_turn_config(base)
@@ -281,3 +256,44 @@ def render_sidebar(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
             f"each tool run gets at most **{config.tool_timeout_cap_s:g} s** (`AGENT_TOOL_TIMEOUT_CAP`)."
         )
     return config, error
+
+
+def _model_settings(sb, base: TurnConfig) -> None:
+    sb.subheader("Model")
+    provider = sb.selectbox("Provider", registry.names(), key=K["provider"],
+                            format_func=lambda p: registry.PROVIDERS[p].label or p)
+    if provider == DEMO.name:
+        sb.selectbox("Scenario", list(SCENARIOS), key=K["scenario"], on_change=_scenario_changed,
+                     format_func=lambda s: s.replace("-", " "))
+        sb.caption(SCENARIOS[st.session_state[K["scenario"]]].capitalize() + ".")
+        if st.session_state[K["scenario"]] != "healthy" and st.session_state[K["job_timeout_s"]] > DEMO_CLOCKS_OFFER_S:
+            sb.info(f"On these clocks this scenario can take up to {st.session_state[K['job_timeout_s']]} s to "
+                    "end. The demo clocks show the same story in seconds.", icon="⏱️")
+            sb.button("Use the demo clocks", key="offer-demo-clocks", on_click=_apply_preset,
+                      args=(PRESETS["stakeholder"],), width="stretch")
+        sb.number_input("Model latency (s)", min_value=0.0, max_value=600.0, step=0.5, key=K["latency"],
+                        help="How long the demo model thinks before each reply. 1 s makes each step easy to follow.")
+        sb.number_input("Writing speed (characters/s)", min_value=0.0, max_value=MAX_STREAM_CPS, step=10.0,
+                        key=K["stream_cps"],
+                        help="How fast the demo model writes its answer, which the page shows as it is written. "
+                             "0 writes it all at once; a long answer is written faster, in 4 s at most.")
+    else:
+        sb.text_input("Model", key=K["model"])
+        sb.caption(f"API key: **{key_status(provider)}** · base URL: `{_base_url(provider, base)}`")
+
+
+def _clock_settings(sb, base: TurnConfig) -> None:
+    sb.subheader("Clocks")
+    left, right = sb.columns(2)
+    left.button("Demo clocks", on_click=_apply_preset, args=(PRESETS["stakeholder"],), width="stretch",
+                help="Job timeout 20 s, margin 5 s, call cap 8 s, minimum 2 s: the hang scenario ends in seconds.")
+    right.button("Defaults", on_click=_set_clocks, args=(base,), width="stretch",
+                 help="The clocks from the environment (AGENT_JOB_TIMEOUT and friends).")
+    sb.number_input("Job timeout (s)", min_value=1, max_value=3600, step=5, key=K["job_timeout_s"],
+                    help="The queue's limit: RQ kills the job when it passes. Whole seconds.")
+    sb.number_input("Deadline margin (s)", min_value=0.0, max_value=3600.0, step=1.0, key=K["deadline_margin_s"],
+                    help="deadline = job start + job timeout − margin. Kept free for the final write.")
+    sb.number_input("Call timeout cap (s)", min_value=0.0, max_value=3600.0, step=1.0, key=K["call_timeout_cap_s"],
+                    help="The most one model call gets: min(cap, time left before the deadline).")
+    sb.number_input("Minimum for a call (s)", min_value=0.0, max_value=3600.0, step=0.5, key=K["min_call_s"],
+                    help="With less than this left before the deadline, no model call starts.")

@@ -23,9 +23,10 @@ def chosen(session) -> tuple[str, ...] | None:
     return tuple(picked)
 
 
-def render_tool_sources(client: redis.Redis) -> None:
-    """List each tool source with its tools (or why it has none), and a choice of tools for the next turn."""
-    sb = st.sidebar
+def render_tool_sources(client: redis.Redis, sb=None) -> None:
+    """List each tool source with its tools (or why it has none), and a choice of tools for the next turn,
+    into `sb` (the sidebar's settings, or the sidebar itself)."""
+    sb = st.sidebar if sb is None else sb
     sb.subheader("Tools")
     try:
         sources = read_catalogue(client)
