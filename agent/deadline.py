@@ -14,7 +14,6 @@ the tool's cut and its write), so a tool that runs to its limit still leaves tim
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +23,6 @@ Clock = Callable[[], float]
 # Seconds past the job timeout before a silent turn counts as lost (agent/lost_worker.py): its ending
 # is written then, so a conversation's state must live at least the job timeout plus this.
 LOST_GRACE_S = 5.0
-BACKOFF_BASE_S = 0.5  # seconds before the first retry
-BACKOFF_MAX_S = 8.0  # seconds, the longest backoff without Retry-After
 TOOL_CUT_SLACK_S = 0.25  # seconds a tool's limit also keeps back: its cut (a wait slice) and its result's write
 
 
@@ -105,15 +102,3 @@ class Budget:
         """A wait (backoff, Retry-After) fits when a call can still start after it."""
         return self.remaining_s() - wait_s >= self.min_call_s
 
-
-def backoff_s(attempt: int, rng: Callable[[], float] = random.random) -> float:
-    """Exponential backoff with full jitter for retry number `attempt` (1-based)."""
-    ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
-    return ceiling / 2 + rng() * ceiling / 2
-
-
-def retry_wait_s(attempt: int, retry_after_s: float | None, rng: Callable[[], float] = random.random) -> float:
-    """How long to wait before retry `attempt`: the server's Retry-After when given, else backoff."""
-    if retry_after_s is not None:
-        return max(0.0, retry_after_s)
-    return backoff_s(attempt, rng)

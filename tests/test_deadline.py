@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.deadline import TOOL_CUT_SLACK_S, Budget, backoff_s, retry_wait_s
+from agent.deadline import TOOL_CUT_SLACK_S, Budget
 from agent.settings import TurnConfig
 
 
@@ -80,18 +80,6 @@ def test_a_wait_fits_only_if_a_call_can_start_after_it():
     clock.now += 90  # 10 s left
     assert b.wait_fits(4.9)
     assert not b.wait_fits(5.1)
-
-
-def test_backoff_grows_exponentially_with_jitter_and_a_ceiling():
-    assert backoff_s(1, rng=lambda: 0.0) == pytest.approx(0.25)
-    assert backoff_s(1, rng=lambda: 1.0) == pytest.approx(0.5)
-    assert backoff_s(3, rng=lambda: 1.0) == pytest.approx(2.0)
-    assert backoff_s(20, rng=lambda: 1.0) == pytest.approx(8.0)
-
-
-def test_retry_after_is_honoured_over_backoff():
-    assert retry_wait_s(1, 3.0) == 3.0
-    assert retry_wait_s(1, None, rng=lambda: 1.0) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(("elapsed_s", "tool_cap_s", "expected_s"), [

@@ -21,6 +21,7 @@ from agent.providers.anthropic import parse_message, to_anthropic_messages, to_a
 from agent.providers.base import Completion, ToolCall
 from agent.providers.http import HTTPReply, check_status, parse_retry_after
 from agent.providers.openai import parse_completion
+from agent.providers.retry import RETRY_POLICY
 from agent.providers.spec import ProviderSpec
 from agent.runtime.loopback_server import delayed, hang, raw, reply, reset, trickle
 from agent.secrets import read_secret
@@ -186,7 +187,7 @@ def test_a_hanging_server_times_out_within_the_total_timeout(server, openai):
     error = error_of(openai, CallTimeout(total_s=1.0, connect_s=1.0))
     elapsed = time.monotonic() - started
     assert error.kind == "timeout"
-    assert error.retryable
+    assert RETRY_POLICY.retryable(error)
     assert "did not answer within 1.0 s" in error.message
     assert elapsed < 1.0 + DEADLINE_SLACK_S
 
@@ -207,7 +208,7 @@ def test_a_refused_connection_is_a_connection_error():
         port = probe.getsockname()[1]
     error = error_of(OpenAIProvider(f"http://127.0.0.1:{port}", "m", None))
     assert error.kind == "connection"
-    assert error.retryable
+    assert RETRY_POLICY.retryable(error)
 
 
 def test_a_connection_reset_mid_body_is_a_connection_error(server, openai):
@@ -276,7 +277,7 @@ def test_the_job_timeout_ends_a_call_wherever_in_the_event_loop_it_fires(server,
 def test_401_is_an_auth_error_that_is_not_retried_and_does_not_echo_the_key(server):
     server.add(reply(401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}))
     error = error_of(OpenAIProvider(server.url, "m", SECRET))
-    assert (error.kind, error.status, error.retryable) == ("auth", 401, False)
+    assert (error.kind, error.status, RETRY_POLICY.retryable(error)) == ("auth", 401, False)
     assert error.message == "the API key was rejected (HTTP 401)"
     assert SECRET not in str(error)
 
@@ -298,20 +299,20 @@ def test_401_without_a_key_says_a_key_is_required(server, openai):
 def test_429_carries_retry_after_and_is_retryable(server, openai):
     server.add(reply(429, {"error": {"message": "slow down"}}, {"Retry-After": "2"}))
     error = error_of(openai)
-    assert (error.kind, error.retry_after_s, error.retryable) == ("rate_limited", 2.0, True)
+    assert (error.kind, error.retry_after_s, RETRY_POLICY.retryable(error)) == ("rate_limited", 2.0, True)
 
 
 def test_529_is_a_retryable_overloaded_server_error(server, openai):
     server.add(reply(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
     error = error_of(openai)
-    assert (error.kind, error.retryable) == ("server", True)
+    assert (error.kind, RETRY_POLICY.retryable(error)) == ("server", True)
     assert "overloaded" in error.message
 
 
 def test_400_quotes_the_providers_message_truncated_and_is_not_retried(server, openai):
     server.add(reply(400, {"error": {"message": "bad tool schema " + "x" * 1000}}))
     error = error_of(openai)
-    assert (error.kind, error.retryable) == ("bad_request", False)
+    assert (error.kind, RETRY_POLICY.retryable(error)) == ("bad_request", False)
     assert "bad tool schema" in error.message
     assert len(error.message) < 400
 
@@ -319,14 +320,14 @@ def test_400_quotes_the_providers_message_truncated_and_is_not_retried(server, o
 def test_404_is_not_found(server, openai):
     server.add(reply(404, {"error": "model 'nope' not found"}))
     error = error_of(openai)
-    assert (error.kind, error.retryable) == ("not_found", False)
+    assert (error.kind, RETRY_POLICY.retryable(error)) == ("not_found", False)
     assert "model 'nope' not found" in error.message
 
 
 @pytest.mark.parametrize("status", [408, 409, 500, 502, 503])
 def test_transient_statuses_are_retryable_server_errors(status):
     error = pytest.raises(ProviderError, check_status, HTTPReply(status, {}, b"<html>oops</html>")).value
-    assert (error.kind, error.retryable) == ("server", True)
+    assert (error.kind, RETRY_POLICY.retryable(error)) == ("server", True)
 
 
 def test_retry_after_accepts_milliseconds_and_http_dates():
@@ -375,7 +376,7 @@ def test_a_malformed_response_is_a_malformed_error_and_nothing_else(server, open
     error = error_of(openai)
     assert error.kind == "malformed"
     assert error.message.startswith("the provider sent a malformed response: ")
-    assert not error.retryable
+    assert not RETRY_POLICY.retryable(error)
 
 
 # --- Anthropic ------------------------------------------------------------------------------
@@ -498,7 +499,7 @@ def test_a_malformed_anthropic_response_is_a_malformed_error(data):
 def test_anthropic_overloaded_is_retryable(server):
     server.add(reply(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
     error = error_of(AnthropicProvider(server.url, "m", SECRET))
-    assert (error.kind, error.status, error.retryable) == ("server", 529, True)
+    assert (error.kind, error.status, RETRY_POLICY.retryable(error)) == ("server", 529, True)
 
 
 # --- make_provider and secrets --------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from agent.contract import Kind
 from agent.providers import AnthropicProvider, OpenAIProvider
 from agent.providers.http import ERROR_TEXT_LIMIT
+from agent.providers.retry import RETRY_POLICY
 from agent.runtime.loopback_server import reply, stream
 from tests.conftest import FAST
 from tests.scripted_server import ScriptedServer, chat_reply
@@ -71,7 +72,7 @@ def test_a_servers_own_error_is_reported_in_its_words_and_not_retried(server, fo
     kind, action, words = FORMS[form]
     server.add(action())
     error = error_of(provider_for(kind, server))
-    assert error.kind == "bad_request" and not error.retryable
+    assert error.kind == "bad_request" and not RETRY_POLICY.retryable(error)
     assert words in error.message
 
 
@@ -123,7 +124,7 @@ def test_the_servers_words_are_redacted_and_cut(server):
 def test_an_unknown_error_in_a_stream_is_a_server_failure_that_is_retried(server):
     server.add(stream([sse({"error": {"message": "the GPU fell over", "type": "mystery"}})]))
     error = error_of(provider_for("openai", server))
-    assert (error.kind, error.retryable) == ("server", True)
+    assert (error.kind, RETRY_POLICY.retryable(error)) == ("server", True)
     assert "the GPU fell over" in error.message
 
 
@@ -139,7 +140,7 @@ def test_a_refused_connection_names_the_url_without_its_credentials_or_query():
         port = probe.getsockname()[1]
     provider = OpenAIProvider(f"http://user:hunter2@127.0.0.1:{port}/v1?api-key=q-secret#frag", "m", None)
     error = error_of(provider)
-    assert error.kind == "connection" and error.retryable
+    assert error.kind == "connection" and RETRY_POLICY.retryable(error)
     assert f"http://127.0.0.1:{port}/v1" in error.message
     assert "hunter2" not in error.message and "user" not in error.message and "q-secret" not in error.message
 

@@ -11,6 +11,7 @@ import pytest
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import post_json
+from agent.providers.retry import RETRY_POLICY
 from agent.runtime.loopback_server import hang
 from agent.store import Store
 from agent.tools import REGISTRY, make_tool, run_tool
@@ -109,7 +110,7 @@ def test_a_call_whose_stop_event_is_set_ends_at_once_as_stopped_and_is_not_retri
                   timeout=CallTimeout(total_s=30.0, connect_s=5.0), stop=stop)
     assert released.is_set()
     assert caught.value.kind == "stopped"
-    assert not caught.value.retryable
+    assert not RETRY_POLICY.retryable(caught.value)
 
 
 def test_a_call_whose_stop_event_is_already_set_is_not_made(scripted):

@@ -15,6 +15,7 @@ from agent.deadline import CallTimeout
 from agent.providers import AnthropicProvider, OpenAIProvider, ProviderError
 from agent.providers.base import Completion, ToolCall, Usage
 from agent.providers.http import MAX_RESPONSE_BYTES
+from agent.providers.retry import RETRY_POLICY
 from agent.providers.sse import Event, EventStreamParser
 from agent.providers.streaming import TextRelay
 from agent.runtime.loopback_server import delayed, reply, stream
@@ -113,7 +114,7 @@ def test_an_openai_stream_that_ends_without_done_is_a_cut_off_not_an_answer(serv
     server.add(stream(text_chunks("The answer is", " 4")))  # the body ends cleanly, but without [DONE]
     error = error_of(openai)
     assert error.kind == "connection" and "cut off" in error.message
-    assert error.retryable
+    assert RETRY_POLICY.retryable(error)
 
 
 def test_a_stream_that_stalls_after_three_words_is_cut_at_the_call_timeout(server, openai):
@@ -321,7 +322,7 @@ def test_an_anthropic_error_event_mid_stream_is_mapped_like_its_http_error(serve
     server.add(stream([message_start(), *text_block(0, "Par"), error_event]))
     error = error_of(anthropic)
     assert (error.kind, error.status) == (kind, status)
-    assert error.retryable == (status >= 429)
+    assert RETRY_POLICY.retryable(error) == (status >= 429)
 
 
 def test_an_anthropic_server_that_refuses_to_stream_gets_a_plain_call(server, anthropic):

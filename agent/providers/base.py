@@ -12,8 +12,6 @@ from typing import Protocol
 
 from agent.deadline import CallTimeout
 
-RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -63,13 +61,9 @@ class ProviderErrorKind:
     STOPPED = "stopped"  # the call's stop event was set
 
 
-# The same request would fail the same way: these are never retried, whatever their status.
-NEVER_RETRIED = frozenset({ProviderErrorKind.AUTH, ProviderErrorKind.BAD_REQUEST, ProviderErrorKind.NOT_FOUND,
-                           ProviderErrorKind.STOPPED})
-
-
 class ProviderError(Exception):
-    """A call failed. `kind` is a ProviderErrorKind; `message` is for a person."""
+    """A call failed. `kind` is a ProviderErrorKind; `message` is for a person. Whether it is asked
+    again is the retry policy's to say (agent.providers.retry)."""
 
     def __init__(
         self,
@@ -88,14 +82,6 @@ class ProviderError(Exception):
         # A stream that ended before its end marker with no text and no tool call in it: some servers
         # (llama-cpp-python) end a stream that way on an error they report plainly to a plain request.
         self.nothing_streamed = nothing_streamed
-
-    @property
-    def retryable(self) -> bool:
-        if self.kind in NEVER_RETRIED:  # whatever the status: asking the same again cannot succeed
-            return False
-        if self.status is not None:
-            return self.status in RETRYABLE_STATUSES or 500 <= self.status < 600
-        return self.kind in (ProviderErrorKind.CONNECTION, ProviderErrorKind.TIMEOUT)
 
 
 TextListener = Callable[[str], None]  # receives each piece of an answer's text as it arrives

@@ -37,6 +37,7 @@ from agent import bounded_json, job_alarm
 from agent.deadline import CallTimeout
 from agent.providers import call_clock, decoding, sliced_json
 from agent.providers.base import ProviderError, ProviderErrorKind
+from agent.providers.retry import RETRY_POLICY
 from agent.providers.sse import Event, EventStreamParser
 from agent.text.redaction import redact
 from agent.text.surrogates import scrub, scrub_json
@@ -382,7 +383,7 @@ def check_status(reply: HTTPReply, *, secret: str | None = None) -> None:
     if status == 529:
         message = f"the provider is overloaded (HTTP 529){suffix}"
         raise ProviderError(ProviderErrorKind.SERVER, message, status=status, retry_after_s=retry_after_s)
-    if status in (408, 409) or 500 <= status < 600:
+    if RETRY_POLICY.retries_status(status):  # 408, 409, 5xx: the server failing this once
         message = f"the provider failed (HTTP {status}){suffix}"
         raise ProviderError(ProviderErrorKind.SERVER, message, status=status, retry_after_s=retry_after_s)
     if 400 <= status < 500:

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from agent import bounded_json
 from agent.providers.base import ProviderError, ProviderErrorKind
 from agent.providers.http import HTTPReply, check_status, error_text
+from agent.providers.retry import RETRY_POLICY
 
 # An error's `type` or `code` -> the HTTP status it has as a reply: Anthropic's types, OpenAI's (type
 # or code), llama.cpp's and llama-cpp-python's. Anything else is the server failing.
@@ -105,7 +106,8 @@ def check(reply: HTTPReply, *, secret: str | None) -> None:
     try:
         check_status(reply, secret=secret)
     except ProviderError as exc:
-        if exc.retryable and (error := error_of(_lenient_json(reply.body))) is not None and cannot_succeed(error):
+        error = error_of(_lenient_json(reply.body)) if RETRY_POLICY.retryable(exc) else None
+        if error is not None and cannot_succeed(error):
             raise ProviderError(ProviderErrorKind.BAD_REQUEST, exc.message, status=exc.status) from None
         raise
 

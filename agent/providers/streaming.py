@@ -3,7 +3,8 @@ to a plain call for a server that refuses to stream.
 
 A streamed call asks for an event stream; a server that answers plain JSON instead is read as a
 plain reply; one that refuses the request because of streaming (an error status whose text mentions
-"stream") gets the same request without streaming, from what is left of the same call timeout.
+"stream") gets the same request without streaming, from what is left of the same call timeout
+(when the retry policy, agent.providers.retry, says enough is left).
 A plain reply that carries an error instead of an answer is that error (agent.providers.server_errors).
 """
 
@@ -19,11 +20,9 @@ from agent.deadline import CallTimeout
 from agent.providers import call_clock, server_errors
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage
 from agent.providers.http import HTTPReply, decode_json, error_text, post_json, post_stream
+from agent.providers.retry import RETRY_POLICY
 from agent.providers.sse import Event
 from agent.text.streamed_redaction import StreamRedactor
-
-MIN_FALLBACK_S = 0.5  # seconds; with less left after a refusal, the refusal is the answer
-REFUSAL_STATUSES = frozenset({400, 415, 422, 501})  # how servers say "not with these parameters"
 
 
 class Assembler(Protocol):
@@ -88,7 +87,7 @@ def complete(
         if not refuses_streaming(reply, secret):
             return _plain(reply, parse, on_text, secret, cut), False
         left_s = timeout.total_s - (time.monotonic() - started)
-        if left_s < MIN_FALLBACK_S:
+        if not RETRY_POLICY.unstreamed_fits(left_s):
             server_errors.check(reply, secret=secret)  # the refusal, since no time is left to ask again
         timeout = CallTimeout(total_s=left_s, connect_s=min(timeout.connect_s, left_s))
         reply = post_json(url, headers=headers, body=body, timeout=timeout, stop=stop, secret=secret)
@@ -99,7 +98,7 @@ def complete(
 
 def refuses_streaming(reply: HTTPReply, secret: str | None) -> bool:
     """An error status that names streaming: the request would have worked without it."""
-    return reply.status in REFUSAL_STATUSES and "stream" in error_text(reply.body, secret=secret).lower()
+    return RETRY_POLICY.refuses_streaming(reply.status) and "stream" in error_text(reply.body, secret=secret).lower()
 
 
 def _plain(reply: HTTPReply, parse: Callable[[Any], Completion], on_text: TextListener | None,

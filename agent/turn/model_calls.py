@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status, Usage
-from agent.deadline import CallTimeout, retry_wait_s
+from agent.deadline import CallTimeout
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
+from agent.providers.retry import MAX_ATTEMPTS_PER_CALL, RETRY_POLICY
 from agent.text.redaction import cut
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
@@ -27,7 +28,6 @@ from agent.turn.history_window import latest_turns
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS_PER_CALL = 5  # one model round-trip: the first try and up to four retries
 PARTIAL_TEXT_CHARS = 20_000  # characters of a cut call's text kept in its step
 LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
@@ -77,7 +77,7 @@ class ModelCalls:
         ask = Ask(messages=sent + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else []),
                   tools=[] if last_call else tool_registry.schemas(config.tools), last_call=last_call,
                   step_fields={"turns_not_sent": not_sent} if not_sent else {})
-        for attempt in range(1, MAX_ATTEMPTS_PER_CALL + 1):
+        for attempt in RETRY_POLICY.attempts():
             try:
                 completion = self.attempt(ask, attempt)
             except ProviderError as exc:
@@ -138,7 +138,7 @@ class ModelCalls:
         if not completion.streamed or ask.unstreamed is not None:
             again = ", streamed and again without streaming" if ask.unstreamed == EMPTY_STREAMED else ""
             raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY, f"{EMPTY_REPLY}{again}: {means}.")
-        if attempt >= MAX_ATTEMPTS_PER_CALL:
+        if not RETRY_POLICY.attempt_left(attempt):
             raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
                             f"{EMPTY_REPLY}: {means} (no attempt was left to ask again without streaming).")
         budget = self.context.budget
@@ -170,13 +170,13 @@ class ModelCalls:
         )
 
     def retry_or_end(self, exc: ProviderError, attempt: int) -> None:
-        """Sleep before the next attempt when it fits in the budget; otherwise end the turn."""
+        """Sleep before the next attempt when the retry policy grants one that fits; otherwise end the turn."""
         budget, writer = self.context.budget, self.context.writer
         status = Status.TIMED_OUT if exc.kind == ProviderErrorKind.TIMEOUT else Status.FAILED
-        if not exc.retryable or attempt >= MAX_ATTEMPTS_PER_CALL:
+        if (retry := RETRY_POLICY.after(exc, attempt, budget)) is None:
             raise TurnEnded(status, exc.kind, f"The model call failed: {exc.message}.")
-        wait_s = retry_wait_s(attempt, exc.retry_after_s)
-        if not budget.wait_fits(wait_s):
+        wait_s = retry.wait_s
+        if not retry.fits:
             if exc.kind == ProviderErrorKind.RATE_LIMITED:
                 raise TurnEnded(
                     Status.FAILED,
