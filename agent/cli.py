@@ -32,21 +32,15 @@ import redis
 
 from agent import conversations_cli
 from agent.contract import LIST_FIELDS, Kind, Live, Outcome, Role, State, Status
+from agent.conversation.errors import ConversationFull, ConversationGone, StoreFull, TurnInFlight
+from agent.conversation.keys import CONVERSATION_ID_RE, is_conversation_id
+from agent.conversation.store import Store
 from agent.conversations import retention_words
 from agent.hosting import services
 from agent.lost_worker import lost_worker_check
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, settings_for_command
-from agent.store import (
-    CONVERSATION_ID_RE,
-    ConversationFull,
-    ConversationGone,
-    Store,
-    StoreFull,
-    TurnInFlight,
-    is_conversation_id,
-)
 from agent.text.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.tools.registry import TOOL_NAME
 from agent.well_formed import UnreadableState

@@ -1,4 +1,4 @@
-"""The list of conversations: most recent first, from the index the store keeps (agent/store.py).
+"""The list of conversations: most recent first, from the index the store keeps (agent/conversation/).
 
 A page of the list is one ZREVRANGE on the index plus one HMGET per entry shown, in one pipeline:
 it costs the same with 10 conversations as with 10,000, and no key is ever scanned. An entry whose
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from agent.store import INDEX_KEY, Keys, Store
+from agent.conversation.store import Store
 from agent.well_formed import decoded
 
 DEFAULT_PAGE = 50  # conversations one listing returns
@@ -59,19 +59,16 @@ def list_conversations(store: Store, *, limit: int = DEFAULT_PAGE, text: str | N
         found += [info for info in infos if needle in info.title.casefold()] if needle else infos
         if read < batch or (needle and start >= FILTER_HORIZON):
             break
-    total = int(store.redis.zcard(INDEX_KEY))
+    total = store.index.count()
     return Listing(found[:limit], total, searched_all=not needle or start >= total or len(found) >= limit)
 
 
 def _page(store: Store, start: int, count: int) -> tuple[list[ConversationInfo], int]:
     """The index entries from `start` (most recent first): the live ones, and how many entries were read."""
-    entries = store.redis.zrevrange(INDEX_KEY, start, start + count - 1, withscores=True)
+    entries = store.index.recent(start, count)
     if not entries:
         return [], 0
-    with store.redis.pipeline(transaction=False) as pipe:
-        for member, _ in entries:
-            pipe.hmget(Keys.of(decoded(member)).meta, "title", "turns", "done")
-        metas = pipe.execute(raise_on_error=False)  # one conversation's wrong-typed keys spoil no other row
+    metas = store.index.summaries([member for member, _ in entries])  # wrong-typed keys spoil no other row
     infos, gone = [], []
     for (member, score), meta in zip(entries, metas, strict=True):
         if isinstance(meta, Exception):
@@ -82,8 +79,7 @@ def _page(store: Store, start: int, count: int) -> tuple[list[ConversationInfo],
             gone.append(member)
             continue
         infos.append(_row(decoded(member), title, float(score), turns, done))
-    if gone:
-        store.redis.zrem(INDEX_KEY, *gone)
+    store.index.drop(gone)
     return infos, len(entries)
 
 
@@ -93,28 +89,23 @@ def sweep_expired(store: Store, now: float | None = None) -> int:
     An entry older than the TTL may still be live (a turn waiting in the queue keeps a longer TTL),
     so each is checked before it is dropped. Returns how many were dropped."""
     now = time.time() if now is None else now
-    old = store.redis.zrangebyscore(INDEX_KEY, "-inf", now - store.ttl_s, start=0, num=SWEEP_BATCH)
+    old = store.index.written_before(now - store.ttl_s, SWEEP_BATCH)
     if not old:
         return 0
-    with store.redis.pipeline(transaction=False) as pipe:
-        for member in old:
-            pipe.exists(Keys.of(decoded(member)).meta)
-        alive = pipe.execute()
-    gone = [member for member, exists in zip(old, alive, strict=True) if not exists]
-    if gone:
-        store.redis.zrem(INDEX_KEY, *gone)
+    gone = [member for member, alive in zip(old, store.index.alive(old), strict=True) if not alive]
+    store.index.drop(gone)
     return len(gone)
 
 
 def info(store: Store, conversation_id: str) -> ConversationInfo | None:
     """One conversation's row, or None when it does not exist."""
     try:
-        title, turns, done = store.redis.hmget(Keys.of(conversation_id).meta, "title", "turns", "done")
+        title, turns, done = store.index.summary(conversation_id)
     except redis.ResponseError:  # keys of the wrong kind: the page says it cannot be read
         return ConversationInfo(conversation_id, UNREADABLE_TITLE, 0.0, 0, False)
     if done is None:
         return None
-    score = store.redis.zscore(INDEX_KEY, conversation_id)
+    score = store.index.score(conversation_id)
     return _row(conversation_id, title, float(score or 0), turns, done)
 
 

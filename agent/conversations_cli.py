@@ -19,11 +19,11 @@ from pathlib import Path
 
 from agent import export
 from agent.contract import Role
+from agent.conversation.store import Store
 from agent.conversations import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.hosting import services
 from agent.output_file import OutputRefused, write_whole
 from agent.settings import Settings
-from agent.store import Store
 from agent.text.plain_text import plain_text, terminal_safe
 
 EXIT_OK, EXIT_USAGE = 0, 2

@@ -11,7 +11,8 @@ import time
 
 from agent import tracing
 from agent.contract import Error, Role, carried, turn_summary
-from agent.store import Store, StoreError
+from agent.conversation.errors import StoreError
+from agent.conversation.store import Store
 
 
 def write_ending(

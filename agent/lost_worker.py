@@ -15,10 +15,10 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.contract import ErrorKind, State, Status
+from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
 from agent.endings import write_ending
 from agent.queue import SafeJob, get_queue, queue_wait_s
-from agent.store import Store
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
 LIMBO_GRACE_S = 3.0  # seconds a job may be off the queue yet not started (a worker is between the two)
@@ -79,13 +79,10 @@ def _duration(seconds: float) -> str:
 
 def _in_limbo(store: Store, queue_connection: redis.Redis, job_id: str, now: float) -> bool:
     """True once a queued job has been missing from the queue for LIMBO_GRACE_S (seen across polls)."""
-    key = f"agent:job:{job_id}:off-queue-since"
     if get_queue(queue_connection).get_job_position(job_id) is not None:
-        store.redis.delete(key)
+        store.flags.on_queue(job_id)
         return False
-    store.redis.set(key, repr(now), nx=True, ex=600)
-    first_seen = float(store.redis.get(key) or now)
-    return now - first_seen > LIMBO_GRACE_S
+    return now - store.flags.off_queue_since(job_id, now) > LIMBO_GRACE_S
 
 
 def lost_worker_check(

@@ -22,9 +22,9 @@ from rq.serializers import JSONSerializer
 
 from agent import tracing
 from agent.contract import Role, queued_doc
+from agent.conversation.store import Store
 from agent.runtime import json_only
 from agent.settings import TurnConfig
-from agent.store import Store
 
 json_only.install()  # before any queue, job or worker of this process loads a job
 

@@ -18,6 +18,7 @@ import re
 
 from agent import bounded_json
 from agent.contract import Kind, Outcome, Role, State, Status, make_state
+from agent.conversation.errors import UnreadableState  # what the store refuses: one tree
 
 MAX_DEPTH = bounded_json.MAX_DEPTH  # levels of JSON nesting; the store writes at most 4 (a tool call's function)
 MAX_NUMBER = 1e11  # a time or a duration past this (the year 5138, or 3,000 years) is not one: None
@@ -26,15 +27,6 @@ SHOWN_CHARS = 300  # characters of a malformed item shown in its placeholder
 ROLES = frozenset((Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL))
 _VERSION_RE = re.compile(r"[0-9]{1,18}")
 UNREADABLE_KIND = "unreadable"  # the error kind of a placeholder turn summary
-
-
-class UnreadableState(Exception):
-    """The conversation's stored state cannot be read as a conversation; `reason` says why, in words."""
-
-    def __init__(self, conversation_id: str, reason: str):
-        super().__init__(f"the stored state of conversation {conversation_id} cannot be read: {reason}")
-        self.conversation_id = conversation_id
-        self.reason = reason
 
 
 class Malformed(ValueError):

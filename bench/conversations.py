@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 from agent.contract import Kind, Outcome, Role, make_step, queued_doc, turn_summary
+from agent.conversation.keys import Keys
+from agent.conversation.store import Store
 from agent.conversations import list_conversations
 from agent.queue import new_id
 from agent.settings import TurnConfig
-from agent.store import Keys, Store
 from harness.private_redis import PrivateRedis
 
 LIST_SIZES = (20, 1000, 10_000)  # from one full page up

@@ -6,8 +6,8 @@ import json
 import threading
 import time
 
+from agent.conversation.store import Store
 from agent.queue import new_id
-from agent.store import Store
 from bench.lab import Lab
 from harness.stats import percentile, summary
 

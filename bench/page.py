@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.conversation.store import Store
 from agent.queue import get_queue, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.settings import Settings
-from agent.store import Store
 from harness.follow import states
 from harness.page import (
     STOP_WATCH_JS,

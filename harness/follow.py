@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import redis
 
-from agent.store import Store
+from agent.conversation.store import Store
 
 POLL_S = 0.05  # seconds between reads of the version when a caller waits for an ending
 PAGE_INTERVAL_S = 1.0  # seconds; the page's default poll interval (AGENT_POLL_INTERVAL_MS), for measurements

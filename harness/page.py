@@ -345,8 +345,8 @@ def stop_times(page) -> tuple[float | None, float | None]:
 
 def final_write_at(redis_url: str, conversation_id: str) -> float:
     """When the turn's done write landed (the state's updated_at, epoch seconds)."""
+    from agent.conversation.store import Store
     from agent.runtime.connection import state_client
-    from agent.store import Store
 
     client = state_client(redis_url)
     try:

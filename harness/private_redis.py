@@ -11,11 +11,11 @@ from pathlib import Path
 
 import redis
 
+from agent.conversation.store import Store
 from agent.queue import get_queue
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.settings import redis_maxmemory_mb
-from agent.store import Store
 
 DEFAULT_STATE_TTL_S = 600  # seconds; long enough for any test (the product keeps conversations 30 days)
 

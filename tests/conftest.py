@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from agent.conversation.store import Store
 from agent.hosting.pool import PoolHandle
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.settings import TurnConfig
-from agent.store import Store
 from harness import pools
 from harness.follow import states
 from harness.private_redis import PrivateRedis, stored_values

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from rq import Queue
 
 from agent.contract import turn_summary
+from agent.conversation.keys import Keys
+from agent.conversation.store import Store
 from agent.queue import job_id_for, new_id, submit_turn
 from agent.settings import TurnConfig
-from agent.store import Keys, Store
 from agent.well_formed import MAX_DEPTH, MAX_NUMBER, ROLES, nests_within
 
 

@@ -12,9 +12,9 @@ from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
 from agent.contract import turn_summary
+from agent.conversation.store import Store
 from agent.endings import write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
-from agent.store import Store
 from agent.text.markdown import safe_markdown
 from agent.ui import render, timeline
 from agent.ui import state as ui
@@ -810,7 +810,7 @@ def test_a_page_on_a_conversation_keeps_one_follower_component_ticking_slowly_on
 
 
 def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_idle(store):
-    from agent.store import MAX_BLOCK_MS
+    from agent.conversation.reads import MAX_BLOCK_MS
     from agent.ui.watch import VersionWatch
 
     cid, turn_id = make_status(store, "running")
@@ -835,7 +835,7 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
 def test_a_delete_wakes_a_watch_blocked_on_the_conversation_at_once_not_at_the_end_of_its_read(store, status):
     """A regression: a delete removed the event stream, which wakes no blocked reader, so a tab on the
     conversation learned of it only when its read ran out (up to MAX_BLOCK_MS) or at its next check."""
-    from agent.store import MAX_BLOCK_MS
+    from agent.conversation.reads import MAX_BLOCK_MS
     from agent.ui.watch import VersionWatch
     from harness.waiting import wait_for
 
@@ -855,7 +855,7 @@ def test_a_delete_wakes_a_watch_blocked_on_the_conversation_at_once_not_at_the_e
 
 
 def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_not_a_thread_traceback(store):
-    from agent.store import Keys
+    from agent.conversation.keys import Keys
     from agent.ui.watch import VersionWatch
     from agent.well_formed import UnreadableState
 
@@ -876,7 +876,7 @@ def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_n
 def test_a_watch_whose_connection_closes_under_its_blocking_read_wakes_with_an_error_not_a_thread_traceback(store):
     import redis
 
-    from agent.store import Store
+    from agent.conversation.store import Store
     from agent.ui.watch import VersionWatch
     from harness.waiting import wait_for
 

@@ -238,8 +238,8 @@ TURN_ID = "t1"
 
 def open_finished_turn(page, server, question: str, reply: str, steps: list[dict], now: float) -> None:
     """Write one finished turn straight into the page's Redis (as a worker would), then open it."""
+    from agent.conversation.store import Store
     from agent.runtime.connection import state_client
-    from agent.store import Store
     from harness.page import open_chat
 
     open_chat(page, server.url)  # the page has started its Redis
@@ -472,8 +472,9 @@ def test_an_idle_tab_sees_a_turn_started_in_another_tab(server, browser):
 
 
 def test_an_open_tab_whose_conversation_expired_says_so_without_a_reload(server, page):
+    from agent.conversation.keys import Keys
+    from agent.conversation.store import Store
     from agent.runtime.connection import state_client
-    from agent.store import Keys, Store
     from harness.waiting import wait_for
 
     ask(page, server.url, "What is 31*23?")
@@ -493,9 +494,10 @@ def test_an_open_tab_whose_conversation_expired_says_so_without_a_reload(server,
 
 
 def test_deleting_a_conversation_in_flight_from_another_tab_ends_its_turn_and_the_first_tab_says_so(server, browser):
+    from agent.conversation.keys import Keys
+    from agent.conversation.store import Store
     from agent.queue import job_status
     from agent.runtime.connection import queue_client, state_client
-    from agent.store import Keys, Store
     from harness.waiting import wait_for
 
     first, second = (browser.new_context(viewport={"width": 1280, "height": 1000}) for _ in range(2))

@@ -247,7 +247,7 @@ def bad_conversation_ids() -> list[str]:
 def test_the_conversation_id_rule_refuses_every_generated_bad_id_and_accepts_good_ones():
     import random
 
-    from agent.store import is_conversation_id
+    from agent.conversation.keys import is_conversation_id
 
     assert not any(is_conversation_id(cid) for cid in bad_conversation_ids())
     assert not is_conversation_id(None) and not is_conversation_id(b"abc")

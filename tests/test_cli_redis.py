@@ -17,11 +17,11 @@ import redis
 from rq.serializers import JSONSerializer
 
 from agent.cli import REDIS_OUTAGE_GRACE_S
+from agent.conversation.store import Store
 from agent.lost_worker import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import queue_client
 from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.store import Store
 from harness.pools import stop_pool
 from harness.private_redis import PrivateRedis
 from harness.waiting import wait_for

@@ -12,19 +12,12 @@ import pytest
 
 from agent import conversations, export
 from agent.contract import Role
+from agent.conversation.errors import ConversationFull, ConversationGone, StoreError, StoreFull
+from agent.conversation.keys import INDEX_KEY, Keys
+from agent.conversation.store import Store
+from agent.conversation.writes import TITLE_CHARS, make_title
 from agent.conversations import list_conversations, sweep_expired
 from agent.queue import new_id
-from agent.store import (
-    INDEX_KEY,
-    TITLE_CHARS,
-    ConversationFull,
-    ConversationGone,
-    Keys,
-    Store,
-    StoreError,
-    StoreFull,
-    make_title,
-)
 from harness.waiting import wait_for
 
 DOC = {"status": "queued", "error": None, "job_id": "j", "enqueued_at": 0.0}
@@ -233,7 +226,7 @@ def test_near_the_memory_limit_new_turns_are_refused_and_the_turn_in_flight_stil
     store.redis.config_set("maxmemory", str(int(used / 0.92)))  # past 90% of the limit already
     store.redis.config_set("maxmemory-policy", "noeviction")
     try:
-        store._memory = None
+        store.room.forget()
         with pytest.raises(StoreFull) as full:
             begin(store, "another question")
         assert "full" in str(full.value) and "nothing was sent" in str(full.value)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from agent.conversation.keys import INDEX_KEY, Keys
 from agent.conversations import info
 from agent.export import to_json
 from agent.queue import job_status, new_id, submit_turn
-from agent.store import INDEX_KEY, Keys
 from agent.ui import conversations as conversations_ui
 from harness.waiting import wait_for
 from tests.apptest_page import app, texts, walk

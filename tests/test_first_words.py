@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.store import Store
+from agent.conversation.store import Store
 from tests.apptest_page import app, walk
 from tests.test_app import app_env, assert_no_exception, begin, make_running, running_doc, write_live  # noqa: F401
 

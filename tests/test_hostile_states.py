@@ -21,10 +21,10 @@ from streamlit.testing.v1 import AppTest
 
 from agent.cli import Follower
 from agent.contract import CARRIED_FIELDS
+from agent.conversation.keys import Keys
 from agent.lost_worker import lost_worker_check
 from agent.queue import new_id, submit_turn
 from agent.runtime.loopback_server import delayed
-from agent.store import Keys
 from agent.well_formed import UnreadableState
 from harness.pools import stop_pool
 from harness.private_redis import PrivateRedis

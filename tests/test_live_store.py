@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.conversation.errors import StoreError
+from agent.conversation.keys import Keys
 from agent.queue import new_id
-from agent.store import Keys, StoreError
 
 DOC = {"status": "running", "error": None, "job_id": "j", "enqueued_at": 0.0}
 

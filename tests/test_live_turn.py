@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
+from agent.conversation.store import Store
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
-from agent.store import Store
 from agent.turn.model_calls import PARTIAL_TEXT_CHARS
 from agent.turn.writer import LIVE_WRITE_INTERVAL_S, MAX_LIVE_CHARS
 from harness.waiting import wait_for

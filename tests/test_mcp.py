@@ -20,11 +20,11 @@ import psutil
 import pytest
 from rq import Worker
 
+from agent.conversation.store import Store
 from agent.hosting.pool import launch
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.store import Store
 from agent.tools import REGISTRY, mcp_stdio, run_tool, schemas, sources
 from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
 from agent.tools.mcp import (

@@ -346,7 +346,7 @@ def test_an_mcp_tool_answering_deep_results_gives_tool_errors_and_the_turn_carri
 
 def _deep_state(private, shape: str, depth: int) -> str:
     """A real conversation, then a message, a step and a turn summary that nest `depth` deep written into Redis."""
-    from agent.store import Keys
+    from agent.conversation.keys import Keys
     from tests.hostile_states import base_state
 
     cid, _ = base_state(private.store, "done")

@@ -8,11 +8,12 @@ import math
 import time
 
 from agent import queue as queue_module
+from agent.conversation.keys import Keys
+from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S
 from agent.lost_worker import lost_worker_check
 from agent.queue import job_status, new_id, submit_turn
 from agent.settings import least_state_ttl_s
-from agent.store import Keys, Store
 from harness.pools import stop_pool
 from harness.waiting import wait_for
 from tests.conftest import FAST, start_pool, wait_done

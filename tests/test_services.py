@@ -133,10 +133,10 @@ def test_a_cli_whose_turn_no_worker_takes_says_how_to_start_one(private_env, tmp
 
 
 def test_a_draining_pool_lets_a_running_turn_finish_before_it_stops(private_env, tmp_path):
+    from agent.conversation.store import Store
     from agent.hosting.pool import launch
     from agent.queue import get_queue, new_id, submit_turn
     from agent.runtime.connection import queue_client, state_client
-    from agent.store import Store
     from tests.conftest import FAST
 
     server = EmbeddedRedis()

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
+from agent.conversation.store import Store
 from agent.deadline import CallTimeout
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import post_json
 from agent.providers.retry import RETRY_POLICY
 from agent.runtime.loopback_server import hang
-from agent.store import Store
 from agent.tools import REGISTRY, make_tool, run_tool
 from agent.turn.stop_watch import StopWatch
 from agent.turn.tool_runs import UNANSWERED_CALL_RESULT

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from agent.conversation.errors import StoreError, TurnInFlight
 from agent.queue import new_id
-from agent.store import StoreError, TurnInFlight
 
 DOC = {"status": "queued", "error": None, "job_id": "j", "enqueued_at": 0.0}
 
@@ -78,10 +78,10 @@ def test_wait_version_wakes_as_soon_as_a_write_lands(store, redis_url, monkeypat
     # by a wide gap, however busy the machine is.
     import redis
 
-    from agent import store as store_module
-    from agent.store import Store
+    from agent.conversation import reads
+    from agent.conversation.store import Store
 
-    monkeypatch.setattr(store_module, "MAX_BLOCK_MS", 30_000)
+    monkeypatch.setattr(reads, "MAX_BLOCK_MS", 30_000)
     client = redis.Redis.from_url(redis_url, socket_timeout=60)
     try:
         waiter = Store(client, ttl_s=600)
@@ -97,3 +97,54 @@ def test_wait_version_wakes_as_soon_as_a_write_lands(store, redis_url, monkeypat
 def test_an_unknown_conversation_reads_as_none(store):
     assert store.read("nope-" + new_id()) is None
     assert store.version("nope-" + new_id()) is None
+
+
+def test_every_refusal_of_the_store_has_one_root_and_a_new_message_s_refusals_one_branch():
+    from agent.conversation import errors
+    from agent.well_formed import UnreadableState
+
+    refusals = [errors.TurnInFlight("c", "t"), errors.ConversationGone("c", deleted=True),
+                errors.ConversationFull("c", 2, 1), errors.StoreFull(2, 1)]
+    assert all(isinstance(exc, errors.MessageRefused) for exc in refusals)
+    assert UnreadableState is errors.UnreadableState  # the read rule raises the store's own
+    for exc in [*refusals, errors.StoreError("GONE", "gone"), UnreadableState("c", "why")]:
+        assert isinstance(exc, errors.StoreRefused)
+    assert not issubclass(errors.StoreError, errors.MessageRefused)
+
+
+def test_a_job_missing_from_its_queue_is_remembered_from_its_first_sighting_until_it_is_seen_again(store):
+    job_id = new_id()
+    assert store.flags.off_queue_since(job_id, 100.0) == 100.0
+    assert store.flags.off_queue_since(job_id, 105.0) == 100.0  # the first sighting, across polls
+    assert 0 < store.redis.ttl(f"agent:job:{job_id}:off-queue-since") <= 600
+    store.flags.on_queue(job_id)
+    assert store.flags.off_queue_since(job_id, 110.0) == 110.0
+
+
+def test_every_key_a_turn_and_a_delete_leave_is_one_the_key_layout_lists(private_redis):
+    import re
+
+    from agent.conversation import keys
+
+    store = private_redis.store  # a Redis of its own: every key in it is one this test made
+    cid, tid = begin(store)
+    store.request_cancel(tid, 60)
+    store.claim_turn(tid, "job", 60)
+    store.flags.off_queue_since("job", time.time())
+    store.publish(cid, tid, {**DOC, "status": "done"}, done=True, summary={"turn_id": tid, "status": "done"})
+    gone_cid, _ = begin(store)
+    store.delete(gone_cid)
+    listed = [re.sub(r"\\\{\w+\\\}", "[^:]+", re.escape(line.split()[0]))
+              for line in keys.__doc__.splitlines() if line.strip().startswith("agent:")]
+    written = [key.decode() for key in store.redis.scan_iter("agent:*")]
+    unlisted = [key for key in written if not any(re.fullmatch(pattern, key) for pattern in listed)]
+    assert written and not unlisted
+
+
+def test_the_lua_scripts_are_read_from_the_package_once_and_registered_on_each_client(store):
+    from agent.conversation import lua
+
+    assert lua.source("publish") is lua.source("publish")
+    assert store._writes.scripts.publish.script == lua.source("publish")
+    assert sorted(path.stem for path in lua.SCRIPTS_DIR.glob("*.lua")) == sorted(
+        field for field in lua.Scripts.__dataclass_fields__)

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
+from agent.conversation.keys import Keys
 from agent.providers.base import Completion
 from agent.providers.streaming import TextRelay
-from agent.store import Keys
 from agent.text.markdown import safe_markdown
 from agent.text.plain_text import PlainTextStream
 from agent.text.redaction import REDACTED, cut, redact

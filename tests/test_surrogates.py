@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from agent.conversation.store import Store
 from agent.queue import new_id
 from agent.runtime.loopback_server import reply
-from agent.store import Store
 from agent.text.surrogates import REPLACEMENT, scrub, scrub_json
 from agent.tools import run_tool
 from tests.conftest import ask, wait_done

@@ -9,10 +9,10 @@ import zlib
 import pytest
 from rq.serializers import JSONSerializer
 
+from agent.conversation.errors import TurnInFlight
 from agent.queue import SafeJob, job_id_for, submit_turn
 from agent.runtime.loopback_server import delayed, hang, reply, trickle
 from agent.settings import DEFAULT_STATE_TTL_S
-from agent.store import TurnInFlight
 from harness.waiting import wait_for
 from tests.conftest import CANARY_KEY, FAST, ask, redis_dump, wait_done
 from tests.scripted_server import chat_reply, tool_call

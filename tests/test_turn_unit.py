@@ -9,10 +9,10 @@ import pytest
 import redis
 from rq.timeouts import JobTimeoutException
 
+from agent.conversation.store import Store
 from agent.deadline import Clock
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
 from agent.queue import new_id
-from agent.store import Store
 from agent.turn.loop import Turn
 from agent.turn.policies import EAGER_PUBLISHED_TOOLS
 from agent.turn.response_limits import MAX_TOOL_CALLS_PER_RESPONSE

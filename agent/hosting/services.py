@@ -20,11 +20,11 @@ from pathlib import Path
 import redis
 
 from agent import tracing
+from agent.conversation.store import Store
 from agent.hosting import pool
 from agent.runtime.connection import describe, is_disk_error, queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis, RedisNotAnswering, data_dir
 from agent.settings import Settings, redis_maxmemory_mb
-from agent.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,7 @@ import time
 import redis
 
 from agent import bounded_json
-
-CATALOGUE_KEY = "agent:tools:catalogue"  # one JSON document: the sources the workers have, for the page
+from agent.conversation.keys import CATALOGUE_KEY  # listed with every key the project writes
 
 
 def publish(client: redis.Redis, sources: list[dict]) -> None:

@@ -16,11 +16,11 @@ from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
 from agent.contract import ErrorKind, Message, Status, carried
+from agent.conversation.store import Store
 from agent.endings import write_ending
 from agent.queue import JOB_FUNCTION
 from agent.runtime.connection import state_client
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig, least_state_ttl_s
-from agent.store import Store
 from agent.turn.loop import Turn
 from agent.turn.tool_runs import answer_every_call
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from agent import tracing
 from agent.contract import Error, ErrorKind, Message, Role, Status, TurnDoc
+from agent.conversation.store import Store
 from agent.deadline import Clock
 from agent.providers import make_provider
 from agent.providers.base import ProviderError
 from agent.settings import TurnConfig
-from agent.store import Store
 from agent.turn.context import TurnContext
 from agent.turn.exits import ANSWERED, Exit, TurnEnded, exit_for
 from agent.turn.model_calls import ModelCalls

@@ -17,7 +17,7 @@ import redis
 
 from agent import job_alarm
 from agent.contract import ErrorKind, Status
-from agent.store import Store
+from agent.conversation.store import Store
 from agent.turn.exits import TurnEnded
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,10 @@ from collections.abc import Callable
 import redis
 
 from agent.contract import CurrentStep, Error, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
+from agent.conversation.errors import StoreError
+from agent.conversation.store import Store
+from agent.conversation.writes import LiveHead
 from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem
-from agent.store import LiveHead, Store, StoreError
 from agent.text.redaction import cut
 from agent.text.surrogates import scrub
 from agent.turn.exits import TurnClosed

@@ -14,8 +14,8 @@ import functools
 import streamlit as st
 
 from agent import export
+from agent.conversation.store import Store
 from agent.conversations import ConversationInfo, info, list_conversations
-from agent.store import Store
 from agent.text.markdown import inert
 from agent.ui import state as ui
 

@@ -13,6 +13,9 @@ import redis
 from rq import Queue
 
 from agent.contract import ErrorKind, State, Status
+from agent.conversation.errors import MessageRefused
+from agent.conversation.keys import is_conversation_id
+from agent.conversation.store import Store
 from agent.conversations import retention_words
 from agent.endings import write_ending
 from agent.hosting import services
@@ -28,7 +31,6 @@ from agent.queue import (
     submit_turn,
 )
 from agent.settings import Settings, TurnConfig
-from agent.store import ConversationFull, ConversationGone, Store, StoreFull, TurnInFlight, is_conversation_id
 from agent.text.markdown import inert
 from agent.well_formed import UnreadableState
 
@@ -206,7 +208,7 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     except BadMessage as exc:
         session[FLASH_KEY] = ("error", str(exc), text)
         return None
-    except (TurnInFlight, ConversationGone, ConversationFull, StoreFull) as exc:
+    except MessageRefused as exc:  # in flight, gone, full: said, and the text kept to send again
         session[FLASH_KEY] = ("warning", f"Not sent: {exc}.", text)
         return None
     session.pop(STOPPING_KEY, None)

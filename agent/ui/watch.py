@@ -9,7 +9,8 @@ import threading
 
 import redis
 
-from agent.store import MAX_BLOCK_MS, Store
+from agent.conversation.reads import MAX_BLOCK_MS
+from agent.conversation.store import Store
 from agent.well_formed import UnreadableState
 
 

@@ -1,0 +1,87 @@
+"""What the store refuses, as one tree: a caller catches the root, a branch, or one refusal by name.
+
+    StoreRefused              the store said no (a Redis that is away or full raises redis's own errors)
+    ├── UnreadableState       what is stored is not a conversation this app wrote
+    ├── StoreError            a turn's write was refused: GONE, STALE, CLOSED or CONFLICT (`reason`)
+    └── MessageRefused        a new message was refused, and nothing was sent
+        ├── TurnInFlight      the conversation still has a turn in flight
+        ├── ConversationGone  the conversation expired or was deleted meanwhile
+        ├── ConversationFull  the conversation holds the most one conversation keeps
+        └── StoreFull         Redis is close to its memory limit
+
+Pure: no I/O, no imports from the rest of the project, so the read rule (agent/well_formed.py) can
+raise UnreadableState without importing the store.
+"""
+
+from __future__ import annotations
+
+MIB = 1_048_576  # bytes
+
+
+class StoreRefused(Exception):
+    """The root: the store refused a read or a write, and says why in a sentence."""
+
+
+class UnreadableState(StoreRefused):
+    """The conversation's stored state cannot be read as a conversation; `reason` says why, in words."""
+
+    def __init__(self, conversation_id: str, reason: str):
+        super().__init__(f"the stored state of conversation {conversation_id} cannot be read: {reason}")
+        self.conversation_id = conversation_id
+        self.reason = reason
+
+
+class StoreError(StoreRefused):
+    """A write was refused; `reason` is GONE, STALE, CLOSED or CONFLICT."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class MessageRefused(StoreRefused):
+    """A new message was refused before anything was written or enqueued; the text says why."""
+
+
+class TurnInFlight(MessageRefused):
+    """The conversation already has a turn in flight; a new message is refused, not queued."""
+
+    def __init__(self, conversation_id: str, turn_id: str):
+        super().__init__("a reply is still being written in this conversation: wait for it, or stop it")
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+
+
+class ConversationGone(MessageRefused):
+    """A message meant for an existing conversation found none: it expired or was deleted."""
+
+    def __init__(self, conversation_id: str, deleted: bool):
+        how = "was deleted" if deleted else "has expired"
+        super().__init__(f"this conversation {how}, so your message was not sent")
+        self.conversation_id = conversation_id
+        self.deleted = deleted
+
+
+class StoreFull(MessageRefused):
+    """Redis is close to its memory limit: new turns are refused so that the turns in flight can finish."""
+
+    def __init__(self, used_bytes: int, max_bytes: int):
+        super().__init__(
+            f"the conversation store is full ({used_bytes / MIB:.0f} of {max_bytes / MIB:.0f} MiB, "
+            "AGENT_REDIS_MAXMEMORY_MB): nothing was sent. Delete conversations you no longer need (download "
+            "them first to keep them), or raise the limit")
+        self.used_bytes = used_bytes
+        self.max_bytes = max_bytes
+
+
+class ConversationFull(MessageRefused):
+    """The conversation holds as much as one conversation may keep; a new message is refused."""
+
+    def __init__(self, conversation_id: str, size_bytes: int, max_bytes: int):
+        super().__init__(
+            f"this conversation holds {size_bytes / MIB:.1f} MiB, the most one conversation keeps "
+            f"({max_bytes / MIB:.1f} MiB, AGENT_MAX_CONVERSATION_BYTES): start a new chat, or download "
+            "this one first to keep it")
+        self.conversation_id = conversation_id
+        self.size_bytes = size_bytes
+        self.max_bytes = max_bytes

@@ -1,0 +1,90 @@
+"""Every Redis key the project writes, spelled once. Only the store (this package) reads or writes them.
+
+Per conversation (all its keys share one TTL, refreshed on every write):
+
+    agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields)
+    agent:conv:{id}:history  list: one JSON message per item, append-only
+    agent:conv:{id}:steps    list: one JSON step per item, append-only
+    agent:conv:{id}:turns    list: one JSON summary per ended turn
+    agent:conv:{id}:events   stream: one tiny entry per write, id `<version>-1`, so a client can
+                             block until the version moves instead of sleeping a poll interval
+    agent:conv:{id}:live     string: the text a model call is writing now (UTF-8), grown by APPEND;
+                             its head (turn, message index, attempt, status, seq) is `live` in meta
+
+Beside the conversations:
+
+    agent:conversations      sorted set: every conversation id, scored by its last write (epoch s):
+                             the sidebar's and `list`'s index (agent/conversations.py), never a key scan
+    agent:deleted:{id}       a marker that the conversation was deleted (not expired), for a while
+    agent:gone:{id}          stream: one entry, added by the delete, that wakes every reader blocked on
+                             the conversation's events at once (a deleted stream wakes no one); it
+                             lives a minute
+    agent:turn:{turn}:claim  string: the id of the job that runs the turn (the first to claim it)
+    agent:turn:{turn}:cancel string "1": Stop was asked for the turn
+    agent:job:{job}:off-queue-since
+                             string: epoch seconds a queued job was first seen missing from its queue
+                             (agent/lost_worker.py: a worker took it and died before starting it)
+    agent:tools:catalogue    string: one JSON document, the tool sources the workers have, for the page
+                             (agent/tools/catalogue.py)
+
+The queue's own keys (`rq:*`) belong to RQ.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KEY_PREFIX = "agent:"
+INDEX_KEY = f"{KEY_PREFIX}conversations"
+CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
+# A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
+CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_conversation_id(value) -> bool:
+    """The one rule for an id that comes from outside (the page's URL, the CLI's --conversation).
+
+    A whole match: `re.match` with `$` would also take an id followed by a newline."""
+    return isinstance(value, str) and CONVERSATION_ID_RE.fullmatch(value) is not None
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys of one conversation."""
+
+    meta: str
+    history: str
+    steps: str
+    turns: str
+    events: str
+    live: str
+
+    @classmethod
+    def of(cls, conversation_id: str) -> Keys:
+        base = f"{KEY_PREFIX}conv:{conversation_id}:"
+        return cls(base + "meta", base + "history", base + "steps", base + "turns", base + "events", base + "live")
+
+    @property
+    def all(self) -> list[str]:
+        return [self.meta, self.history, self.steps, self.turns, self.events, self.live]
+
+
+def deleted_marker(conversation_id: str) -> str:
+    return f"{KEY_PREFIX}deleted:{conversation_id}"
+
+
+def gone_events(conversation_id: str) -> str:
+    return f"{KEY_PREFIX}gone:{conversation_id}"
+
+
+def turn_claim(turn_id: str) -> str:
+    return f"{KEY_PREFIX}turn:{turn_id}:claim"
+
+
+def turn_cancel(turn_id: str) -> str:
+    return f"{KEY_PREFIX}turn:{turn_id}:cancel"
+
+
+def job_off_queue_since(job_id: str) -> str:
+    return f"{KEY_PREFIX}job:{job_id}:off-queue-since"

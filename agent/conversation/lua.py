@@ -1,0 +1,37 @@
+"""The store's Lua scripts: read once from scripts/*.lua beside this module, registered once per client.
+
+Every write goes through one of them, so the contract's rules (done never reverts, one turn at a
+time, no write from a turn that is not current) hold in Redis itself, whatever the writer.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import redis
+from redis.commands.core import Script
+
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The text of scripts/{name}.lua, read from the package the first time it is asked for."""
+    return (SCRIPTS_DIR / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """The scripts registered on one client (EVALSHA, loaded into Redis on first use)."""
+
+    begin: Script  # a new turn: the user's message, queued
+    publish: Script  # a turn's write: what is new, the small fields, the version
+    live: Script  # the live text of the model call in flight
+    delete: Script  # a conversation, its index entry, and the deleted marker
+    rename: Script  # a conversation's title
+
+    @classmethod
+    def register(cls, client: redis.Redis) -> Scripts:
+        return cls(**{field.name: client.register_script(source(field.name)) for field in fields(cls)})

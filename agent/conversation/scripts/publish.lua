@@ -1,0 +1,38 @@
+-- One atomic write of a turn: append what is new, replace the small fields, bump the version.
+-- Refused (an error reply) when the conversation is GONE, another turn is current (STALE), the turn has
+-- already ended (CLOSED: done never reverts), or the history moved underneath (CONFLICT).
+-- KEYS: meta, history, steps, turns, events, index, live
+-- ARGV: turn_id, expected history length (-1: any), doc, done ('1' or '0'), ttl, number of messages, number
+-- of steps, turn summary ('' for none), conversation_id, updated_at, end_live (a live text's seq, 0: none),
+-- then the messages, then the steps. Returns the new version.
+local meta, history, steps, turns, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
+local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
+local summary, conversation_id, updated_at, end_live = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
+local current = redis.call('HMGET', meta, 'turn_id', 'done')
+if not current[1] then return redis.error_reply('GONE the conversation has expired or was deleted') end
+if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
+if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
+if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
+  return redis.error_reply('CONFLICT the history moved')
+end
+local i, added = 12, #summary
+for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
+for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
+if summary ~= '' then redis.call('RPUSH', turns, summary) end
+redis.call('HINCRBY', meta, 'bytes', added)
+local version = redis.call('HINCRBY', meta, 'version', 1)
+redis.call('HSET', meta, 'done', done, 'doc', doc)
+if end_live > 0 then
+  local ended = tonumber(redis.call('HGET', meta, 'live_ended') or '0')
+  if end_live > ended then redis.call('HSET', meta, 'live_ended', end_live) end
+end
+local live_seq = tonumber(redis.call('HGET', meta, 'live_seq') or '0')
+if done == '1' or (live_seq > 0 and live_seq <= end_live) then
+  redis.call('HDEL', meta, 'live', 'live_seq')
+  redis.call('DEL', live)
+end
+redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
+for _, key in ipairs({meta, history, steps, turns, events, live}) do redis.call('EXPIRE', key, ttl) end
+redis.call('ZADD', index, updated_at, conversation_id)
+return version

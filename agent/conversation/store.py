@@ -1,0 +1,154 @@
+"""The conversation state in Redis: versions, TTL, one turn at a time. The object it reads back
+is the state contract (agent/contract.py); the keys it keeps are listed in keys.py.
+
+`Store` is the one door: every reader and writer of a conversation, of the index and of the turn
+flags goes through it, and it composes the parts that do the work:
+
+    reads.py    the cheap poll, the blocking wait, the whole state, only what is new since a read
+    writes.py   a turn begun, published, its live text; rename and delete (each a script in scripts/)
+    room.py     new turns refused near Redis's memory limit (StoreFull)
+    index.py    the conversations' index and the list's summaries (store.index)
+    flags.py    who runs a turn, Stop asked, a queued job seen missing from its queue (store.flags)
+    errors.py   what it refuses, under one root: StoreRefused
+
+The live text is append-only while the same text (same seq) continues, so a reader that has its
+first N bytes fetches only the rest (GETRANGE from N). The publish that appends the completed
+message, or records the cut call's step, clears it in the same script; `live_ended` in meta is the
+last seq cleared, so a late live write for a text already ended is refused.
+
+A poll that finds no change is one HGET of `version`; a publish appends only what is new.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from agent.contract import Message, State, Step, TurnDoc, TurnSummary
+from agent.conversation import reads
+from agent.conversation.flags import Flags
+from agent.conversation.index import ConversationIndex
+from agent.conversation.room import Room
+from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
+
+# The most one conversation keeps (messages, steps and turn summaries, as stored JSON): past it, the
+# next message is refused (ConversationFull). A turn in flight is never cut short by it, so a
+# conversation can pass it by at most one turn's worth.
+DEFAULT_MAX_CONVERSATION_BYTES = 8 * 1024 * 1024  # bytes
+
+
+class Store:
+    """Conversations in Redis, read and written as the state contract; refusals raise StoreRefused."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int, *,
+                 max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES):
+        self.redis = client
+        self.ttl_s = ttl_s  # a turn's job may lengthen it for the writes it makes
+        self.max_conversation_bytes = max_conversation_bytes  # 0: no cap
+        self.index = ConversationIndex(client)
+        self.flags = Flags(client)
+        self.room = Room(client)
+        self._writes = Writes(client)  # its scripts registered once, on this client
+
+    # -- readers (reads.py) ------------------------------------------------------------------
+
+    def version(self, conversation_id: str) -> int | None:
+        """The cheap poll: one small read. UnreadableState when what is stored is not a version."""
+        return reads.version(self.redis, conversation_id)
+
+    def wait_version(self, conversation_id: str, seen: int | None, timeout_ms: int) -> int | None:
+        """Block until the version is past `seen` (or the timeout, at most MAX_BLOCK_MS), then return it."""
+        return reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
+
+    def read(self, conversation_id: str) -> State | None:
+        """The whole state object of the contract, or None when unknown or expired."""
+        return reads.read(self.redis, conversation_id)
+
+    def read_since(self, conversation_id: str, known: State | None) -> State | None:
+        """The whole state object, fetching only what was appended since `known` (an earlier read)."""
+        return reads.read_since(self.redis, conversation_id, known)
+
+    def read_meta(self, conversation_id: str) -> State | None:
+        """The small fields only (no history, steps or live text)."""
+        return reads.read_meta(self.redis, conversation_id)
+
+    def history_since(self, conversation_id: str, start: int) -> list[Message]:
+        """The messages from index `start` on."""
+        return reads.history_since(self.redis, conversation_id, start)
+
+    def history_len(self, conversation_id: str) -> int:
+        return reads.history_len(self.redis, conversation_id)
+
+    # -- writers (writes.py) -----------------------------------------------------------------
+
+    def begin_turn(
+        self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *, ttl_s: int | None = None,
+        must_exist: bool = False,
+    ) -> tuple[bool, int]:
+        """Append the user's message and mark the turn queued. Returns (new, version).
+
+        `ttl_s` (default: the store's) is the conversation's TTL while the turn waits for a worker.
+        `must_exist`: the sender believes the conversation exists (an open tab, `--conversation`);
+        if it has expired or was deleted meanwhile, ConversationGone is raised instead of quietly
+        starting a new conversation under the same id.
+
+        The same turn id again (a double submit) is not a new turn; a different one while a
+        turn is in flight raises TurnInFlight; one past the size cap raises ConversationFull; near
+        Redis's memory limit, StoreFull; a conversation whose version is not a number raises
+        UnreadableState. Whatever is refused, nothing is written.
+        """
+        self.check_room()
+        return self._writes.begin_turn(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
+                                       must_exist=must_exist, max_bytes=self.max_conversation_bytes)
+
+    def check_room(self) -> None:
+        """Raise StoreFull when Redis has a memory limit and is past NEW_TURNS_UP_TO of it."""
+        self.room.check()
+
+    def publish(
+        self, conversation_id: str, turn_id: str, doc: TurnDoc, *, done: bool = False,
+        new_messages: list[Message] = (), new_steps: list[Step] = (), expected_history_len: int = -1,
+        summary: TurnSummary | None = None, end_live: int = 0,
+    ) -> int:
+        """One atomic write: append what is new, replace the small fields, bump the version.
+
+        `end_live` (a live text's seq, 0 for none) clears that live text in the same write, and refuses
+        any later live write for it; an ending (done) clears whatever live text there is. A write the
+        contract forbids raises StoreError (GONE, STALE, CLOSED or CONFLICT)."""
+        return self._writes.publish(conversation_id, turn_id, doc, ttl_s=self.ttl_s, done=done,
+                                    new_messages=new_messages, new_steps=new_steps,
+                                    expected_history_len=expected_history_len, summary=summary, end_live=end_live)
+
+    def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *,
+                   from_bytes: int | None = None) -> str:
+        """Write the live text: the whole of it, or (`from_bytes`) the part that follows the stored
+        text's first `from_bytes` bytes. Returns "ok", "ended" (its text was already cleared: nothing
+        written) or "lag" (the stored text does not end at `from_bytes`: nothing written)."""
+        return self._writes.write_live(conversation_id, turn_id, head, text, ttl_s=self.ttl_s, from_bytes=from_bytes)
+
+    def delete(self, conversation_id: str) -> bool:
+        """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
+        refused (GONE), so its job ends without a word. False when there was nothing to delete."""
+        turn_id = self._writes.turn_in_flight(conversation_id)
+        if turn_id is not None:
+            self.request_cancel(turn_id, DELETED_MARKER_TTL_S)
+        return self._writes.delete(conversation_id)
+
+    def was_deleted(self, conversation_id: str) -> bool:
+        """True when the conversation was deleted (recently), rather than expired or never there."""
+        return self._writes.was_deleted(conversation_id)
+
+    def rename(self, conversation_id: str, title: str) -> bool:
+        """Give a conversation a new title (cleaned and cut like any title); False when it does not exist."""
+        return self._writes.rename(conversation_id, title)
+
+    # -- per-turn flags (flags.py) -----------------------------------------------------------
+
+    def claim_turn(self, turn_id: str, job_id: str, ttl_s: int) -> bool:
+        """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
+        return self.flags.claim_turn(turn_id, job_id, ttl_s)
+
+    def request_cancel(self, turn_id: str, ttl_s: int) -> None:
+        self.flags.request_cancel(turn_id, ttl_s)
+
+    def cancel_requested(self, turn_id: str) -> bool:
+        return self.flags.cancel_requested(turn_id)

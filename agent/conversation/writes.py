@@ -1,0 +1,141 @@
+"""Writing a conversation: a turn begun, published, its live text; a conversation renamed or deleted.
+
+Every write is one Lua script (scripts/*.lua) that refuses it when the turn is not the current one,
+when the turn has already ended (done never reverts), or when the history moved underneath. The same
+scripts keep the index and the meta hash's summary for the list: `title` (its first message, cut;
+renamable), `turns` (turns begun) and `bytes` (what its lists hold, for the size cap).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TypedDict
+
+import redis
+
+from agent.contract import Message, Step, TurnDoc, TurnSummary
+from agent.conversation.errors import ConversationFull, ConversationGone, StoreError, TurnInFlight, UnreadableState
+from agent.conversation.keys import INDEX_KEY, Keys, deleted_marker, gone_events
+from agent.conversation.lua import Scripts
+from agent.conversation.reads import readable
+from agent.text.surrogates import scrub
+
+DELETED_MARKER_TTL_S = 7 * 24 * 3600  # seconds an open tab can still learn that its conversation was deleted
+GONE_EVENT_TTL_S = 60  # seconds the delete's wake-up entry lives: readers blocked at that moment take it at once
+TITLE_CHARS = 80  # characters of the first message kept as a conversation's title
+
+
+class LiveHead(TypedDict):
+    """What meta keeps of a live text (the contract's `live` without its text), and its per-turn seq."""
+
+    turn_id: str
+    message_index: int
+    attempt: int
+    status: str
+    seq: int  # 1, 2, ... per turn: one per model call attempt that wrote text
+
+
+def make_title(text) -> str:
+    """A conversation's title from untrusted text: control characters dropped, whitespace collapsed, cut."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(text or ""))
+    text = " ".join(text.split())
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+class Writes:
+    """The store's writers on one client; the TTL and the size cap are the store's at each call."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        self.scripts = Scripts.register(client)
+
+    def begin_turn(self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *,
+                   ttl_s: int, must_exist: bool, max_bytes: int) -> tuple[bool, int]:
+        """Append the user's message and mark the turn queued (see Store.begin_turn). Returns (new, version)."""
+        keys = Keys.of(conversation_id)
+        now = time.time()
+        doc = {**doc, "updated_at": now}
+        with readable(conversation_id):
+            outcome, value = self.scripts.begin(
+                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live],
+                args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s, conversation_id, repr(now),
+                      make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes],
+            )
+        outcome, value = _text(outcome), _text(value)
+        if outcome == "busy":
+            raise TurnInFlight(conversation_id, value)
+        if outcome == "unreadable":
+            raise UnreadableState(conversation_id, "its version is not a whole number")
+        if outcome == "gone":
+            raise ConversationGone(conversation_id, self.was_deleted(conversation_id))
+        if outcome == "full":
+            raise ConversationFull(conversation_id, int(value), max_bytes)
+        return outcome == "ok", int(value)
+
+    def publish(self, conversation_id: str, turn_id: str, doc: TurnDoc, *, ttl_s: int, done: bool,
+                new_messages: list[Message], new_steps: list[Step], expected_history_len: int,
+                summary: TurnSummary | None, end_live: int) -> int:
+        """One atomic write of a turn (see Store.publish). Returns the new version; StoreError when refused."""
+        keys = Keys.of(conversation_id)
+        doc = {**doc, "updated_at": time.time()}
+        args = [
+            turn_id, expected_history_len, _dumps(doc), "1" if done else "0", ttl_s, len(new_messages),
+            len(new_steps), _dumps(summary) if summary else "", conversation_id, repr(doc["updated_at"]), end_live,
+            *(_dumps(m) for m in new_messages),
+            *(_dumps(s) for s in new_steps),
+        ]
+        try:
+            return int(self.scripts.publish(
+                keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live], args=args))
+        except redis.ResponseError as exc:
+            raise _refusal(exc) from exc
+
+    def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *, ttl_s: int,
+                   from_bytes: int | None) -> str:
+        """Write the live text, whole or appended (see Store.write_live): "ok", "ended" or "lag"."""
+        keys = Keys.of(conversation_id)
+        args = [turn_id, ttl_s, _dumps(head), head["seq"], "whole" if from_bytes is None else "append",
+                from_bytes or 0, scrub(text)]
+        try:
+            outcome, _ = self.scripts.live(
+                keys=[keys.meta, keys.live, keys.events, keys.history, keys.steps, keys.turns], args=args)
+        except redis.ResponseError as exc:
+            raise _refusal(exc) from exc
+        return _text(outcome)
+
+    def turn_in_flight(self, conversation_id: str) -> str | None:
+        """The id of the conversation's turn while it is in flight, else None."""
+        turn_id, done = self.client.hmget(Keys.of(conversation_id).meta, "turn_id", "done")
+        return _text(turn_id) if turn_id is not None and done != b"1" else None
+
+    def delete(self, conversation_id: str) -> bool:
+        """Delete the conversation's keys and index entry, and leave the deleted marker; False if none existed."""
+        keys = Keys.of(conversation_id)
+        existed = self.scripts.delete(
+            keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id), gone_events(conversation_id)],
+            args=[conversation_id, DELETED_MARKER_TTL_S, GONE_EVENT_TTL_S])
+        return int(existed) > 0
+
+    def was_deleted(self, conversation_id: str) -> bool:
+        return bool(self.client.exists(deleted_marker(conversation_id)))
+
+    def rename(self, conversation_id: str, title: str) -> bool:
+        return bool(self.scripts.rename(keys=[Keys.of(conversation_id).meta], args=[make_title(title)]))
+
+
+def _refusal(exc: redis.ResponseError) -> Exception:
+    reason, _, message = str(exc).partition(" ")
+    if reason in ("GONE", "STALE", "CLOSED", "CONFLICT"):
+        return StoreError(reason, message)
+    return exc
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _dumps(value) -> str:
+    # A lone surrogate that got this far (a tool's output, a quoted error) would make Redis's
+    # UTF-8 encoding fail and lose the whole write: it is written as U+FFFD instead.
+    return scrub(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
