@@ -12,7 +12,7 @@ from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
 from agent.contract import turn_summary
-from agent.endings import write_ending
+from agent.endings import Ending, write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.store import Store
 from agent.text.markdown import safe_markdown
@@ -111,7 +111,7 @@ def make_status(store: Store, status: str) -> tuple[str, str]:
         make_done(store, cid, turn_id, "**17*23 = 391**")
     elif status != "queued":
         make_running(store, cid, turn_id)
-        assert write_ending(store, cid, turn_id, status, status, f"The turn ended: {status}.")
+        assert write_ending(store, cid, turn_id, Ending(status, status, f"The turn ended: {status}."))
     return cid, turn_id
 
 
@@ -180,7 +180,7 @@ def test_polling_stops_on_the_run_that_sees_done(store, queue):
     assert autorefresh_present(at)
     at.run()  # a poll with nothing new
     assert autorefresh_present(at)
-    write_ending(store, cid, turn_id, "timed_out", "deadline", "I ran out of time.")
+    write_ending(store, cid, turn_id, Ending("timed_out", "deadline", "I ran out of time."))
     at.run()
     assert_no_exception(at)
     assert not autorefresh_present(at)
@@ -624,7 +624,7 @@ def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left(
 def test_a_turn_with_no_steps_draws_no_empty_chart(store):
     cid, turn_id = begin(store, config=FAST.with_changes(safeguards=False).to_dict())
     now = time.time()
-    write_ending(store, cid, turn_id, "timed_out", "job_timeout", "The queue's job timeout killed it.",
+    write_ending(store, cid, turn_id, Ending("timed_out", "job_timeout", "The queue's job timeout killed it."),
                  started_at=now - 6, job_timeout_at=now)
     at = app(cid)
     at.run()
@@ -824,7 +824,7 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
         idle_reads = store.redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0) - before
         elapsed = time.monotonic() - started
         assert idle_reads <= elapsed / (MAX_BLOCK_MS / 1000) + 1, f"{idle_reads} reads in {elapsed:.1f} s"
-        write_ending(store, cid, turn_id, "cancelled", "cancelled", "Stopped.")
+        write_ending(store, cid, turn_id, Ending("cancelled", "cancelled", "Stopped."))
         assert watch.wait(5.0), "the ending woke it"
         assert watch.error is None
     finally:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import redis
 
 from agent import job_alarm
-from agent.contract import ErrorKind, Status
+from agent.endings import Ending
 from agent.store import Store
 from agent.turn.exits import TurnEnded
 
@@ -90,7 +90,7 @@ class StopRequests:
                     return
             except redis.RedisError:
                 return
-        raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request.")
+        raise TurnEnded(Ending.cancelled())
 
     def sleep(self, seconds: float) -> None:
         """A wait that a stop request cuts short."""
