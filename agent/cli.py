@@ -44,8 +44,9 @@ from agent.settings import Settings, settings_for_command
 from agent.text.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 from agent.tools.registry import TOOL_NAME
 from agent.well_formed import UnreadableState
+from agent.words import EXIT_ENDED_BADLY, exit_status
 
-EXIT_DONE, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
+EXIT_USAGE = 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
 # So is a Redis out of memory (is_memory_error): it still serves reads, and takes writes again once
 # memory is freed, while the turn goes on.
@@ -342,7 +343,7 @@ class Follower:
                 print(f"[tokens this turn: {self.tokens[0]:,} in, {self.tokens[1]:,} out, "
                       f"{calls_text(self.model_calls, self.tokens[2])}]", file=sys.stderr, flush=True)
             print(f"[{ended}]", file=sys.stderr, flush=True)
-        return EXIT_DONE if ended == Status.DONE else EXIT_ENDED_BADLY
+        return exit_status(ended)
 
     def print_json(self, state: State, *, final: bool) -> None:
         if final:

@@ -1,19 +1,20 @@
 """The state contract: the one JSON object every client reads, and the parts it is made of.
 
-The turn job writes it (agent/turn/), the store keeps it (agent/store.py), and the page, the CLI
+The turn job writes it (agent/turn/), the store keeps it (agent/conversation/), and the page, the CLI
 and the lost-worker check read it. Every field name, status, step kind and outcome is spelled
 here once; the types are TypedDicts, so what Redis holds and what `--json` prints are plain JSON
-objects, field for field. The named values are plain strings (not Enum members), so they are
-written to JSON as they are and cost nothing to compare on a page that draws thousands of steps.
+objects, field for field. The named values are `StrEnum`s: each member is a `str`, so it is written
+to JSON as its plain value and compares equal to the string a reader got back from Redis.
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
 
 
-class Status:
+class Status(StrEnum):
     """Where a turn is. Once ended, a turn never goes back to in flight."""
 
     QUEUED = "queued"
@@ -27,14 +28,14 @@ class Status:
 ENDED_STATUSES = (Status.DONE, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED)
 
 
-class LiveStatus:
+class LiveStatus(StrEnum):
     """Where the text being written (`live`) is. A cut, failed or stopped text is not live any more:
     it is cleared, and its model step keeps it as `partial_text` with the outcome saying why."""
 
     WRITING = "writing"
 
 
-class Kind:
+class Kind(StrEnum):
     """What a step was."""
 
     MODEL = "model"  # one model call
@@ -43,7 +44,7 @@ class Kind:
     SKIP = "skip"  # a model call not started: too little time was left
 
 
-class Outcome:
+class Outcome(StrEnum):
     """How a step went."""
 
     OK = "ok"
@@ -54,8 +55,8 @@ class Outcome:
     REFUSED = "refused"  # tool calls past a response's limit
 
 
-class ErrorKind:
-    """The endings' `error.kind` that readers tell apart (a provider's own kinds pass through as they are)."""
+class ErrorKind(StrEnum):
+    """Why a turn ended other than with an answer: its ending's `error.kind` (or a ProviderErrorKind)."""
 
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
@@ -70,7 +71,21 @@ class ErrorKind:
     EMPTY_REPLY = "empty_reply"  # the model answered with no text and no tool call
 
 
-class Role:
+class ProviderErrorKind(StrEnum):
+    """Why a model call failed: a ProviderError's `kind`, which its ending keeps as `error.kind`."""
+
+    TIMEOUT = "timeout"  # no complete answer within the call's timeout
+    CONNECTION = "connection"  # could not connect, or the connection broke (a stream cut off)
+    RATE_LIMITED = "rate_limited"  # HTTP 429
+    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or a server's error of no known type
+    AUTH = "auth"  # no key, a rejected key, or a key that must not be sent
+    BAD_REQUEST = "bad_request"  # the provider refused the request (a prompt past its context too), or no such provider
+    NOT_FOUND = "not_found"  # HTTP 404: no such model or endpoint
+    MALFORMED = "malformed"  # a response that is not what the API promises
+    STOPPED = "stopped"  # the call's stop event was set
+
+
+class Role(StrEnum):
     """A message's role, in the OpenAI chat format the history keeps."""
 
     SYSTEM = "system"
@@ -87,7 +102,7 @@ class Message(TypedDict, total=False):
 
 
 class Error(TypedDict):
-    kind: str
+    kind: str  # an ErrorKind or a ProviderErrorKind
     message: str  # a person can read it
 
 

@@ -25,6 +25,7 @@ from agent.hosting import services
 from agent.output_file import OutputRefused, write_whole
 from agent.settings import Settings
 from agent.text.plain_text import plain_text, terminal_safe
+from agent.turns import split_turns
 
 EXIT_OK, EXIT_USAGE = 0, 2
 MAX_LIST = 10_000  # the most `list --limit` prints
@@ -114,8 +115,8 @@ def _list(store: Store, args) -> int:
 
 def _show(state, title: str | None) -> None:
     _out(f"# {title or state['conversation_id']}  ({state['conversation_id']})", escape=True)
-    for messages, summary in export.turns_of(state):
-        for message in messages:
+    for turn in split_turns(state):
+        for message in turn.messages:
             role = message.get("role")
             if role == Role.USER:
                 _out(f"\nyou: {message.get('content') or ''}", escape=True)
@@ -127,7 +128,7 @@ def _show(state, title: str | None) -> None:
                     _out(f"  [calls {function.get('name')}] {function.get('arguments')}", escape=True)
                 if message.get("content"):
                     _out(plain_text(message["content"]), escape=True)
-        _out(f"[{(summary or {}).get('status')}]", escape=True)
+        _out(f"[{(turn.summary or {}).get('status')}]", escape=True)
 
 
 def _out(text: str, *, escape: bool) -> None:

@@ -1,27 +1,165 @@
-"""The ending written for a turn from outside its job.
+"""How a turn ends: one `Ending` value, each one built by a named constructor, so that one ending
+has one wording wherever it is written.
 
-Every ending writes `done: true` with the reason in the chat. The job writes its own (agent/turn/);
-when it cannot (killed, lost, stopped before it started), the failure callback or a front end
-writes it through `write_ending`. The store refuses a second ending, so whoever is first wins.
+The job writes its own ending (agent/turn/: its raise sites raise `TurnEnded(Ending....)`, and
+exits.py maps what stopped the loop to an Ending). When the job cannot (killed, lost, stopped
+before it started), the failure callback or a front end writes it through `write_ending`. Every
+ending writes `done: true` with its message in the chat; the store refuses a second ending, so
+whoever is first wins. A new ending kind is a member of ErrorKind (agent/contract.py), one
+constructor here, and its raise site.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from agent import tracing
-from agent.contract import Error, Role, carried, turn_summary
+from agent.contract import Error, ErrorKind, ProviderErrorKind, Role, Status, carried, turn_summary
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
+
+# The one wording of an empty reply, in the ending and in its step (the page, the CLI and the export show them).
+EMPTY_REPLY = "The model sent an empty reply"
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a turn ended: its status, and (for any ending but an answer) its error's kind and the
+    message a person reads in the chat."""
+
+    status: Status
+    kind: str = ""  # an ErrorKind or a ProviderErrorKind; "" for an answer
+    message: str = ""  # "" for an answer: the answer itself is the last message
+
+    @property
+    def error(self) -> Error | None:
+        """The state's `error` field for this ending."""
+        return None if self.status == Status.DONE else Error(kind=self.kind, message=self.message)
+
+    # -- an answer -----------------------------------------------------------------------------
+
+    @classmethod
+    def answered(cls) -> Ending:
+        return cls(Status.DONE)
+
+    # -- stopped at the user's request ---------------------------------------------------------
+
+    @classmethod
+    def cancelled(cls, while_doing: str = "") -> Ending:
+        """Stopped at the user's request; `while_doing` says what the stop cut ("while ...")."""
+        return cls(Status.CANCELLED, ErrorKind.CANCELLED, f"Stopped at your request{while_doing}.")
+
+    @classmethod
+    def cancelled_before_start(cls) -> Ending:
+        return cls.cancelled(", before a worker started it")
+
+    @classmethod
+    def cancelled_in_tool(cls, tool: str, ran_s: float) -> Ending:
+        # Says what the tool's own result says: it was cut, not finished.
+        return cls.cancelled(f", while the {tool} tool was running: it was cut short after {ran_s:.1f} s")
+
+    @classmethod
+    def cancelled_in_call(cls, into_call_s: float, arrived_chars: int) -> Ending:
+        """What a stop cut, named as it was: the reply being written, or the wait for it to begin."""
+        if arrived_chars:
+            return cls.cancelled(f", while the model was writing its reply ({arrived_chars:,} characters "
+                                 f"written, {into_call_s:.1f} s into the call)")
+        return cls.cancelled(f", while waiting for the model's reply ({into_call_s:.1f} s into the call)")
+
+    @classmethod
+    def cancelled_in_retry_wait(cls, wait_s: float) -> Ending:
+        return cls.cancelled(f", while waiting {wait_s:.1f} s before trying the model call again")
+
+    # -- the turn's own limits -----------------------------------------------------------------
+
+    @classmethod
+    def step_limit(cls, max_steps: int) -> Ending:
+        return cls(Status.FAILED, ErrorKind.STEP_LIMIT,
+                   f"I stopped after {max_steps} model round-trips (the step limit) without a final answer.")
+
+    @classmethod
+    def recorded_steps_limit(cls, recorded: int) -> Ending:
+        return cls(Status.FAILED, ErrorKind.STEP_LIMIT,
+                   f"I stopped after {recorded} steps, the most one turn may record, without a final answer.")
+
+    @classmethod
+    def deadline(cls, remaining_s: float, min_call_s: float) -> Ending:
+        return cls(Status.TIMED_OUT, ErrorKind.DEADLINE,
+                   f"I ran out of time: {remaining_s:.1f} s were left before the deadline, and a model call "
+                   f"needs at least {min_call_s:g} s, so I stopped here.")
+
+    # -- the model ------------------------------------------------------------------------------
+
+    @classmethod
+    def no_provider(cls, kind: str, problem: str) -> Ending:
+        """The provider could not be set up (a server the key may not go to, a bad key)."""
+        return cls(Status.FAILED, kind, f"I could not call the model: {problem}.")
+
+    @classmethod
+    def call_failed(cls, kind: str, problem: str, *, no_time_to_retry: bool = False) -> Ending:
+        """A model call failed for good; one that timed out ran the turn out of time."""
+        status = Status.TIMED_OUT if kind == ProviderErrorKind.TIMEOUT else Status.FAILED
+        if no_time_to_retry:
+            return cls(status, kind, f"The model call failed ({problem}) and no time is left to retry.")
+        return cls(status, kind, f"The model call failed: {problem}.")
+
+    @classmethod
+    def rate_limited(cls, wait_s: float, remaining_s: float) -> Ending:
+        return cls(Status.FAILED, ProviderErrorKind.RATE_LIMITED,
+                   f"The provider is rate-limiting: it asked to wait {wait_s:g} s, which does not fit in the "
+                   f"{remaining_s:.1f} s left before the deadline. Try again in a moment.")
+
+    @classmethod
+    def retries_exhausted(cls, attempts: int) -> Ending:
+        return cls(Status.FAILED, ErrorKind.RETRIES, f"The model call failed {attempts} times in a row.")
+
+    @classmethod
+    def empty_reply(cls, lack: str, *, asked_twice: bool = False, not_asked_again_for: str = "") -> Ending:
+        """No text and no tool call (`lack` says which); asked again without streaming (`asked_twice`),
+        or not asked again for lack of `not_asked_again_for` ("attempt", "time")."""
+        again = ", streamed and again without streaming" if asked_twice else ""
+        why = f" (no {not_asked_again_for} was left to ask again without streaming)" if not_asked_again_for else ""
+        return cls(Status.FAILED, ErrorKind.EMPTY_REPLY, f"{EMPTY_REPLY}{again}: {lack}, so there is no answer to "
+                                                         f"show{why}.")
+
+    # -- the job and its worker -----------------------------------------------------------------
+
+    @classmethod
+    def job_timeout(cls, job_timeout_s: float | None) -> Ending:
+        return cls(Status.TIMED_OUT, ErrorKind.JOB_TIMEOUT,
+                   f"The queue's job timeout ({job_timeout_s} s) stopped this turn before it could finish.")
+
+    @classmethod
+    def shutdown(cls) -> Ending:
+        return cls(Status.CANCELLED, ErrorKind.SHUTDOWN, "The worker shut down while writing this reply.")
+
+    @classmethod
+    def internal(cls, error_name: str) -> Ending:
+        return cls(Status.FAILED, ErrorKind.INTERNAL, f"Something went wrong inside the agent ({error_name}).")
+
+    @classmethod
+    def worker_failed(cls, error_name: str) -> Ending:
+        return cls(Status.FAILED, ErrorKind.WORKER, f"The worker failed while writing this reply ({error_name}).")
+
+    @classmethod
+    def worker_lost(cls, reason: str) -> Ending:
+        return cls(Status.FAILED, ErrorKind.WORKER_LOST,
+                   f"The worker was lost ({reason}), so this reply could not be finished. "
+                   "Nothing is running for it any more: you can send your message again.")
+
+    @classmethod
+    def queue_expired(cls, reason: str) -> Ending:
+        return cls(Status.FAILED, ErrorKind.QUEUE_EXPIRED,
+                   f"No worker was free to start this reply: {reason}, so it was dropped without running. "
+                   "Send your message again when the queue is shorter.")
 
 
 def write_ending(
     store: Store,
     conversation_id: str,
     turn_id: str,
-    status: str,
-    kind: str,
-    message: str,
+    ending: Ending,
     *,
     started_at: float | None = None,
     job_timeout_at: float | None = None,
@@ -34,14 +172,14 @@ def write_ending(
     doc["started_at"] = doc["started_at"] or started_at
     doc["job_timeout_at"] = doc["job_timeout_at"] or job_timeout_at
     now = time.time()
-    doc.update(status=status, error=Error(kind=kind, message=message), current_step=None, ended_at=now)
+    doc.update(status=ending.status, error=ending.error, current_step=None, ended_at=now)
     try:
         store.publish(
             conversation_id,
             turn_id,
             doc,
             done=True,
-            new_messages=[{"role": Role.ASSISTANT, "content": message}],
+            new_messages=[{"role": Role.ASSISTANT, "content": ending.message}],
             summary=turn_summary(turn_id, doc, now),
         )
     except StoreError:

@@ -17,17 +17,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from agent.contract import Role, State, Status, TurnSummary
+from agent.contract import Role, State
 from agent.text.markdown import inert, no_html_markdown
+from agent.turns import TurnView, split_turns
+from agent.words import exported_words
 
-ENDINGS = {
-    Status.DONE: "answered",
-    Status.FAILED: "failed",
-    Status.TIMED_OUT: "ran out of time",
-    Status.CANCELLED: "stopped",
-    Status.QUEUED: "still waiting for a worker when exported",
-    Status.RUNNING: "still running when exported",
-}
 FORMATS = ("md", "json")
 
 
@@ -41,29 +35,12 @@ def to_markdown(state: State, title: str | None = None) -> str:
     lines = [f"# {inert(_one_line(title)) or 'Conversation'}", "",
              f"Conversation `{_code_span(state.get('conversation_id'))}`, exported "
              f"{_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
-    for number, (messages, summary) in enumerate(turns_of(state), start=1):
+    for number, turn in enumerate(split_turns(state), start=1):
         lines += [f"## Turn {number}", ""]
-        for message in messages:
+        for message in turn.messages:
             lines += _message(message)
-        lines += [_ending(summary), ""]
+        lines += [_ending(turn), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def turns_of(state: State) -> list[tuple[list[dict], TurnSummary | None]]:
-    """The history cut at each user message, each turn with its summary (the latest from the state)."""
-    segments: list[list[dict]] = []
-    for message in state.get("history") or []:
-        if message.get("role") == Role.USER or not segments:
-            segments.append([])
-        segments[-1].append(message)
-    summaries = list(state.get("turns") or [])
-    out = []
-    for index, messages in enumerate(segments):
-        summary = summaries[index] if index < len(summaries) else {
-            "turn_id": state.get("turn_id"), "status": state.get("status"), "error": state.get("error"),
-            "ended_at": None if not state.get("done") else state.get("updated_at")}
-        out.append((messages, summary))
-    return out
 
 
 def _message(message: dict) -> list[str]:
@@ -83,11 +60,11 @@ def _message(message: dict) -> list[str]:
     return lines
 
 
-def _ending(summary: TurnSummary | None) -> str:
-    summary = summary or {}
+def _ending(turn: TurnView) -> str:
+    summary = turn.summary or {}
     status = summary.get("status") or ""
-    words = ENDINGS.get(status) or inert(_one_line(status))
-    ended = f" at {_when(summary['ended_at'])}" if summary.get("ended_at") else ""
+    words = exported_words(status) or inert(_one_line(status))
+    ended = f" at {_when(turn.ended_at)}" if turn.ended_at else ""
     error = summary.get("error") if isinstance(summary.get("error"), dict) else {}
     reason = f" ({inert(_one_line(error.get('kind')))})" if error.get("kind") else ""
     return f"*Ending: {words}{reason}{ended}.*"

@@ -14,10 +14,10 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
-from agent.contract import ErrorKind, State, Status
+from agent.contract import State, Status
 from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
-from agent.endings import write_ending
+from agent.endings import Ending, write_ending
 from agent.queue import SafeJob, get_queue, queue_wait_s
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
@@ -96,12 +96,5 @@ def lost_worker_check(
     reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False
-    if _waited_too_long(store, meta, now):
-        message = (f"No worker was free to start this reply: {reason}, so it was dropped without running. "
-                   "Send your message again when the queue is shorter.")
-        return write_ending(store, conversation_id, meta["turn_id"], Status.FAILED, ErrorKind.QUEUE_EXPIRED, message)
-    message = (
-        f"The worker was lost ({reason}), so this reply could not be finished. "
-        "Nothing is running for it any more: you can send your message again."
-    )
-    return write_ending(store, conversation_id, meta["turn_id"], Status.FAILED, ErrorKind.WORKER_LOST, message)
+    ending = Ending.queue_expired(reason) if _waited_too_long(store, meta, now) else Ending.worker_lost(reason)
+    return write_ending(store, conversation_id, meta["turn_id"], ending)

@@ -11,11 +11,13 @@ import pytest
 from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
+from agent import words
 from agent.contract import turn_summary
 from agent.conversation.store import Store
-from agent.endings import write_ending
+from agent.endings import Ending, write_ending
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.text.markdown import safe_markdown
+from agent.turns import current_turn, split_turns
 from agent.ui import render, timeline
 from agent.ui import state as ui
 from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
@@ -111,7 +113,7 @@ def make_status(store: Store, status: str) -> tuple[str, str]:
         make_done(store, cid, turn_id, "**17*23 = 391**")
     elif status != "queued":
         make_running(store, cid, turn_id)
-        assert write_ending(store, cid, turn_id, status, status, f"The turn ended: {status}.")
+        assert write_ending(store, cid, turn_id, Ending(status, status, f"The turn ended: {status}."))
     return cid, turn_id
 
 
@@ -158,7 +160,7 @@ def test_every_status_renders_and_only_a_turn_in_flight_polls(store, status):
         assert "17*23 = 391" in page and "three clocks" in "\n".join(e.label for e in at.expander)
     else:
         assert f"The turn ended: {status}." in page
-        assert render.STATUS_LABELS[status].split(" ", 1)[1] in page
+        assert words.status_words(status) in page
 
 
 def started_job(queue, cid: str, turn_id: str) -> None:
@@ -180,7 +182,7 @@ def test_polling_stops_on_the_run_that_sees_done(store, queue):
     assert autorefresh_present(at)
     at.run()  # a poll with nothing new
     assert autorefresh_present(at)
-    write_ending(store, cid, turn_id, "timed_out", "deadline", "I ran out of time.")
+    write_ending(store, cid, turn_id, Ending("timed_out", "deadline", "I ran out of time."))
     at.run()
     assert_no_exception(at)
     assert not autorefresh_present(at)
@@ -365,9 +367,9 @@ def test_turns_are_split_at_each_user_message_with_their_own_steps():
                          {"role": "user", "content": "b"}],
              "steps": [{"turn_id": "t1", "kind": "model"}, {"turn_id": "t2", "kind": "model"}],
              "turns": [{"turn_id": "t1", "status": "done"}], "turn_id": "t2", "done": False, "status": "running"}
-    turns = render.split_turns(state)
-    assert [len(t["steps"]) for t in turns] == [1, 1]
-    assert [t["in_flight"] for t in turns] == [False, True]
+    turns = split_turns(state)
+    assert [len(t.steps) for t in turns] == [1, 1]
+    assert [t.in_flight for t in turns] == [False, True]
 
 
 def test_splitting_a_long_conversation_reads_each_step_once_not_once_per_turn():
@@ -384,8 +386,8 @@ def test_splitting_a_long_conversation_reads_each_step_once_not_once_per_turn():
              "steps": [Step(turn_id=f"t{n}", kind="model") for n in range(turns) for _ in range(3)],
              "turns": [{"turn_id": f"t{n}", "status": "done"} for n in range(turns)], "turn_id": f"t{turns - 1}",
              "done": True, "status": "done"}
-    split = render.split_turns(state)
-    assert [len(t["steps"]) for t in split] == [3] * turns
+    split = split_turns(state)
+    assert [len(t.steps) for t in split] == [3] * turns
     assert len(reads) <= 2 * len(state["steps"])
 
 
@@ -450,10 +452,10 @@ def test_the_turn_in_flight_is_found_from_the_end_without_walking_the_conversati
     history += [{"role": "user", "content": "now"}, {"role": "assistant", "content": None, "tool_calls": []}]
     steps = [{"turn_id": f"t{i // 2}", "kind": "model"} for i in range(1000)] + [{"turn_id": "live", "kind": "model"}]
     state = {"history": history, "steps": steps, "turn_id": "live", "done": False, "status": "running"}
-    turn = render.current_turn(state)
-    assert [m.get("content") for m in turn["messages"]] == ["now", None]
-    assert turn["steps"] == [{"turn_id": "live", "kind": "model"}]
-    assert turn["in_flight"]
+    turn = current_turn(state)
+    assert [m.get("content") for m in turn.messages] == ["now", None]
+    assert turn.steps == [{"turn_id": "live", "kind": "model"}]
+    assert turn.in_flight
 
 
 def test_a_started_turn_with_safeguards_on_is_not_said_to_run_with_safeguards_off(store, queue):
@@ -624,7 +626,7 @@ def test_a_tool_step_says_whether_its_timeout_was_the_tool_cap_or_the_time_left(
 def test_a_turn_with_no_steps_draws_no_empty_chart(store):
     cid, turn_id = begin(store, config=FAST.with_changes(safeguards=False).to_dict())
     now = time.time()
-    write_ending(store, cid, turn_id, "timed_out", "job_timeout", "The queue's job timeout killed it.",
+    write_ending(store, cid, turn_id, Ending("timed_out", "job_timeout", "The queue's job timeout killed it."),
                  started_at=now - 6, job_timeout_at=now)
     at = app(cid)
     at.run()
@@ -824,7 +826,7 @@ def test_the_watch_wakes_on_a_write_and_costs_one_blocking_read_at_a_time_while_
         idle_reads = store.redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0) - before
         elapsed = time.monotonic() - started
         assert idle_reads <= elapsed / (MAX_BLOCK_MS / 1000) + 1, f"{idle_reads} reads in {elapsed:.1f} s"
-        write_ending(store, cid, turn_id, "cancelled", "cancelled", "Stopped.")
+        write_ending(store, cid, turn_id, Ending("cancelled", "cancelled", "Stopped."))
         assert watch.wait(5.0), "the ending woke it"
         assert watch.error is None
     finally:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from agent.contract import ErrorKind, Kind, Outcome
+from agent.endings import EMPTY_REPLY
 from agent.runtime.loopback_server import delayed, reply, stream
 from agent.text.markdown import inert
-from agent.turn.model_calls import EMPTY_REPLY, EMPTY_STREAMED, NO_TEXT_NO_CALL, NO_TEXT_ONLY_CALLS
+from agent.turn.model_calls import EMPTY_STREAMED, NO_TEXT_NO_CALL, NO_TEXT_ONLY_CALLS
 from tests.apptest_page import app, page_environment, texts
 from tests.conftest import FAST
 from tests.scripted_server import ScriptedServer, chat_reply, tool_call

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rq.serializers import JSONSerializer
 
-from agent.endings import write_ending
+from agent.endings import Ending, write_ending
 from agent.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.loopback_server import Hang, Request
@@ -226,7 +226,7 @@ def test_a_turn_after_a_lost_worker_sends_the_model_an_answer_for_every_tool_cal
     call = tool_call("wait", {"seconds": 30}, call_id="call_lost")
     store.publish(cid, tid, {"status": "running"}, new_messages=[{"role": "assistant", "content": None,
                                                                   "tool_calls": [call]}])
-    assert write_ending(store, cid, tid, "failed", "worker_lost", "The worker was lost.")
+    assert write_ending(store, cid, tid, Ending("failed", "worker_lost", "The worker was lost."))
     scripted.add(chat_reply("fine"))
     submit_turn(store, queue, cid, "and now?", scripted_config(scripted))
     state = wait_done(store, cid)

@@ -148,11 +148,11 @@ def _output_bytes(store) -> int:
 
 
 def test_an_ending_written_from_outside_the_job_clears_the_live_text(store):
-    from agent.endings import write_ending
+    from agent.endings import Ending, write_ending
 
     cid, tid = begin(store)
     store.write_live(cid, tid, head(tid), "half a reply when the worker was lost")
-    assert write_ending(store, cid, tid, "failed", "worker_lost", "The worker was lost.")
+    assert write_ending(store, cid, tid, Ending("failed", "worker_lost", "The worker was lost."))
     state = store.read(cid)
     assert state["done"] and state["live"] is None and not store.redis.exists(Keys.of(cid).live)
     assert state["history"][-1]["content"] == "The worker was lost."

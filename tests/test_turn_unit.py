@@ -141,13 +141,13 @@ def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_cl
 
 
 def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
-    from agent.endings import write_ending
+    from agent.endings import Ending, write_ending
 
     scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
                           Completion("4"))
     turn = make_turn(store)
     writer = turn.context.writer
-    assert write_ending(store, writer.conversation_id, writer.turn_id, "failed", "worker_lost", "lost")
+    assert write_ending(store, writer.conversation_id, writer.turn_id, Ending("failed", "worker_lost", "lost"))
     assert turn.run() == "closed"
     state = store.read(turn.context.writer.conversation_id)
     assert state["status"] == "failed" and state["history"][-1]["content"] == "lost"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agent.contract import ProviderErrorKind  # noqa: F401 (the providers name it from here)
 from agent.deadline import CallTimeout
 
 
@@ -47,18 +48,6 @@ class Completion:
         return message
 
 
-class ProviderErrorKind:
-    """Why a model call failed: a ProviderError's `kind`, stored as the ending's `error.kind`."""
-
-    TIMEOUT = "timeout"  # no complete answer within the call's timeout
-    CONNECTION = "connection"  # could not connect, or the connection broke (a stream cut off)
-    RATE_LIMITED = "rate_limited"  # HTTP 429
-    SERVER = "server"  # HTTP 5xx, 408, 409, 529, or a server's error of no known type
-    AUTH = "auth"  # no key, a rejected key, or a key that must not be sent
-    BAD_REQUEST = "bad_request"  # the provider refused the request (a prompt past its context too), or no such provider
-    NOT_FOUND = "not_found"  # HTTP 404: no such model or endpoint
-    MALFORMED = "malformed"  # a response that is not what the API promises
-    STOPPED = "stopped"  # the call's stop event was set
 
 
 class ProviderError(Exception):

@@ -272,7 +272,7 @@ def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path
                    maxmemory_mb: int) -> str:
     # A bound on what it holds (AGENT_REDIS_MAXMEMORY_MB, checked at start with the other settings). At
     # the bound nothing is evicted: writes are refused, and the store refuses new turns a little before
-    # (agent/store.py), so the turns in flight still end.
+    # (agent/conversation/), so the turns in flight still end.
     return "\n".join(
         [
             "port 0",  # no TCP listener at all: the unix socket is the only way in

@@ -1,8 +1,8 @@
 """How the job leaves its loop: one table from what stopped it to how the turn ends.
 
 However the loop stops (an answer, one of its own limits, the queue's job timeout, a shutdown, a
-bug), the job writes an ending with the reason in words; only a turn someone else already ended
-is left alone. The queue's timeout and a shutdown are raised again once the ending is written,
+bug), the job writes an Ending (agent/endings.py) with the reason in words; only a turn someone
+else already ended is left alone. The queue's timeout and a shutdown are raised again once the ending is written,
 so RQ still sees them.
 """
 
@@ -15,60 +15,46 @@ from dataclasses import dataclass
 from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
-from agent.contract import ErrorKind, Status
+from agent.endings import Ending
 
 log = logging.getLogger(__name__)
 
 
 class TurnEnded(Exception):
-    """The loop stops here; `status` and `message` become the ending."""
+    """The loop stops here, and `ending` is how the turn ends."""
 
-    def __init__(self, status: str, kind: str, message: str):
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
+    def __init__(self, ending: Ending):
+        super().__init__(ending.message)
+        self.ending = ending
 
 
 class TurnClosed(Exception):
     """Someone else already ended this turn (the page, a stop, a failure callback)."""
 
 
-ANSWERED = TurnEnded(Status.DONE, "", "")  # the loop returned: the answer is the ending
-
-
 @dataclass(frozen=True)
 class Exit:
     """The ending to write (None: write nothing), and what to raise once it is written."""
 
-    ending: TurnEnded | None
+    ending: Ending | None
     reraise: BaseException | None = None
 
 
-def _job_timeout(exc: BaseException, turn_id: str, job_timeout_s: int) -> TurnEnded:
-    return TurnEnded(Status.TIMED_OUT, ErrorKind.JOB_TIMEOUT,
-                     f"The queue's job timeout ({job_timeout_s} s) stopped this turn before it finished.")
-
-
-def _shutdown(exc: BaseException, turn_id: str, job_timeout_s: int) -> TurnEnded:
-    return TurnEnded(Status.CANCELLED, ErrorKind.SHUTDOWN, "The worker shut down while writing this reply.")
-
-
-def _internal(exc: BaseException, turn_id: str, job_timeout_s: int) -> TurnEnded:
+def _internal(exc: BaseException, turn_id: str) -> Ending:
     log.error("turn %s failed", turn_id, exc_info=exc)
-    return TurnEnded(Status.FAILED, ErrorKind.INTERNAL,
-                     f"Something went wrong inside the agent ({type(exc).__name__}).")
+    return Ending.internal(type(exc).__name__)
 
 
-Ending = Callable[[BaseException, str, int], TurnEnded | None]
+EndingFor = Callable[[BaseException, str, int], Ending | None]
 
 # First match wins. (what stopped the loop, the ending it gets, raised again after the ending)
-EXITS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Ending, bool], ...] = (
+EXITS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], EndingFor, bool], ...] = (
     (TurnClosed, lambda exc, turn_id, job_timeout_s: None, False),
-    (TurnEnded, lambda exc, turn_id, job_timeout_s: exc, False),
-    (JobTimeoutException, _job_timeout, True),  # never swallowed: RQ marks the job failed
-    ((SystemExit, KeyboardInterrupt), _shutdown, True),
-    (Exception, _internal, False),  # the turn must end with a readable message
+    (TurnEnded, lambda exc, turn_id, job_timeout_s: exc.ending, False),
+    # never swallowed: RQ marks the job failed
+    (JobTimeoutException, lambda exc, turn_id, job_timeout_s: Ending.job_timeout(job_timeout_s), True),
+    ((SystemExit, KeyboardInterrupt), lambda exc, turn_id, job_timeout_s: Ending.shutdown(), True),
+    (Exception, lambda exc, turn_id, job_timeout_s: _internal(exc, turn_id), False),  # ends with a readable message
 )
 
 

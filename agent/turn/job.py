@@ -15,9 +15,9 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
-from agent.contract import ErrorKind, Message, Status, carried
+from agent.contract import Message, carried
 from agent.conversation.store import Store
-from agent.endings import write_ending
+from agent.endings import Ending, write_ending
 from agent.queue import JOB_FUNCTION
 from agent.runtime.connection import state_client
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig, least_state_ttl_s
@@ -89,13 +89,10 @@ def on_failure(job, connection, exc_type, exc_value, tb) -> None:
         return
     conversation_id, turn_id = job.args
     if exc_type is not None and issubclass(exc_type, JobTimeoutException):
-        status, kind = Status.TIMED_OUT, ErrorKind.JOB_TIMEOUT
-        message = f"The queue's job timeout ({job.timeout} s) stopped this turn before it could finish."
+        ending = Ending.job_timeout(job.timeout)
     else:
-        status, kind = Status.FAILED, ErrorKind.WORKER
-        message = f"The worker failed while writing this reply ({getattr(exc_type, '__name__', 'error')})."
+        ending = Ending.worker_failed(getattr(exc_type, "__name__", "error"))
     # A job that wrote nothing itself (safeguards off) still ran: RQ knows when, and its timeout.
     started_at = job.started_at.timestamp() if job.started_at else None
     job_timeout_at = started_at + job.timeout if started_at is not None and job.timeout else None
-    write_ending(_store(), conversation_id, turn_id, status, kind, message,
-                 started_at=started_at, job_timeout_at=job_timeout_at)
+    write_ending(_store(), conversation_id, turn_id, ending, started_at=started_at, job_timeout_at=job_timeout_at)

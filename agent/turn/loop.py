@@ -12,14 +12,15 @@ import time
 from dataclasses import dataclass, field
 
 from agent import tracing
-from agent.contract import Error, ErrorKind, Message, Role, Status, TurnDoc
+from agent.contract import Message, Role, Status, TurnDoc
 from agent.conversation.store import Store
 from agent.deadline import Clock
+from agent.endings import Ending
 from agent.providers import make_provider
 from agent.providers.base import ProviderError
 from agent.settings import TurnConfig
 from agent.turn.context import TurnContext
-from agent.turn.exits import ANSWERED, Exit, TurnEnded, exit_for
+from agent.turn.exits import Exit, TurnEnded, exit_for
 from agent.turn.model_calls import ModelCalls
 from agent.turn.policies import policies_for
 from agent.turn.response_limits import bound_response
@@ -57,7 +58,7 @@ class Turn:
             model = self.start()
             with self.context.stops.watching():
                 self.loop(model)
-            leaving = Exit(ANSWERED)
+            leaving = Exit(Ending.answered())
         except BaseException as exc:  # noqa: BLE001 - every way out is in the one table (exits.py)
             leaving = exit_for(exc, self.context.writer.turn_id, self.context.config.job_timeout_s)
             if leaving is None:
@@ -81,15 +82,14 @@ class Turn:
         try:
             provider = make_provider(self.context.config)
         except ProviderError as exc:  # a server the key may not go to, a bad key: the turn ends in words
-            raise TurnEnded(Status.FAILED, exc.kind, f"I could not call the model: {exc.message}.") from None
+            raise TurnEnded(Ending.no_provider(exc.kind, exc.message)) from None
         return ModelCalls(self.context, provider)
 
     def loop(self, model: ModelCalls) -> None:
         for _ in range(self.context.config.max_steps):
             self.context.stops.check()
             if (recorded := self.context.writer.step_index) >= MAX_RECORDED_STEPS:
-                raise TurnEnded(Status.FAILED, ErrorKind.STEP_LIMIT, f"I stopped after {recorded} "
-                                "steps, the most one turn may record, without a final answer.")
+                raise TurnEnded(Ending.recorded_steps_limit(recorded))
             # The last call goes without tools: after a tool, when only one call fits, or when tools were
             # left unrun to keep its time.
             last_call = self.tools.out_of_time or (self.tools.used and self.context.budget.only_one_call_left())
@@ -102,16 +102,14 @@ class Turn:
                 return  # the answer goes out with the ending, in one write: a tab sees both at once
             self.context.publishing.publish(self.context.writer)
             self.tools.run_all(response.calls)
-        raise TurnEnded(Status.FAILED, ErrorKind.STEP_LIMIT, f"I stopped after {self.context.config.max_steps} model "
-                        "round-trips (the step limit) without a final answer.")
+        raise TurnEnded(Ending.step_limit(self.context.config.max_steps))
 
     def add_message(self, message: Message) -> None:
         self.history.append(message)
         self.context.writer.add_message(message)
 
-    def finish(self, ending: TurnEnded) -> None:
+    def finish(self, ending: Ending) -> None:
         """The final write: the ending's words in the chat, and done."""
         if ending.message:
             self.add_message({"role": Role.ASSISTANT, "content": ending.message})
-        error = None if ending.status == Status.DONE else Error(kind=ending.kind, message=ending.message)
-        self.context.writer.write_ending(ending.status, error, self.context.budget.job_timeout_at)
+        self.context.writer.write_ending(ending, self.context.budget.job_timeout_at)

@@ -16,8 +16,9 @@ import logging
 from dataclasses import dataclass
 
 from agent import tools as tool_registry
-from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status, Usage
+from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Usage
 from agent.deadline import CallTimeout
+from agent.endings import EMPTY_REPLY, Ending
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
 from agent.providers.retry import MAX_ATTEMPTS_PER_CALL, RETRY_POLICY
@@ -33,8 +34,6 @@ LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
     "Do not call any tools."
 )
-# The one wording of an empty reply, in the ending and in its step (the page, the CLI and the export show them).
-EMPTY_REPLY = "The model sent an empty reply"
 NO_TEXT_NO_CALL = "no text and no tool call"
 NO_TEXT_ONLY_CALLS = "no text, only tool calls, which the last call does not run"
 # Why a call is asked without streaming (its step's `unstreamed`): the words a person reads.
@@ -89,8 +88,7 @@ class ModelCalls:
             if lack is None:
                 return completion
             ask.unstreamed = self.after_empty_reply(completion, ask, attempt, lack)
-        raise TurnEnded(Status.FAILED, ErrorKind.RETRIES,
-                        f"The model call failed {MAX_ATTEMPTS_PER_CALL} times in a row.")
+        raise TurnEnded(Ending.retries_exhausted(MAX_ATTEMPTS_PER_CALL))
 
     def attempt(self, ask: Ask, attempt: int) -> Completion:
         """One call and its step. Raises ProviderError (recorded), or TurnEnded when stopped or when
@@ -118,8 +116,7 @@ class ModelCalls:
             self.record(started, outcome, timeout, remaining, detail=exc.message, **partial_fields(partial, arrived),
                         **fields)
             if outcome == Outcome.STOPPED:
-                raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED,
-                                stopped_call_words(budget.now() - started, arrived)) from None
+                raise TurnEnded(Ending.cancelled_in_call(budget.now() - started, arrived)) from None
             raise
         finally:
             writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
@@ -134,21 +131,17 @@ class ModelCalls:
     def after_empty_reply(self, completion: Completion, ask: Ask, attempt: int, lack: str) -> str:
         """An empty reply that came as a stream is asked again once, without streaming (why, returned),
         when an attempt and the time for it are left; otherwise the turn ends saying it was empty."""
-        means = f"{lack}, so there is no answer to show"
         if not completion.streamed or ask.unstreamed is not None:
-            again = ", streamed and again without streaming" if ask.unstreamed == EMPTY_STREAMED else ""
-            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY, f"{EMPTY_REPLY}{again}: {means}.")
+            raise TurnEnded(Ending.empty_reply(lack, asked_twice=ask.unstreamed == EMPTY_STREAMED))
         if not RETRY_POLICY.attempt_left(attempt):
-            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
-                            f"{EMPTY_REPLY}: {means} (no attempt was left to ask again without streaming).")
+            raise TurnEnded(Ending.empty_reply(lack, not_asked_again_for="attempt"))
         budget = self.context.budget
         if budget.call_timeout() is None:
             remaining, min_call_s = budget.remaining_s(), self.context.config.min_call_s
             self.context.writer.add_step(
                 Kind.SKIP, self.name, budget.now(), Outcome.SKIPPED, remaining_s=round(remaining, 3),
                 detail=f"not asked again without streaming: {remaining:.1f} s left, below the {min_call_s:g} s minimum")
-            raise TurnEnded(Status.FAILED, ErrorKind.EMPTY_REPLY,
-                            f"{EMPTY_REPLY}: {means} (no time was left to ask again without streaming).")
+            raise TurnEnded(Ending.empty_reply(lack, not_asked_again_for="time"))
         return EMPTY_STREAMED
 
     def record(self, started: float, outcome: str, timeout: CallTimeout, remaining: float, **extra) -> None:
@@ -162,29 +155,18 @@ class ModelCalls:
                         remaining_s=round(remaining, 3),
                         detail=f"{remaining:.1f} s left, below the {min_call_s:g} s minimum")
         log.info("turn %s: model call skipped: %.1f s left < %g s minimum", writer.turn_id, remaining, min_call_s)
-        raise TurnEnded(
-            Status.TIMED_OUT,
-            ErrorKind.DEADLINE,
-            f"I ran out of time: {remaining:.1f} s were left before the deadline, and a model call "
-            f"needs at least {min_call_s:g} s, so I stopped here.",
-        )
+        raise TurnEnded(Ending.deadline(remaining, min_call_s))
 
     def retry_or_end(self, exc: ProviderError, attempt: int) -> None:
         """Sleep before the next attempt when the retry policy grants one that fits; otherwise end the turn."""
         budget, writer = self.context.budget, self.context.writer
-        status = Status.TIMED_OUT if exc.kind == ProviderErrorKind.TIMEOUT else Status.FAILED
         if (retry := RETRY_POLICY.after(exc, attempt, budget)) is None:
-            raise TurnEnded(status, exc.kind, f"The model call failed: {exc.message}.")
+            raise TurnEnded(Ending.call_failed(exc.kind, exc.message))
         wait_s = retry.wait_s
         if not retry.fits:
             if exc.kind == ProviderErrorKind.RATE_LIMITED:
-                raise TurnEnded(
-                    Status.FAILED,
-                    exc.kind,
-                    f"The provider is rate-limiting: it asked to wait {wait_s:g} s, which does not fit in the "
-                    f"{budget.remaining_s():.1f} s left before the deadline. Try again in a moment.",
-                )
-            raise TurnEnded(status, exc.kind, f"The model call failed ({exc.message}) and no time is left to retry.")
+                raise TurnEnded(Ending.rate_limited(wait_s, budget.remaining_s()))
+            raise TurnEnded(Ending.call_failed(exc.kind, exc.message, no_time_to_retry=True))
         started = budget.now()
         writer.set_current(Kind.RETRY, f"wait {wait_s:.1f} s", wait_s)
         self.context.publishing.publish(writer)
@@ -195,9 +177,8 @@ class ModelCalls:
             writer.set_current(None)
             writer.add_step(Kind.RETRY, retry, started, Outcome.STOPPED, timeout_s=round(wait_s, 3),
                             remaining_s=round(budget.remaining_s(), 3), detail="stopped at your request")
-            if ended.kind == ErrorKind.CANCELLED:  # a stop, not the queue's timeout caught on the way
-                raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request, while waiting "
-                                f"{wait_s:.1f} s before trying the model call again.") from None
+            if ended.ending.kind == ErrorKind.CANCELLED:  # a stop, not the queue's timeout caught on the way
+                raise TurnEnded(Ending.cancelled_in_retry_wait(wait_s)) from None
             raise
         writer.set_current(None)
         after = f" (Retry-After {exc.retry_after_s:g} s)" if exc.retry_after_s is not None else ""
@@ -213,14 +194,6 @@ def lacks(completion: Completion, last_call: bool) -> str | None:
     if not completion.tool_calls:
         return NO_TEXT_NO_CALL
     return NO_TEXT_ONLY_CALLS if last_call else None
-
-
-def stopped_call_words(into_call_s: float, arrived_chars: int) -> str:
-    """What a stop cut, named as it was: the reply being written, or the wait for it to begin."""
-    if arrived_chars:
-        return (f"Stopped at your request, while the model was writing its reply ({arrived_chars:,} characters "
-                f"written, {into_call_s:.1f} s into the call).")
-    return f"Stopped at your request, while waiting for the model's reply ({into_call_s:.1f} s into the call)."
 
 
 def partial_fields(text: str, arrived: int) -> dict:

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 import redis
 
 from agent import job_alarm
-from agent.contract import ErrorKind, Status
 from agent.conversation.store import Store
+from agent.endings import Ending
 from agent.turn.exits import TurnEnded
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class StopRequests:
                     return
             except redis.RedisError:
                 return
-        raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, "Stopped at your request.")
+        raise TurnEnded(Ending.cancelled())
 
     def sleep(self, seconds: float) -> None:
         """A wait that a stop request cuts short."""

@@ -11,7 +11,8 @@ import logging
 from dataclasses import dataclass, field
 
 from agent import tools as tool_registry
-from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Status
+from agent.contract import Kind, Message, Outcome, Role
+from agent.endings import Ending
 from agent.providers.base import ToolCall
 from agent.text.redaction import cut
 from agent.turn.context import TurnContext
@@ -83,8 +84,7 @@ class ToolRuns:
                         call_id=call.id)
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
-            raise TurnEnded(Status.CANCELLED, ErrorKind.CANCELLED, f"Stopped at your request, while the {call.name} "
-                            f"tool was running: it was cut short after {result.duration_s:.1f} s.")
+            raise TurnEnded(Ending.cancelled_in_tool(call.name, result.duration_s))
 
     def heartbeat(self) -> None:
         self.context.publishing.tool_running(self.context.writer)

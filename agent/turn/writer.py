@@ -23,10 +23,11 @@ from collections.abc import Callable
 
 import redis
 
-from agent.contract import CurrentStep, Error, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
+from agent.contract import CurrentStep, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 from agent.conversation.writes import LiveHead
+from agent.endings import Ending
 from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem
 from agent.text.redaction import cut
 from agent.text.surrogates import scrub
@@ -250,11 +251,11 @@ class StateWriter:
         self.pending_messages = self.pending_messages[len(landed):]
         return True
 
-    def write_ending(self, status: str, error: Error | None, job_timeout_at: float) -> None:
+    def write_ending(self, ending: Ending, job_timeout_at: float) -> None:
         """The final write (done), retried briefly if Redis hiccups, giving up just before the queue's kill."""
         self.set_current(None)
         now = self.clock()
-        self.doc.update(status=status, error=error, ended_at=now)
+        self.doc.update(status=ending.status, error=ending.error, ended_at=now)
         summary = turn_summary(self.turn_id, self.doc, now)
         give_up_at = job_timeout_at - FINAL_WRITE_RESERVE_S
         delay = FINAL_RETRY_FIRST_S

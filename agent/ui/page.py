@@ -532,8 +532,8 @@ def _draw_status(settings: Settings, be: ui.Backend, live: _Live, state: dict) -
     turn = render.current_turn(state)
     with live.status.container():
         _in_flight(settings, be, state, now)
-    if state["status"] != Status.QUEUED and turn["steps"]:  # steps are recorded when they end
-        figure = timeline_chart(turn["steps"], turn["summary"], now=now, current=state.get("current_step"))
+    if state["status"] != Status.QUEUED and turn.steps:  # steps are recorded when they end
+        figure = timeline_chart(turn.steps, turn.summary, now=now, current=state.get("current_step"))
         if figure is not None:
             live.chart.vega_lite_chart(figure, width="stretch")
 

@@ -17,79 +17,20 @@ from agent.contract import (
     Status,
     Step,
     TurnSummary,
-    live_summary,
     safeguards_on,
 )
 from agent.providers.streaming import token_count
 from agent.text.markdown import inert, safe_markdown
+from agent.turns import TurnView, current_turn, live_text, split_turns
 from agent.ui.guard import drawn_or_said
 from agent.ui.timeline import timeline_chart
 from agent.well_formed import Malformed, number, parse_json
+from agent.words import KIND_HEADLINES, STATUS_LABELS, status_words
 
-STATUS_LABELS = {
-    Status.QUEUED: "⏳ Waiting for a worker",
-    Status.RUNNING: "⚙️ Working on it",
-    Status.DONE: "✅ Answered",
-    Status.FAILED: "❌ Failed",
-    Status.TIMED_OUT: "⏱️ Ran out of time",
-    Status.CANCELLED: "⏹️ Stopped",
-}
-
-
-def _words(status: str) -> str:
-    """A status label without its emoji, for a box that shows its own icon."""
-    return STATUS_LABELS.get(status, status).split(" ", 1)[-1]
-
+# The page reads these through this module: the turns come from agent/turns.py, the words from agent/words.py.
+__all__ = ["STATUS_LABELS", "current_turn", "live_text", "split_turns"]
 
 RECENT_TURNS = 10  # finished turns a full run draws; earlier ones wait behind a button
-
-
-def current_turn(state: State) -> dict:
-    """The latest turn alone, found from the end: a poll's cost must not grow with the conversation."""
-    history = state.get("history") or []
-    start = len(history) - 1
-    while start > 0 and history[start].get("role") != Role.USER:
-        start -= 1
-    steps = state.get("steps") or []
-    first = len(steps)
-    while first > 0 and steps[first - 1]["turn_id"] == state["turn_id"]:
-        first -= 1
-    return {"messages": history[max(start, 0):], "summary": live_summary(state), "steps": steps[first:],
-            "current": True, "in_flight": not state["done"], "live": live_text(state),
-            "key": f"live-{state['turn_id']}"}
-
-
-def live_text(state: State) -> dict | None:
-    """The text of the model call in flight (the contract's `live`), when it belongs to this turn."""
-    live = state.get("live")
-    if not live or state["done"] or live.get("turn_id") != state.get("turn_id"):
-        return None
-    return live
-
-
-def split_turns(state: State) -> list[dict]:
-    """The history cut at each user message: one entry per turn, with its steps and summary."""
-    segments: list[list[dict]] = []
-    for message in state.get("history") or []:
-        if message.get("role") == Role.USER or not segments:
-            segments.append([])
-        segments[-1].append(message)
-    summaries = state.get("turns") or []
-    steps_of: dict = {}  # each step read once, not once per turn
-    for step in state.get("steps") or []:
-        steps_of.setdefault(step["turn_id"], []).append(step)
-    turns = []
-    for index, messages in enumerate(segments):
-        if index < len(summaries):
-            summary, current = summaries[index], False
-        else:  # the turn in flight (no summary until it ends)
-            summary, current = live_summary(state), True
-        steps = steps_of.get(summary.get("turn_id"), [])
-        # Widget keys name the turn by its place too: a hand-written state may repeat a turn id.
-        turns.append({"messages": messages, "summary": summary, "steps": steps, "current": current,
-                      "in_flight": current and not state["done"], "live": live_text(state) if current else None,
-                      "key": f"{index}-{summary.get('turn_id')}"})
-    return turns
 
 
 def _seconds(value) -> str:
@@ -220,29 +161,29 @@ def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
     return "Tokens: " + ", ".join(parts)
 
 
-def render_turn(turn: dict, *, latest: bool):
+def render_turn(turn: TurnView, *, latest: bool):
     """One turn: the user's message, then the assistant's steps as they landed, then the ending.
 
     The latest turn (and the one in flight) is drawn in full. An earlier one is drawn compact: its
     tool calls on one line, the reply and the ending, with the steps and charts behind a toggle, so
     a full run sends a few elements per earlier turn instead of dozens. A turn in flight ends with
     the text being written, in a placeholder that is returned so the page can grow it alone."""
-    messages = turn["messages"]
+    messages = turn.messages
     if messages and messages[0].get("role") == Role.USER:
         with st.chat_message(Role.USER):
             st.markdown(safe_markdown(messages[0].get("content")))
         messages = messages[1:]
-    if not messages and not turn["steps"] and not turn["in_flight"]:
+    if not messages and not turn.steps and not turn.in_flight:
         return None
     with st.chat_message(Role.ASSISTANT):
-        if latest or turn["in_flight"]:
+        if latest or turn.in_flight:
             _full_body(turn, messages, expanded=latest)
         else:
             _compact_body(turn, messages)
-        if not turn["in_flight"]:
+        if not turn.in_flight:
             return None
         slot = st.empty()
-        render_live_text(slot, turn.get("live"))
+        render_live_text(slot, turn.live)
         return slot
 
 
@@ -263,13 +204,13 @@ def _is_ending_text(reply: dict, summary: TurnSummary) -> bool:
     return bool(reply.get("content")) and reply.get("content") == (summary.get("error") or {}).get("message")
 
 
-def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
-    summary = turn["summary"]
+def _full_body(turn: TurnView, messages: list[dict], *, expanded: bool) -> None:
+    summary = turn.summary
     safeguards = safeguards_on(summary.get("config"))
     assistant = [m for m in messages if m.get("role") == Role.ASSISTANT]
     replies = iter(assistant)
     shown = 0
-    for step in turn["steps"]:
+    for step in turn.steps:
         if step["kind"] == Kind.TOOL:
             render_tool_step(step, expanded=expanded, safeguards=safeguards)
             continue
@@ -283,7 +224,7 @@ def _full_body(turn: dict, messages: list[dict], *, expanded: bool) -> None:
     for reply in assistant[shown:]:  # endings written without a step (deadline, stop, lost worker)
         if reply.get("content") and not _is_ending_text(reply, summary):
             st.markdown(safe_markdown(reply.get("content")))
-    if not turn["in_flight"]:  # the live part of a turn in flight is drawn by the page, below
+    if not turn.in_flight:  # the live part of a turn in flight is drawn by the page, below
         render_ending(summary)
         render_turn_clocks(turn, expanded=expanded)
 
@@ -305,9 +246,9 @@ def tools_line(steps: list[Step]) -> str:
     )
 
 
-def _compact_body(turn: dict, messages: list[dict]) -> None:
-    summary = turn["summary"]
-    line = tools_line(turn["steps"])
+def _compact_body(turn: TurnView, messages: list[dict]) -> None:
+    summary = turn.summary
+    line = tools_line(turn.steps)
     if line:
         st.caption(line)
     for reply in messages:
@@ -318,18 +259,18 @@ def _compact_body(turn: dict, messages: list[dict]) -> None:
 
 
 @st.fragment
-def _turn_details(turn: dict) -> None:
+def _turn_details(turn: TurnView) -> None:
     """An earlier turn's steps and clocks, drawn only when asked (the toggle reruns this fragment alone)."""
     with drawn_or_said("this turn's steps"):
         _turn_details_body(turn)
 
 
-def _turn_details_body(turn: dict) -> None:
-    summary = turn["summary"]
-    if not st.toggle("Steps and clocks", key=f"details-{turn['key']}"):
+def _turn_details_body(turn: TurnView) -> None:
+    summary = turn.summary
+    if not st.toggle("Steps and clocks", key=f"details-{turn.key}"):
         return
     safeguards = safeguards_on(summary.get("config"))
-    for step in turn["steps"]:
+    for step in turn.steps:
         if step["kind"] == Kind.TOOL:
             render_tool_step(step, expanded=False, safeguards=safeguards)
         else:
@@ -344,14 +285,15 @@ def render_ending(summary: TurnSummary) -> None:
     message = inert(error.get("message") or "")  # may quote a provider's error text
     if status == Status.DONE:
         return
-    if error.get("kind") == ErrorKind.WORKER_LOST:
-        st.error(f"**The worker was lost.** {message}", icon="🛑")
+    headline = KIND_HEADLINES.get(error.get("kind"))
+    if headline:
+        st.error(f"**{headline}.** {message}", icon="🛑")
     elif status == Status.TIMED_OUT:
-        st.warning(f"**{_words(status)}.** {message}", icon="⏱️")
+        st.warning(f"**{status_words(status)}.** {message}", icon="⏱️")
     elif status == Status.CANCELLED:
-        st.info(f"**{_words(status)}.** {message}", icon="⏹️")
+        st.info(f"**{status_words(status)}.** {message}", icon="⏹️")
     else:
-        st.error(f"**{_words(status)}.** {message}", icon="❌")
+        st.error(f"**{status_words(status)}.** {message}", icon="❌")
     if not safeguards_on(summary.get("config")):
         st.caption(
             "Safeguards were off for this turn: it had no deadline of its own and wrote nothing until it "
@@ -424,13 +366,13 @@ def finished_chart_spec(steps_json: str, summary_json: str, zoom: bool) -> dict 
     return timeline_chart(json.loads(steps_json), json.loads(summary_json), zoom=zoom)
 
 
-def render_turn_clocks(turn: dict, *, expanded: bool) -> None:
-    summary, steps = turn["summary"], turn["steps"]
+def render_turn_clocks(turn: TurnView, *, expanded: bool) -> None:
+    summary, steps = turn.summary, turn.steps
     if not summary.get("started_at"):
         st.caption("This turn ended before a worker started it, so no clock ran.")
         return
     with st.expander("⏱️ The three clocks for this turn", expanded=expanded):
-        _clock_charts(summary, steps, turn["key"])
+        _clock_charts(summary, steps, turn.key)
 
 
 @st.fragment

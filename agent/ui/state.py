@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import redis
 from rq import Queue
 
-from agent.contract import ErrorKind, State, Status
+from agent.contract import State, Status
 from agent.conversation.errors import MessageRefused
 from agent.conversation.keys import is_conversation_id
 from agent.conversation.store import Store
 from agent.conversations import retention_words
-from agent.endings import write_ending
+from agent.endings import Ending, write_ending
 from agent.hosting import services
 from agent.lost_worker import lost_worker_check
 from agent.queue import (
@@ -225,8 +225,7 @@ def stop(store: Store, session, state: State, ttl_s: int, queue_connection: redi
         queue_connection is None or job_status(queue_connection, state["job_id"] or "") in (None, "queued"))
     if waiting:
         # Safe against a worker that picks it up right now: a turn that has ended refuses its writes.
-        write_ending(store, state["conversation_id"], turn_id, Status.CANCELLED, ErrorKind.CANCELLED,
-                     "Stopped at your request, before a worker started it.")
+        write_ending(store, state["conversation_id"], turn_id, Ending.cancelled_before_start())
 
 
 @dataclass
