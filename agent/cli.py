@@ -21,7 +21,6 @@ kilobytes per step, not the whole state again on every version.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
@@ -31,7 +30,8 @@ from dataclasses import dataclass, field, replace
 import redis
 
 from agent import conversations_cli
-from agent.contract import LIST_FIELDS, Kind, Live, Outcome, Role, State, Status
+from agent.cli_output import JsonLines, TextLines
+from agent.contract import State, Status
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreFull, TurnInFlight
 from agent.conversation.keys import CONVERSATION_ID_RE, is_conversation_id
 from agent.conversation.store import Store
@@ -41,7 +41,7 @@ from agent.lost_worker import lost_worker_check
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, settings_for_command
-from agent.text.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
+from agent.text.plain_text import terminal_safe
 from agent.tools.registry import TOOL_NAME
 from agent.well_formed import UnreadableState
 from agent.words import EXIT_ENDED_BADLY, exit_status
@@ -59,9 +59,6 @@ REDIS_RETRY_PAUSE_S = 0.5  # seconds between attempts while Redis is away
 # just started takes a moment to register its workers.
 WORKER_HINT_AFTER_S = 5.0
 SHOWN_ID_CHARS = 40  # characters of a refused id repeated in its error line
-# How a text that never became a message is marked, by its model step's outcome.
-CUT_MARKS = {Outcome.TIMEOUT: "cut off: the call timed out", Outcome.STOPPED: "stopped at your request",
-             Outcome.ERROR: "cut off: the call failed"}
 SHOWN_ERROR_CHARS = 300  # characters of an unexpected error's line
 
 
@@ -164,25 +161,46 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     queue_connection = store.redis
     queue = get_queue(queue_connection)
     outage = Outage(describe(svc.redis_url), settings.turn.job_timeout_s)
+    if conversation_id is not None:
+        refused = _refuse_unknown(store, settings, conversation_id)
+        if refused is not None:
+            return refused
+    continuing = conversation_id is not None
+    conversation_id = conversation_id or new_id()
+    turn_id = new_id()  # the same id on a retry: a submit that landed is not sent twice
+    failed = _send(store, queue, outage, settings, conversation_id, turn_id, message, must_exist=continuing)
+    if failed is not None:
+        return failed
+    if not as_json:
+        print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
+    follower = Follower(store, queue_connection, queue, conversation_id, turn_id, settings.poll_interval_ms, as_json)
+    return _follow(follower, outage)
+
+
+def _refuse_unknown(store: Store, settings: Settings, conversation_id: str) -> int | None:
+    """The exit status when the conversation to continue cannot be sent into; None when it can."""
     try:
         # The small fields whole, not just the version, as the page does: a state that cannot be read
         # is said, and nothing is sent into it.
-        unknown = conversation_id is not None and store.read_meta(conversation_id) is None
+        unknown = store.read_meta(conversation_id) is None
     except UnreadableState as exc:
         print(terminal_safe(f"error: {exc}; nothing was sent: leave out --conversation to start a new one"),
               file=sys.stderr)
         return EXIT_USAGE
-    continuing = conversation_id is not None
     if unknown:
         # As the page does: an unknown id is not quietly made a new conversation under that name.
         print(_not_found(store, settings, conversation_id), file=sys.stderr)
         return EXIT_USAGE
-    conversation_id = conversation_id or new_id()
-    turn_id = new_id()  # the same id on a retry: a submit that landed is not sent twice
+    return None
+
+
+def _send(store: Store, queue, outage: Outage, settings: Settings, conversation_id: str, turn_id: str,
+          message: str, *, must_exist: bool) -> int | None:
+    """Submit the turn, retried while Redis is away; the exit status when it was not sent, else None."""
     while True:
         try:
             submit_turn(store, queue, conversation_id, message, settings.turn, turn_id=turn_id,
-                        must_exist=continuing)
+                        must_exist=must_exist)
             break
         except BadMessage as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -208,9 +226,11 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
                 return EXIT_ENDED_BADLY
             time.sleep(REDIS_RETRY_PAUSE_S)
     outage.clear()
-    if not as_json:
-        print(f"conversation {conversation_id}, turn {turn_id}", file=sys.stderr)
-    follower = Follower(store, queue_connection, queue, conversation_id, turn_id, settings.poll_interval_ms, as_json)
+    return None
+
+
+def _follow(follower: Follower, outage: Outage) -> int:
+    """Follow the turn until it ends, retried while Redis is away; its exit status."""
     while True:
         raise_if_interrupted()
         try:
@@ -221,10 +241,10 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
                     raise
                 # Only the ending of a turn past its clocks is written from here; Redis refused it.
                 print(f"error: {redis_problem(exc)}. This turn's ending could not be recorded; it will be once "
-                      f"Redis can write again (open the page with ?c={conversation_id}).", file=sys.stderr)
+                      f"Redis can write again (open the page with ?c={follower.conversation_id}).", file=sys.stderr)
                 return EXIT_ENDED_BADLY
             if outage.gives_up(exc, follower.state):
-                print(outage.sentence(conversation_id, "while following the turn; the turn may still finish"),
+                print(outage.sentence(follower.conversation_id, "while following the turn; the turn may still finish"),
                       file=sys.stderr)
                 return EXIT_ENDED_BADLY
             time.sleep(REDIS_RETRY_PAUSE_S)
@@ -278,9 +298,6 @@ class Outage:
                 f"later to continue it, or open the page with ?c={conversation_id} to see it.")
 
 
-_JSON_SAFE = {cp: f"\\u{cp:04x}" for cp in TERMINAL_ACTIVE if cp >= 0x7F}  # JSON escapes the C0 ones itself
-
-
 @dataclass
 class Follower:
     """Follows one turn, printing what each new version added. `step` may raise a Redis error at any
@@ -294,14 +311,12 @@ class Follower:
     poll_interval_ms: int
     as_json: bool
     state: State | None = None
-    printed: dict = field(default_factory=lambda: dict.fromkeys(LIST_FIELDS, 0))  # items printed, per list
     hinted: bool = False
     started: float = field(default_factory=time.monotonic)
-    live_id: tuple | None = None  # (message_index, attempt) of the live text printed last
-    live_chars: int = 0  # --json: its characters printed so far
-    stream: PlainTextStream | None = None  # text: the live text being printed, until its message lands
-    tokens: list = field(default_factory=lambda: [0, 0, 0])  # text: input, output tokens, calls that reported
-    model_calls: int = 0  # text: this turn's model calls so far, as a person counts them (steps count retries too)
+    printer: JsonLines | TextLines = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.printer = JsonLines(self.turn_id) if self.as_json else TextLines(self.turn_id)
 
     def gone(self) -> int:
         how = "was deleted" if self.store.was_deleted(self.conversation_id) else "expired"
@@ -318,12 +333,7 @@ class Follower:
         if version == seen:
             # Nothing new: is anyone still going to write? If not, this writes the ending.
             lost_worker_check(self.store, self.queue_connection, self.conversation_id, self.state)
-            if (not self.hinted and time.monotonic() - self.started > WORKER_HINT_AFTER_S
-                    and self.state is not None and self.state["status"] == Status.QUEUED
-                    and not running_workers(self.queue)):
-                print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
-                      "`python worker.py`", file=sys.stderr, flush=True)
-                self.hinted = True
+            self.hint_if_no_worker()
             return None
         state = self.store.read_since(self.conversation_id, self.state)
         if state is None:
@@ -331,115 +341,20 @@ class Follower:
         # Our turn's ending: the current state, or its summary if another turn has started since.
         ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(
             (t["status"] for t in state["turns"] if t["turn_id"] == self.turn_id), None)
-        if self.as_json:
-            self.print_json(state, final=ended is not None)
-        else:
-            self.print_text(state)
+        self.printer.print(state, final=ended is not None)
         self.state = state
         if ended is None:
             return None
         if not self.as_json:
-            if self.tokens[2]:
-                print(f"[tokens this turn: {self.tokens[0]:,} in, {self.tokens[1]:,} out, "
-                      f"{calls_text(self.model_calls, self.tokens[2])}]", file=sys.stderr, flush=True)
+            self.printer.print_tokens()
             print(f"[{ended}]", file=sys.stderr, flush=True)
         return exit_status(ended)
 
-    def print_json(self, state: State, *, final: bool) -> None:
-        if final:
-            line = {**state, "delta": False}
-        else:
-            line = {k: v for k, v in state.items() if k not in LIST_FIELDS}
-            line["delta"] = True
-            for name in LIST_FIELDS:
-                line[f"{name}_from"] = self.printed[name]
-                line[f"new_{name}"] = state[name][self.printed[name]:]
-            line.update(self.live_json(state["live"]))
-        # What a terminal acts on is escaped (\uXXXX is valid JSON anywhere a string holds it).
-        print(json.dumps(line, ensure_ascii=False).translate(_JSON_SAFE), flush=True)
-        self.printed = {name: len(state[name]) for name in LIST_FIELDS}
-
-    def live_json(self, live: Live | None) -> dict:
-        """The live text as a delta: its head, and the characters added since the line before."""
-        if live is None or live["turn_id"] != self.turn_id:
-            self.live_id, self.live_chars = None, 0
-            return {"live": None}
-        live_id = (live["message_index"], live["attempt"])
-        start = self.live_chars if live_id == self.live_id else 0  # a fresh text (a retry) starts at 0
-        self.live_id, self.live_chars = live_id, len(live["text"])
-        return {"live": {k: v for k, v in live.items() if k != "text"}, "live_from": start,
-                "live_delta": live["text"][start:]}
-
-    def print_text(self, state: State) -> None:
-        history = state["history"]
-        if self.state is None:
-            # An earlier conversation is not printed again: this turn starts at its user message.
-            users = [i for i, m in enumerate(history) if m.get("role") == Role.USER]
-            self.printed["history"] = users[-1] if users else 0
-        for step in state["steps"][self.printed["steps"]:]:
-            self.print_model_step(step)  # this turn's only
-        self.printed["steps"] = len(state["steps"])
-        for index in range(self.printed["history"], len(history)):
-            message = history[index]
-            role = message.get("role")
-            streamed = self.stream if self.live_id and self.live_id[0] == index else None
-            if streamed is not None:  # its text was printed as it was written: the rest of it
-                print(terminal_safe(streamed.finish(message.get("content") or "")), flush=True)
-                self.stream, self.live_id = None, None
-            if role == Role.USER:
-                continue
-            if role == Role.TOOL:
-                print(terminal_safe(f"  [tool] {message.get('content', '')}"), flush=True)
-            elif message.get("tool_calls"):
-                for call in message["tool_calls"]:
-                    fn = call.get("function", {})
-                    print(terminal_safe(f"  [calls {fn.get('name')}] {fn.get('arguments')}"), flush=True)
-            elif streamed is None:
-                print(terminal_safe(plain_text(message.get("content"))), flush=True)
-        self.printed["history"] = len(history)
-        self.print_live(state["live"])
-
-    def print_live(self, live: Live | None) -> None:
-        """The reply's text as it is written: each settled piece once, on one line with the next."""
-        if live is None or live["turn_id"] != self.turn_id:
-            return
-        live_id = (live["message_index"], live["attempt"])
-        if live_id != self.live_id:
-            if self.live_id is not None and self.stream is not None and self.stream.done:
-                print(flush=True)  # the text before was cut: what follows starts on a line of its own
-            if live["attempt"] > 1:
-                print(f"[attempt {live['attempt']}: the reply starts again]", file=sys.stderr, flush=True)
-            self.live_id, self.stream = live_id, PlainTextStream()
-        piece = self.stream.feed(live["text"])
-        if piece:
-            print(terminal_safe(piece), end="", flush=True)
-
-    def print_model_step(self, step: dict) -> None:
-        """A model call's tokens (stderr); a text it cut off or stopped is marked where it ends."""
-        if step.get("kind") != Kind.MODEL or step.get("turn_id") != self.turn_id:
-            return
-        self.model_calls += 1
-        if step.get("unstreamed"):
-            print(terminal_safe(f"[model call {self.model_calls}: asked without streaming: {step['unstreamed']}]"),
-                  file=sys.stderr, flush=True)
-        usage = step.get("usage")
-        if usage:
-            tokens_in, tokens_out = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
-            self.tokens = [self.tokens[0] + tokens_in, self.tokens[1] + tokens_out, self.tokens[2] + 1]
-            print(f"[model call {self.model_calls}: {tokens_in:,} tokens in, {tokens_out:,} out]", file=sys.stderr,
-                  flush=True)
-        if "partial_text" in step:
-            if self.stream is not None:
-                # What arrived but was not printed yet (the last words), then the mark.
-                rest = self.stream.finish(step["partial_text"]) if len(step["partial_text"]) == step.get(
-                    "partial_chars") else ""
-                print(terminal_safe(rest), flush=True)
-                self.stream, self.live_id = None, None
-            mark = CUT_MARKS.get(step.get("outcome"), "cut off")
-            print(f"  [{mark}: {step['partial_chars']:,} characters had arrived]", flush=True)
-
-
-def calls_text(calls: int, reported: int) -> str:
-    """"over 3 model calls", and how many of them reported their tokens when not all did."""
-    some = f", {reported} of them reporting tokens" if reported != calls else ""
-    return f"over {calls} model call{'s' if calls != 1 else ''}{some}"
+    def hint_if_no_worker(self) -> None:
+        """Once, a turn still queued after WORKER_HINT_AFTER_S with no worker running says how to start one."""
+        if (not self.hinted and time.monotonic() - self.started > WORKER_HINT_AFTER_S
+                and self.state is not None and self.state["status"] == Status.QUEUED
+                and not running_workers(self.queue)):
+            print("waiting for a worker: none is running (AGENT_WORKERS=0?); start one with "
+                  "`python worker.py`", file=sys.stderr, flush=True)
+            self.hinted = True

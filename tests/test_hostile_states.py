@@ -19,7 +19,7 @@ import redis
 from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
 
-from agent.cli import Follower
+from agent.cli_output import JsonLines, TextLines
 from agent.contract import CARRIED_FIELDS
 from agent.conversation.keys import Keys
 from agent.lost_worker import lost_worker_check
@@ -140,11 +140,10 @@ def test_every_hostile_state_reads_as_a_well_formed_state_or_as_unreadable(priva
 
 
 def _print_as_the_cli_does(store, private, case: Case, state: dict) -> None:
-    for as_json in (False, True):
-        follower = Follower(store, private.queue_connection, private.queue, case.cid, state["turn_id"], 250, as_json)
+    for printer in (TextLines(state["turn_id"]), JsonLines(state["turn_id"])):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            follower.print_json(state, final=True) if as_json else follower.print_text(state)
+            printer.print(state, final=True)
         assert not TRACEBACK_RE.search(out.getvalue()), case
 
 

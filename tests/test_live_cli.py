@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import random
 
-from agent.cli import Follower, calls_text
+from agent.cli import Follower
+from agent.cli_output import JsonLines, TextLines, calls_text
 from agent.text.plain_text import PlainTextStream, plain_text
 
 TURN = "t1"
@@ -69,12 +70,12 @@ class StoreAt:
 
 
 def test_the_json_deltas_reassemble_to_the_text_and_a_retry_starts_again_at_zero(capsys):
-    f = follower(as_json=True)
+    f = JsonLines(TURN)
     versions = [state(1, [USER]), state(2, [USER], live("Three words")), state(3, [USER], live("Three words then")),
                 state(4, [USER]), state(5, [USER], live("Fresh", attempt=2)), state(6, [USER], live("Fresh text.", 2)),
                 state(7, [USER, {"role": "assistant", "content": "Fresh text."}])]
     for s in versions:
-        f.print_json(s, final=False)
+        f.print(s, final=False)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     texts: dict[int, str] = {}
     for line in lines:
@@ -88,7 +89,7 @@ def test_the_json_deltas_reassemble_to_the_text_and_a_retry_starts_again_at_zero
 
 
 def test_text_mode_prints_the_reply_once_as_it_is_written_and_marks_a_cut_text(capsys):
-    f = follower(as_json=False)
+    f = TextLines(TURN)
     cut_step = {"turn_id": TURN, "kind": "model", "index": 1, "outcome": "timeout", "partial_text": "Three words then",
                 "partial_chars": 16}
     answer = "The **answer** is 391."
@@ -97,8 +98,7 @@ def test_text_mode_prints_the_reply_once_as_it_is_written_and_marks_a_cut_text(c
     for s in [state(1, [USER]), state(2, [USER], live("Three words")), state(3, [USER], None, [cut_step]),
               state(4, [USER], live("The **ans", 2), [cut_step]),
               state(5, [USER, {"role": "assistant", "content": answer}], None, [cut_step, ok_step], done=True)]:
-        f.print_text(s)
-        f.state = s
+        f.print(s)
     out, err = capsys.readouterr()
     assert out == "Three words then\n  [cut off: the call timed out: 16 characters had arrived]\nThe answer is 391.\n"
     assert "[attempt 2: the reply starts again]" in err
@@ -131,10 +131,9 @@ def test_the_token_total_says_how_many_calls_reported_when_not_all_did():
 
 
 def test_text_mode_keeps_a_streamed_texts_escape_sequences_inert(capsys):
-    f = follower(as_json=False)
+    f = TextLines(TURN)
     for s in [state(1, [USER]), state(2, [USER], live("Look \x1b]0;owned\x07 here ")),
               state(3, [USER, {"role": "assistant", "content": "Look \x1b]0;owned\x07 here now"}], done=True)]:
-        f.print_text(s)
-        f.state = s
+        f.print(s)
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\x1b" in out and out.endswith("here now\n")

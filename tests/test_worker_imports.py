@@ -1,5 +1,5 @@
 """A worker imports what it uses: the MCP SDK only once a server is configured, the OpenTelemetry SDK's
-trace exporter only once tracing is on."""
+trace exporter only once tracing is on, and never the demo model, which runs in the pool's demo provider."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import agent.hosting.worker_process
 from agent.tools import sources
 sources.load(jobs_in_process=True)
 sources.close()
-print(json.dumps({name: name in sys.modules for name in ("mcp", "anyio", "opentelemetry.exporter.otlp.proto.http")}))
+print(json.dumps({name: name in sys.modules for name in ("mcp", "anyio", "opentelemetry.exporter.otlp.proto.http",
+                                                         "agent.demo.model")}))
 """
 
 
@@ -28,7 +29,12 @@ def loaded_modules(env: dict) -> dict:
 
 def test_a_worker_without_mcp_servers_or_tracing_never_imports_their_sdks(base_env):
     loaded = loaded_modules({**base_env, "AGENT_MCP_CONFIG": "off"})
-    assert loaded == {"mcp": False, "anyio": False, "opentelemetry.exporter.otlp.proto.http": False}
+    assert {name: loaded[name] for name in ("mcp", "anyio", "opentelemetry.exporter.otlp.proto.http")} == {
+        "mcp": False, "anyio": False, "opentelemetry.exporter.otlp.proto.http": False}
+
+
+def test_a_worker_names_the_demo_model_but_never_imports_it(base_env):
+    assert loaded_modules({**base_env, "AGENT_MCP_CONFIG": "off"})["agent.demo.model"] is False
 
 
 def test_a_worker_with_the_default_mcp_json_imports_the_mcp_sdk(base_env):

@@ -76,7 +76,7 @@ class EmbeddedRedis:
         self.conf_file = self.dir / "redis.conf"
         self.log_file = self.dir / "redis.log"
         self.lock_file = self.dir / "redis.lock"
-        self.users_dir = self.dir / "redis.users"
+        self.users = Users(self.dir / "redis.users")
         socket = self.dir / "redis.sock"
         if len(str(socket).encode()) > MAX_SOCKET_PATH:
             digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
@@ -99,22 +99,20 @@ class EmbeddedRedis:
         said = False
         launched: subprocess.Popen | None = None  # the server this call started, if it did
         while True:
-            with self._locked():  # released between looks: others may join or look meanwhile
+            with _flocked(self.lock_file):  # released between looks: others may join or look meanwhile
                 pid = self.pid
                 if pid is None:
                     if launched is not None and launched.poll() is not None:
                         raise RuntimeError(f"embedded Redis exited at start (status {launched.returncode}); "
                                            f"see {self.log_file}")
-                    self._start()
-                    launched = self._proc
+                    launched = self._start()
                     quiet_until = time.monotonic() + START_TIMEOUT_S
                     give_up_at = max(give_up_at, quiet_until)
                     problem = "starting"
                 else:
-                    problem = self._problem(pid)
+                    problem = not_answering(pid, self.socket, self.password)
                     if problem is None:
-                        self.users_dir.mkdir(exist_ok=True)
-                        (self.users_dir / str(os.getpid())).touch()
+                        self.users.add(os.getpid())
                         if said:
                             say(f"the embedded Redis (pid {pid}) answers again; going on")
                         return self.url
@@ -135,33 +133,19 @@ class EmbeddedRedis:
         """Leave; the last live user stops the server."""
         if not self.dir.exists():
             return
-        with self._locked():
-            with contextlib.suppress(FileNotFoundError):
-                (self.users_dir / str(os.getpid())).unlink()
-            if not self._live_users():
+        with _flocked(self.lock_file):
+            self.users.remove(os.getpid())
+            if not self.users.live():
                 self.stop()
 
     def stop(self) -> None:
-        """Stop the server by its pid: SIGTERM, then SIGKILL if it lingers while running.
-
-        On SIGTERM Redis flushes its AOF first, so a SIGKILL while it then saves its snapshot loses
-        nothing. A stopped (SIGSTOP) server has not flushed anything yet: it is left to shut down
-        when continued, its SIGTERM pending, and its pid file kept so that nobody starts a second one."""
+        """Stop the server by its pid (see `terminate`); a stopped (SIGSTOP) server keeps its pid file,
+        so that nobody starts a second one before it shuts down."""
         pid = self.pid
         if pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + STOP_TIMEOUT_S
-        while alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if alive(pid) and _stopped(pid):
-            log.warning("the embedded Redis (pid %s) is stopped: it will shut down when continued (kill -CONT %s)",
-                        pid, pid)
+        if not terminate(pid):
             return
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
         if self._proc is not None:
@@ -171,9 +155,7 @@ class EmbeddedRedis:
     @property
     def password(self) -> str:
         if not self.password_file.exists():
-            fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32))
+            _write_private(self.password_file, secrets.token_urlsafe(32), exclusive=True)
         return self.password_file.read_text().strip()
 
     @property
@@ -187,62 +169,16 @@ class EmbeddedRedis:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if alive(pid) and self._is_ours(pid) else None
+        return pid if alive(pid) and _is_server_on(pid, (str(self.socket), str(self.conf_file))) else None
 
     # -- internals -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self):
-        with open(self.lock_file, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    def _is_ours(self, pid: int) -> bool:
-        """A redis-server on our socket or config (it rewrites its title to name its socket)."""
-        try:
-            command = psutil.Process(pid).cmdline()
-        except psutil.Error:
-            return False
-        ours = (str(self.socket), str(self.conf_file))
-        return any("redis-server" in part for part in command) and any(
-            mine in part for part in command for mine in ours)
-
-    def _problem(self, pid: int) -> str | None:
-        """None when the server answers PING; otherwise why it does not, in words."""
-        if _stopped(pid):
-            return "the process is stopped (SIGSTOP)"
-        if not self.socket.exists():
-            return f"its socket {self.socket} is not there"
-        client = redis.Redis(unix_socket_path=str(self.socket), password=self.password,
-                             socket_timeout=PING_TIMEOUT_S, socket_connect_timeout=PING_TIMEOUT_S,
-                             retry=Retry(NoBackoff(), 0))  # one PING: redis-py's retries would hide a stall
-        try:
-            client.ping()
-            return None
-        except redis.BusyLoadingError:
-            return "it is loading its data file"
-        except redis.TimeoutError:
-            return f"no reply to PING within {PING_TIMEOUT_S:g} s"
-        except redis.ResponseError as exc:
-            if str(exc).startswith("BUSY"):
-                return "it is busy running a script"
-            return None  # it answered (MISCONF, for one): a client says what it refuses
-        except redis.RedisError as exc:
-            return f"PING failed: {exc}"
-        finally:
-            client.close()
-
-    def _start(self) -> None:
+    def _start(self) -> subprocess.Popen:
         """Launch a server; `acquire` waits for it to answer (a large data file takes a while to load)."""
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         conf = _server_config(self.socket, self.dir, self.pid_file, self.log_file, self.password, self.maxmemory_mb)
-        fd = os.open(self.conf_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(conf)
+        _write_private(self.conf_file, conf)
         proc = subprocess.Popen(
             [redis_binary(), str(self.conf_file)],
             stdin=subprocess.DEVNULL,
@@ -256,16 +192,108 @@ class EmbeddedRedis:
             self._proc.poll()  # reap the one this object started before, if it has exited since
         self._proc = proc
         log.info("embedded Redis starting (pid %s, socket %s)", proc.pid, self.socket)
+        return proc
 
-    def _live_users(self) -> list[int]:
+
+class Users:
+    """The processes that use one server: a file named by each one's pid, in a directory of their own."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def add(self, pid: int) -> None:
+        self.dir.mkdir(exist_ok=True)
+        (self.dir / str(pid)).touch()
+
+    def remove(self, pid: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / str(pid)).unlink()
+
+    def live(self) -> list[int]:
         """Pids of the registered users still alive; the entries of the dead are removed."""
         live = []
-        for entry in self.users_dir.glob("*") if self.users_dir.exists() else ():
+        for entry in self.dir.glob("*") if self.dir.exists() else ():
             if entry.name.isdigit() and alive(int(entry.name)):
                 live.append(int(entry.name))
             else:
                 entry.unlink(missing_ok=True)
         return live
+
+
+def not_answering(pid: int, socket: Path, password: str) -> str | None:
+    """None when the server answers PING; otherwise why it does not, in words."""
+    if _stopped(pid):
+        return "the process is stopped (SIGSTOP)"
+    if not socket.exists():
+        return f"its socket {socket} is not there"
+    client = redis.Redis(unix_socket_path=str(socket), password=password,
+                         socket_timeout=PING_TIMEOUT_S, socket_connect_timeout=PING_TIMEOUT_S,
+                         retry=Retry(NoBackoff(), 0))  # one PING: redis-py's retries would hide a stall
+    try:
+        client.ping()
+        return None
+    except redis.BusyLoadingError:
+        return "it is loading its data file"
+    except redis.TimeoutError:
+        return f"no reply to PING within {PING_TIMEOUT_S:g} s"
+    except redis.ResponseError as exc:
+        if str(exc).startswith("BUSY"):
+            return "it is busy running a script"
+        return None  # it answered (MISCONF, for one): a client says what it refuses
+    except redis.RedisError as exc:
+        return f"PING failed: {exc}"
+    finally:
+        client.close()
+
+
+def terminate(pid: int) -> bool:
+    """SIGTERM, then SIGKILL if it lingers while running; False when it is stopped (SIGSTOP) and was
+    left to shut down when continued, its SIGTERM pending.
+
+    On SIGTERM Redis flushes its AOF first, so a SIGKILL while it then saves its snapshot loses
+    nothing. A stopped server has not flushed anything yet."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + STOP_TIMEOUT_S
+    while alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    if alive(pid) and _stopped(pid):
+        log.warning("the embedded Redis (pid %s) is stopped: it will shut down when continued (kill -CONT %s)",
+                    pid, pid)
+        return False
+    if alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def _is_server_on(pid: int, markers: tuple[str, ...]) -> bool:
+    """A redis-server whose command line names one of `markers`, our socket or config (it rewrites
+    its title to name its socket)."""
+    try:
+        command = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return any("redis-server" in part for part in command) and any(
+        mine in part for part in command for mine in markers)
+
+
+@contextlib.contextmanager
+def _flocked(path: Path):
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_private(path: Path, text: str, *, exclusive: bool = False) -> None:
+    """Write a file only its owner may read: created so, never widened first (O_EXCL: only if new)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _server_config(socket: Path, directory: Path, pid_file: Path, log_file: Path, password: str,

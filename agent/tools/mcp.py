@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -171,24 +172,9 @@ class McpHub:
         except Exception as exc:  # noqa: BLE001 - any start-up failure is this server's report, not the worker's
             report.error = f"did not start: {_reason(exc)}"
             return report
-        report.tools, problems = self._offered_tools(server.name, _unique(listing))
+        report.tools, problems = offered_tools(server.name, _unique(listing), self.call)
         report.error = "; ".join(problems) or None
         return report
-
-    def _offered_tools(self, server: str, listing: list) -> tuple[list[Tool], list[str]]:
-        """The tools a server may offer the model, within the caps, and what was left out and why."""
-        problems = []
-        if len(listing) > MAX_TOOLS_PER_SERVER:
-            problems.append(f"lists {len(listing)} tools; only the first {MAX_TOOLS_PER_SERVER} are offered")
-        tools = []
-        for listed_tool in listing[:MAX_TOOLS_PER_SERVER]:
-            size = len(json.dumps(listed_tool.input_schema, default=str).encode())
-            if size > MAX_SCHEMA_BYTES:
-                problems.append(f"tool {listed_tool.name[:80]!r} left out: its input schema is {size:,} bytes, "
-                                f"more than {MAX_SCHEMA_BYTES:,}")
-            else:
-                tools.append(self._tool(server, listed_tool))
-        return tools, problems
 
     async def _session(self, server: ServerConfig, listed: asyncio.Future) -> None:
         """One server's whole session, in one task (the SDK's contexts must open and close in the same task)."""
@@ -212,17 +198,6 @@ class McpHub:
             self.clients.pop(server.name, None)
             if not isinstance(exc, Exception):
                 raise
-
-    def _tool(self, server: str, listed) -> Tool:
-        def call(arguments: dict, *, timeout_s: float, stop: threading.Event | None = None) -> str:
-            return self.call(server, listed.name, arguments, timeout_s, stop)
-
-        name = public_name(server, listed.name)
-        call.__qualname__ = name  # registry.add tells tools apart by their origin
-        description = (listed.description or "").strip()[:MAX_DESCRIPTION_CHARS]
-        description = description or f"The {listed.name} tool of the {server} MCP server."
-        return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=call,
-                    arguments=None, takes_timeout=True, takes_stop=True, source=server)
 
     def call(self, server: str, tool: str, arguments: dict, timeout_s: float, stop: threading.Event | None) -> str:
         """Call a tool on this process's session; a ToolError says what went wrong, in words."""
@@ -256,15 +231,7 @@ class McpHub:
             ended = self.ended.get(server)
             reason = f"the server stopped ({ended})" if ended else _reason(exc)
             raise ToolError(f"{tool} on the {server} MCP server failed: {reason}") from None
-        try:
-            text = result_text(result)
-        except bounded_json.TooDeep as exc:
-            raise ToolError(f"{tool} on the {server} MCP server returned a result {exc}") from None
-        if result.is_error:
-            raise ToolError(f"{tool} on the {server} MCP server reported an error: {text}")
-        if len(text) > MAX_OUTPUT_CHARS:
-            raise ToolError(too_big(f"{tool} on the {server} MCP server", text))
-        return text
+        return checked_text(server, tool, result)
 
     def close(self) -> None:
         """Stop every session (and the stdio servers' processes), waiting at most CLOSE_TIMEOUT_S, then
@@ -290,6 +257,52 @@ class McpHub:
         tasks = [task for task, _ in self.sessions]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+
+
+# The hub's call(server, tool, arguments, timeout_s, stop): what an offered tool's function runs.
+HubCall = Callable[[str, str, dict, float, threading.Event | None], str]
+
+
+def offered_tools(server: str, listing: list, call: HubCall) -> tuple[list[Tool], list[str]]:
+    """The tools a server may offer the model, within the caps, and what was left out and why."""
+    problems = []
+    if len(listing) > MAX_TOOLS_PER_SERVER:
+        problems.append(f"lists {len(listing)} tools; only the first {MAX_TOOLS_PER_SERVER} are offered")
+    tools = []
+    for listed_tool in listing[:MAX_TOOLS_PER_SERVER]:
+        size = len(json.dumps(listed_tool.input_schema, default=str).encode())
+        if size > MAX_SCHEMA_BYTES:
+            problems.append(f"tool {listed_tool.name[:80]!r} left out: its input schema is {size:,} bytes, "
+                            f"more than {MAX_SCHEMA_BYTES:,}")
+        else:
+            tools.append(offered_tool(server, listed_tool, call))
+    return tools, problems
+
+
+def offered_tool(server: str, listed, call: HubCall) -> Tool:
+    """A listed tool as the registry holds it: its public name, a bounded description, its schema."""
+    def run(arguments: dict, *, timeout_s: float, stop: threading.Event | None = None) -> str:
+        return call(server, listed.name, arguments, timeout_s, stop)
+
+    name = public_name(server, listed.name)
+    run.__qualname__ = name  # registry.add tells tools apart by their origin
+    description = (listed.description or "").strip()[:MAX_DESCRIPTION_CHARS]
+    description = description or f"The {listed.name} tool of the {server} MCP server."
+    return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=run,
+                arguments=None, takes_timeout=True, takes_stop=True, source=server)
+
+
+def checked_text(server: str, tool: str, result) -> str:
+    """A call's result as the model's text; a ToolError for an error result, or one too deep or too big."""
+    try:
+        text = result_text(result)
+    except bounded_json.TooDeep as exc:
+        raise ToolError(f"{tool} on the {server} MCP server returned a result {exc}") from None
+    if result.is_error:
+        raise ToolError(f"{tool} on the {server} MCP server reported an error: {text}")
+    if len(text) > MAX_OUTPUT_CHARS:
+        raise ToolError(too_big(f"{tool} on the {server} MCP server", text))
+    return text
 
 
 def too_big(what: str, text: str) -> str:

@@ -170,84 +170,96 @@ async def bounded_stdio(name: str, command: str, args: list[str],
     """Start a stdio server in its own process group and talk to it; on exit, stop the whole group."""
     process = await anyio.open_process([command, *args], env=get_default_environment() | (env or {}),
                                        stderr=sys.stderr, start_new_session=True)
-    to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
-    pending: dict[types.RequestId, None] = {}  # ids of requests sent and not answered, oldest first
-    bad_output = RateLimitedLog(log)
-    oversized = RateLimitedLog(log)
+    pipes = ServerPipes(name, process)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(pipes.read_stdout)
+        tasks.start_soon(pipes.write_stdin)
+        try:
+            yield pipes.read_stream, pipes.write_stream
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled caller must not leave the server running
+                await pipes.close()
+            tasks.cancel_scope.cancel()
 
-    async def refuse(prefix: bytes, why: str) -> None:
+
+class ServerPipes:
+    """A stdio server's stdout and stdin, relayed to and from the SDK's session: the session's
+    requests are tracked until answered, so that a line too big to deliver still answers its own."""
+
+    def __init__(self, name: str, process: Process) -> None:
+        self.name, self.process = name, process
+        self.to_session, self.read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        self.write_stream, self.from_session = anyio.create_memory_object_stream[SessionMessage](0)
+        self.pending: dict[types.RequestId, None] = {}  # ids of requests sent and not answered, oldest first
+        self.bad_output = RateLimitedLog(log)
+        self.oversized = RateLimitedLog(log)
+
+    async def refuse(self, prefix: bytes, why: str) -> None:
         """Answer the request a refused line answers with an error that says `why` (else log it)."""
-        request_id = answered_id(prefix, pending)
+        request_id = answered_id(prefix, self.pending)
         if request_id is None:
-            oversized.warning("MCP server %s: dropped a line that answers no known request: %s", name, why)
+            self.oversized.warning("MCP server %s: dropped a line that answers no known request: %s", self.name, why)
             return
-        pending.pop(request_id, None)
+        self.pending.pop(request_id, None)
         error = types.ErrorData(code=TOO_BIG_CODE, message=why)
-        await to_session.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
+        await self.to_session.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
 
-    async def deliver(item: bytes | LineTooBig) -> None:
+    async def deliver(self, item: bytes | LineTooBig) -> None:
         if isinstance(item, LineTooBig):
-            await refuse(item.args[0], too_big_text(item.args[1]))
+            await self.refuse(item.args[0], too_big_text(item.args[1]))
             return
         if not item.strip():
             return
         if bounded_json.exceeds(item):  # before the SDK's parser, which would drop it and leave the call waiting
-            await refuse(item[:ID_PREFIX_BYTES], f"the server's answer is {bounded_json.TooDeep()}")
+            await self.refuse(item[:ID_PREFIX_BYTES], f"the server's answer is {bounded_json.TooDeep()}")
             return
         try:
             message = types.jsonrpc_message_adapter.validate_json(item, by_name=False)
         except ValueError as exc:
-            bad_output.warning("MCP server %s: dropped a line of stdout that is not a JSON-RPC message (%s)",
-                               name, type(exc).__name__)
+            self.bad_output.warning("MCP server %s: dropped a line of stdout that is not a JSON-RPC message (%s)",
+                                    self.name, type(exc).__name__)
             return
         if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
-            pending.pop(message.id, None)
-        await to_session.send(SessionMessage(message))
+            self.pending.pop(message.id, None)
+        await self.to_session.send(SessionMessage(message))
 
-    async def read_stdout() -> None:
+    async def read_stdout(self) -> None:
         lines = LineReader()
         delivering = True  # until the session is gone; then stdout is only drained, so the server never blocks
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            async with to_session:
+            async with self.to_session:
                 while True:
-                    chunk = await process.stdout.receive(READ_CHUNK_BYTES)
+                    chunk = await self.process.stdout.receive(READ_CHUNK_BYTES)
                     for item in lines.feed(chunk) if delivering else ():
                         try:
-                            await deliver(item)
+                            await self.deliver(item)
                         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                             delivering = False
                             break
 
-    async def write_stdin() -> None:
+    async def write_stdin(self) -> None:
         try:
-            async with from_session:
-                async for session_message in from_session:
+            async with self.from_session:
+                async for session_message in self.from_session:
                     message = session_message.message
                     if isinstance(message, types.JSONRPCRequest):
-                        pending[message.id] = None
+                        self.pending[message.id] = None
                     elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
-                        pending.pop((message.params or {}).get("requestId"), None)
+                        self.pending.pop((message.params or {}).get("requestId"), None)
                     data = message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode())
+                    await self.process.stdin.send(data.encode())
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await to_session.aclose()  # the session sees the connection end instead of waiting for ever
+            await self.to_session.aclose()  # the session sees the connection end instead of waiting for ever
 
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(read_stdout)
-        tasks.start_soon(write_stdin)
-        try:
-            yield read_stream, write_stream
-        finally:
-            with anyio.CancelScope(shield=True):  # a cancelled caller must not leave the server running
-                read_stream.close()
-                write_stream.close()
-                await stop_group(process)
-                for stream in (to_session, from_session):
-                    await stream.aclose()
-                bad_output.flush()
-                oversized.flush()
-            tasks.cancel_scope.cancel()
+    async def close(self) -> None:
+        """End the session's streams and the server's whole process group; say what the logs left out."""
+        self.read_stream.close()
+        self.write_stream.close()
+        await stop_group(self.process)
+        for stream in (self.to_session, self.from_session):
+            await stream.aclose()
+        self.bad_output.flush()
+        self.oversized.flush()
 
 
 async def stop_group(process: Process) -> None:

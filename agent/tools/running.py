@@ -56,75 +56,93 @@ def run_tool(
     called in the caller's thread about every WAIT_SLICE_S while the tool runs. `offered`, when
     given, names the only tools this turn may run (those its model was offered)."""
     started = time.monotonic()
-
-    def failed(reason: str, stopped: bool = False) -> ToolResult:
-        output = truncate(f"{ERROR_PREFIX}{reason}")
-        return ToolResult(ok=False, output=output, duration_s=time.monotonic() - started, stopped=stopped)
-
     found = REGISTRY.get(name) if offered is None or name in offered else None
     if found is None:
         known = ", ".join(sorted(n for n in REGISTRY if offered is None or n in offered)) or "none"
-        return failed(f"unknown tool {name[:80]!r}; available tools: {known}")
+        return _failed(started, f"unknown tool {name[:80]!r}; available tools: {known}")
     try:
         kwargs = check_arguments(found, arguments_json)
     except ToolError as exc:
-        return failed(str(exc))
+        return _failed(started, str(exc))
     if not timeout_s > 0:  # also catches NaN
-        return failed(f"no time left in this turn to run {name}")
+        return _failed(started, f"no time left in this turn to run {name}")
     if stop is not None and stop.is_set():
-        return failed(f"stopped at your request before {name} started", stopped=True)
+        return _failed(started, f"stopped at your request before {name} started", stopped=True)
     if found.takes_timeout:
         kwargs["timeout_s"] = max(0.0, timeout_s - min(RETURN_GRACE_S, timeout_s / 10))
     if found.takes_stop:
         kwargs["stop"] = stop if stop is not None else threading.Event()
+    run = _ToolThread(name, found.func, kwargs, started)
+    gave_up = run.wait(timeout_s, stop, heartbeat)
+    if gave_up is not None:
+        return _failed(started, gave_up, stopped=run.stopped)
+    return run.result()
 
-    outcome: dict = {}
-    finished = threading.Event()
 
-    def work() -> None:
+def _failed(started: float, reason: str, stopped: bool = False) -> ToolResult:
+    output = truncate(f"{ERROR_PREFIX}{reason}")
+    return ToolResult(ok=False, output=output, duration_s=time.monotonic() - started, stopped=stopped)
+
+
+class _ToolThread:
+    """One run of a tool's function in a daemon thread, waited for from the caller's thread.
+
+    A daemon thread, not a `with ThreadPoolExecutor()`: a stuck tool must not block the turn or process exit."""
+
+    def __init__(self, name: str, func: Callable, kwargs: dict, started: float) -> None:
+        self.name, self.started = name, started
+        self.outcome: dict = {}
+        self.finished = threading.Event()
+        self.stopped = False  # a stop request ended or cut the run
+        self.thread = threading.Thread(target=self._work, args=(func, kwargs), name=f"tool-{name}", daemon=True)
+        self.thread.start()
+
+    def _work(self, func: Callable, kwargs: dict) -> None:
         try:
-            outcome["output"] = _to_text(found.func(**kwargs), name)
+            self.outcome["output"] = _to_text(func(**kwargs), self.name)
         except BaseException as exc:  # handed to the caller thread, which decides what to convert
-            outcome["error"] = exc
+            self.outcome["error"] = exc
         finally:
-            finished.set()
+            self.finished.set()
 
-    # A daemon thread, not a `with ThreadPoolExecutor()`: a stuck tool must not block the turn or process exit.
-    thread = threading.Thread(target=work, name=f"tool-{name}", daemon=True)
-    thread.start()
-    # Nothing is swallowed here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
-    give_up_at = started + min(timeout_s, threading.TIMEOUT_MAX)
-    stopped = False
-    try:
-        while not finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
-            if stop is not None and stop.is_set():
-                stopped = True
-                if finished.wait(STOP_GRACE_S):
-                    break
-                took_s = time.monotonic() - started
-                _abandon(thread, finished)
-                return failed(f"stopped at your request after {took_s:.1f} s, before {name} finished", stopped=True)
-            if time.monotonic() >= give_up_at:
-                _abandon(thread, finished)
-                return failed(f"{name} did not finish within {timeout_s:.1f} s (the tool's time limit) "
-                              "and was abandoned")
-            if heartbeat is not None:
-                heartbeat()
-    except BaseException:
-        # RQ's job timeout (or a signal) raised in this thread: the tool is left behind all the same.
-        _abandon(thread, finished)
-        raise
-    # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.
-    stopped = stopped or (stop is not None and stop.is_set())
-    error = outcome.get("error")
-    if error is not None:
-        if not isinstance(error, Exception):
-            raise error  # SystemExit, KeyboardInterrupt: never swallowed
-        if isinstance(error, ToolError):
-            return failed(str(error), stopped)
-        return failed(f"{name} raised {type(error).__name__}: {error}", stopped)
-    output = truncate(outcome["output"])
-    return ToolResult(ok=True, output=output, duration_s=time.monotonic() - started, stopped=stopped)
+    def wait(self, timeout_s: float, stop: threading.Event | None, heartbeat: Callable[[], None] | None) -> str | None:
+        """Until the tool returns (None), or why it was given up on and abandoned."""
+        # Nothing is swallowed here: RQ's JobTimeoutException (an Exception) raised in this thread must propagate.
+        give_up_at = self.started + min(timeout_s, threading.TIMEOUT_MAX)
+        try:
+            while not self.finished.wait(max(0.0, min(WAIT_SLICE_S, give_up_at - time.monotonic()))):
+                if stop is not None and stop.is_set():
+                    self.stopped = True
+                    if self.finished.wait(STOP_GRACE_S):
+                        break
+                    took_s = time.monotonic() - self.started
+                    _abandon(self.thread, self.finished)
+                    return f"stopped at your request after {took_s:.1f} s, before {self.name} finished"
+                if time.monotonic() >= give_up_at:
+                    _abandon(self.thread, self.finished)
+                    return (f"{self.name} did not finish within {timeout_s:.1f} s (the tool's time limit) "
+                            "and was abandoned")
+                if heartbeat is not None:
+                    heartbeat()
+        except BaseException:
+            # RQ's job timeout (or a signal) raised in this thread: the tool is left behind all the same.
+            _abandon(self.thread, self.finished)
+            raise
+        # A tool that watches `stop` returns as soon as it is set, often before this loop looks at it.
+        self.stopped = self.stopped or (stop is not None and stop.is_set())
+        return None
+
+    def result(self) -> ToolResult:
+        """What the finished tool returned, or the error it raised, as the model is told."""
+        error = self.outcome.get("error")
+        if error is not None:
+            if not isinstance(error, Exception):
+                raise error  # SystemExit, KeyboardInterrupt: never swallowed
+            if isinstance(error, ToolError):
+                return _failed(self.started, str(error), self.stopped)
+            return _failed(self.started, f"{self.name} raised {type(error).__name__}: {error}", self.stopped)
+        output = truncate(self.outcome["output"])
+        return ToolResult(ok=True, output=output, duration_s=time.monotonic() - self.started, stopped=self.stopped)
 
 
 class ToolAbandoned(BaseException):
