@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from agent.ui.page import main
+from agent.ui.shell import main
 
 st.set_page_config(page_title="Agent clocks", page_icon="⏱️", layout="centered")
 main()

@@ -3,7 +3,6 @@ turn must actually run). States are written with the Store API to see how each o
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 
@@ -44,7 +43,7 @@ def app_env(redis_url):
 def autorefresh_present(at: AppTest) -> bool:
     """The page ticks at the in-flight cadence. (An idle page on a conversation keeps its component at
     IDLE_TICK_MS: a tick that only restarts its follower, which meanwhile waits on Redis.)"""
-    from agent.ui.page import IDLE_TICK_MS
+    from agent.ui.follower import IDLE_TICK_MS
 
     return any(args.get("interval") != IDLE_TICK_MS for args in autorefreshes(at))
 
@@ -645,9 +644,9 @@ def test_a_page_asked_for_under_a_foreign_host_name_refuses_before_showing_any_c
     at = app(cid)
     at.run()
     assert "17*23 = 391" in texts(at)  # the conversation, as its own page shows it
-    from agent.ui import page
+    from agent.ui import shell
 
-    monkeypatch.setattr(page, "request_host", lambda: host)  # the Host a rebound name brings
+    monkeypatch.setattr(shell, "request_host", lambda: host)  # the Host a rebound name brings
     monkeypatch.setenv("AGENT_ALLOWED_HOSTS", "intranet.example")  # not told to whoever rebound the name
     refused = app(cid)
     refused.run()
@@ -665,17 +664,17 @@ def test_a_page_asked_for_under_a_foreign_host_name_refuses_before_showing_any_c
 @pytest.mark.parametrize("broken", [{"AGENT_JOB_TIMEOUT": "soon"}, {"AGENT_ALLOWED_HOSTS": "bad name!"}],
                          ids=["another-setting", "the-host-list"])
 def test_a_configuration_error_is_told_only_under_a_name_the_page_answers_at(monkeypatch, broken):
-    from agent.ui import page
+    from agent.ui import shell
 
     for name, value in broken.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(page, "request_host", lambda: "evil.test:8501")
+    monkeypatch.setattr(shell, "request_host", lambda: "evil.test:8501")
     refused = app()
     refused.run()
     assert_no_exception(refused)
     assert "This page answers only at" in texts(refused) and "not valid" not in texts(refused)
     assert next(iter(broken)) not in texts(refused).replace("AGENT_ALLOWED_HOSTS to", "")
-    monkeypatch.setattr(page, "request_host", lambda: "127.0.0.1:8501")
+    monkeypatch.setattr(shell, "request_host", lambda: "127.0.0.1:8501")
     told = app()
     told.run()
     assert "The configuration is not valid" in texts(told) and next(iter(broken)) in texts(told)
@@ -800,7 +799,7 @@ def test_a_live_text_of_another_turn_is_not_drawn():
 
 
 def test_a_page_on_a_conversation_keeps_one_follower_component_ticking_slowly_once_idle(store):
-    from agent.ui.page import IDLE_TICK_MS
+    from agent.ui.follower import IDLE_TICK_MS
 
     for status in ("running", "done"):
         cid, _ = make_status(store, status)
@@ -901,38 +900,6 @@ def test_a_watch_whose_connection_closes_under_its_blocking_read_wakes_with_an_e
         own.close()
 
 
-def test_the_follower_reads_which_fragment_reruns_wait_from_streamlits_own_request_queue():
-    from streamlit.runtime.scriptrunner_utils.script_requests import RerunData, ScriptRequests
-
-    from agent.ui.page import waiting_fragment_ids
-
-    requests = ScriptRequests()
-    assert waiting_fragment_ids(requests) == []
-    requests.request_rerun(RerunData(fragment_id="stop"))  # a click in another fragment, while one runs
-    requests.request_rerun(RerunData(fragment_id="follow"))
-    assert waiting_fragment_ids(requests) == ["stop", "follow"]
-    requests.request_rerun(RerunData())  # a full run pre-empts anyway: no fragment to let through
-    assert waiting_fragment_ids(requests) == []
-
-
-def test_a_fragment_gives_way_to_the_fragments_queued_after_it_in_the_same_run():
-    from agent.ui.page import others_run_after
-
-    assert others_run_after("follow", ["follow", "stop"]), "Stop waits behind the follower: it ends its run"
-    assert not others_run_after("follow", ["stop", "follow"]), "Stop already ran: the follower holds"
-    assert not others_run_after("follow", ["follow"])
-    assert not others_run_after("follow", None)  # a full run
-    assert not others_run_after(None, ["stop", "follow"])  # not in a fragment (the bridge)
-
-
-def test_streamlits_fragment_thread_state_still_names_the_running_fragment():
-    """The follower and Stop read which fragment runs from Streamlit's internals: if that moves, this fails
-    (and the page falls back to holding each follower run for HOLD_S)."""
-    from streamlit.runtime.scriptrunner_utils.script_run_context import FragmentThreadState
-
-    assert "fragment_id" in {field.name for field in dataclasses.fields(FragmentThreadState)}
-
-
 @pytest.mark.usefixtures("pool")
 def test_each_model_call_and_the_turn_show_the_tokens_the_provider_reported(store, queue):
     from agent.queue import new_id, submit_turn
@@ -980,13 +947,13 @@ def budget_used_s(at: AppTest) -> float:
 def test_the_live_timelines_now_line_is_the_budget_bars_now_while_a_call_hangs(store, monkeypatch):
     """A regression: the chart was drawn only when a step started or ended, so while a call hung its
     now-line stayed where the call began (1.6 s) as the budget bar went on (5.6 s used)."""
-    from agent.ui import page
+    from agent.ui import follower
 
     cid, turn_id = make_status(store, "running")
     started_at = store.read(cid)["started_at"]
     clock = iter(started_at + 1.0 + 0.5 * n for n in range(10_000))  # each reading half a second later
     monkeypatch.setattr(ui, "now", lambda: next(clock))
-    monkeypatch.setattr(page, "STATUS_REDRAW_S", 0.05)  # the bridge's hold redraws the bar a few times
+    monkeypatch.setattr(follower, "STATUS_REDRAW_S", 0.05)  # the bridge's hold redraws the bar a few times
     at = app(cid)
     at.run()
     assert_no_exception(at)
@@ -1000,7 +967,7 @@ def test_every_page_draws_a_code_block_before_any_tool_step_so_a_steps_boxes_nev
         store, status):
     """A regression: the browser loads its code renderer when the page first draws a code block; drawn
     first by a tool step, its Arguments and Result boxes showed empty for 1-2 s (measured in Chromium)."""
-    from agent.ui.page import CLOCK_RULES
+    from agent.ui.layout import CLOCK_RULES
 
     cid = make_status(store, status)[0] if status else None
     at = app(cid)

@@ -98,12 +98,12 @@ def tick(at: AppTest) -> AppTest:
     AppTest has no call for that, so its script runner is handed the fragment's id as the browser's would be.
     Its run draws the state it reads; the hold that follows in a browser (following the event stream,
     then asking for another run) is left out, so the tick ends once drawn."""
-    fragment_id = _fragment_id(at, "_follow")
+    fragment_id = _fragment_id(at, "follow")
     assert fragment_id, "no follower on the page"
     fragment_rerun = functools.partial(RerunData, fragment_id_queue=[fragment_id])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("streamlit.testing.v1.local_script_runner.RerunData", fragment_rerun)
-        mp.setattr("agent.ui.page._hold", lambda *args, **kwargs: None)
+        mp.setattr("agent.ui.follower._hold", lambda *args, **kwargs: None)
         return at.run()
 
 
@@ -275,7 +275,7 @@ def test_a_part_of_the_page_that_fails_to_draw_is_said_in_a_sentence_and_the_pol
     at.run()
     assert_no_traceback(at, "full run")
     assert "Turn 1 could not be drawn (ZeroDivisionError)" in texts(at) and polling(at)
-    monkeypatch.setattr("agent.ui.page._in_flight", broken)  # the live part of the turn in flight
+    monkeypatch.setattr("agent.ui.follower._in_flight", broken)  # the live part of the turn in flight
     tick(at)
     assert_no_traceback(at, "tick")
     assert "The reply being written could not be drawn (ZeroDivisionError)" in texts(at)

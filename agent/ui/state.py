@@ -44,7 +44,7 @@ STOPPING_KEY = "agent_stopping"  # turn id whose stop this tab asked for
 
 @dataclass
 class Backend:
-    """What the page talks to, made once per process (see page.backend)."""
+    """What the page talks to, made once per process (see shell.backend)."""
 
     services: services.Services
     store: Store

@@ -124,12 +124,42 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
     else:
         domain_end = horizon_s(summary, steps, now) * 1.03
     x_scale = {"domain": [0, domain_end], "nice": False}
+    order = [r["step"] for r in rows if r["layer"] == "step"]
+    bar_encoding = _bar_encoding(rows, order, x_scale)
+    timeouts = [r for r in rows if r["layer"] == "timeout"]
+    timeout_mark = {"type": "bar", "size": 20, "opacity": 0.8, "clip": True}
+    layers = [_layer(timeouts, timeout_mark, bar_encoding)] if timeouts else []
+    layers.append(_layer([r for r in rows if r["layer"] == "step"],
+                         {"type": "bar", "size": 11, "clip": True, "cornerRadius": 2}, bar_encoding))
+    layers = _clock_layers(rules, x_scale, layers)
+    if now is not None:
+        layers.append(_layer([{"at_s": round(now - t0, 3)}], {"type": "rule", "color": "#333", "strokeWidth": 1.5,
+                                                              "clip": True}, {"x": _at_x("at_s", x_scale)}))
+    # Streamlit fits title, legend and axes inside this height, so it counts them too.
+    return {
+        "$schema": VEGA_LITE_SCHEMA,
+        "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
+        "layer": layers,
+        "height": 220 + 36 * len(order),
+        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE, "anchor": "start", "subtitleColor": "#555"},
+    }
+
+
+def _layer(values: list[dict], mark: dict, encoding: dict) -> dict:
+    return {"data": {"values": values}, "mark": mark, "encoding": encoding}
+
+
+def _at_x(field: str, x_scale: dict) -> dict:
+    return {"field": field, "type": "quantitative", "scale": x_scale}
+
+
+def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict) -> dict:
+    """One bar per row, on its step's line, coloured by what it was (the legend lists only those present)."""
     present = {r["what"] for r in rows}
     legend_domain = [k for k in COLOURS if k in present]
     colour = {"field": "what", "type": "nominal", "title": None,
               "scale": {"domain": legend_domain, "range": [COLOURS[k] for k in legend_domain]},
               "legend": {"orient": "bottom", "columns": 5, "symbolType": "square"}}
-    order = [r["step"] for r in rows if r["layer"] == "step"]
     # The outer padding leaves a free band at the top for the clocks' labels.
     y = {"field": "step", "type": "nominal", "sort": order, "title": None,
          "axis": {"labelLimit": 220, "ticks": False}, "scale": {"paddingInner": 0.25, "paddingOuter": 0.9}}
@@ -142,37 +172,22 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         {"field": "detail", "type": "nominal", "title": "detail"},
     ]
     x = {"field": "start_s", "type": "quantitative", "scale": x_scale, "title": "seconds since the job started"}
-    bar_encoding = {"x": x, "x2": {"field": "end_s"}, "y": y, "color": colour, "tooltip": tooltip}
+    return {"x": x, "x2": {"field": "end_s"}, "y": y, "color": colour, "tooltip": tooltip}
 
-    def layer(values: list[dict], mark: dict, encoding: dict) -> dict:
-        return {"data": {"values": values}, "mark": mark, "encoding": encoding}
 
-    def at_x(field: str) -> dict:
-        return {"field": field, "type": "quantitative", "scale": x_scale}
-
-    timeouts = [r for r in rows if r["layer"] == "timeout"]
-    timeout_mark = {"type": "bar", "size": 20, "opacity": 0.8, "clip": True}
-    layers = [layer(timeouts, timeout_mark, bar_encoding)] if timeouts else []
-    layers.append(layer([r for r in rows if r["layer"] == "step"],
-                        {"type": "bar", "size": 11, "clip": True, "cornerRadius": 2}, bar_encoding))
+def _clock_layers(rules: list[dict], x_scale: dict, bars: list[dict]) -> list[dict]:
+    """The bars with the clocks: the margin between deadline and job timeout shaded behind them, a
+    dashed line and a label at each clock in front."""
+    layers = list(bars)
     if len(rules) == 2:
-        layers.insert(0, layer([{"from": rules[0]["at_s"], "to": rules[1]["at_s"]}],
-                               {"type": "rect", "color": "#F2A65A", "opacity": 0.13, "clip": True},
-                               {"x": at_x("from"), "x2": {"field": "to"}}))
+        layers.insert(0, _layer([{"from": rules[0]["at_s"], "to": rules[1]["at_s"]}],
+                                {"type": "rect", "color": "#F2A65A", "opacity": 0.13, "clip": True},
+                                {"x": _at_x("from", x_scale), "x2": {"field": "to"}}))
     for rule in rules:
-        layers.append(layer([rule], {"type": "rule", "strokeDash": [6, 3], "strokeWidth": 2, "clip": True,
-                                     "color": rule["colour"]}, {"x": at_x("at_s")}))
-        layers.append(layer([rule], {"type": "text", "align": "right", "baseline": "top", "dx": -5, "y": rule["y_px"],
-                                     "fontSize": 12, "fontWeight": "bold", "color": rule["colour"]},
-                            {"x": at_x("at_s"), "text": {"field": "clock", "type": "nominal"}}))
-    if now is not None:
-        layers.append(layer([{"at_s": round(now - t0, 3)}], {"type": "rule", "color": "#333", "strokeWidth": 1.5,
-                                                             "clip": True}, {"x": at_x("at_s")}))
-    # Streamlit fits title, legend and axes inside this height, so it counts them too.
-    return {
-        "$schema": VEGA_LITE_SCHEMA,
-        "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
-        "layer": layers,
-        "height": 220 + 36 * len(order),
-        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE, "anchor": "start", "subtitleColor": "#555"},
-    }
+        layers.append(_layer([rule], {"type": "rule", "strokeDash": [6, 3], "strokeWidth": 2, "clip": True,
+                                      "color": rule["colour"]}, {"x": _at_x("at_s", x_scale)}))
+        layers.append(_layer([rule], {"type": "text", "align": "right", "baseline": "top", "dx": -5,
+                                      "y": rule["y_px"], "fontSize": 12, "fontWeight": "bold",
+                                      "color": rule["colour"]},
+                             {"x": _at_x("at_s", x_scale), "text": {"field": "clock", "type": "nominal"}}))
+    return layers

@@ -1,0 +1,317 @@
+"""The turn in flight, followed live: the follower fragment, its status panel, and Stop.
+
+A full run draws the finished turns once (agent/ui/layout.py). What changes afterwards lives in
+`follow`, an `st.fragment` that follows the conversation's event stream within its own run: it draws
+each write as it arrives (the text being written grows in a placeholder of its own), waiting in slices
+short enough that whatever waits is let through at once: a click that reruns the app (a message, the
+sidebar) cuts it short, and another fragment's rerun (Stop, a toggle in an earlier turn) goes first,
+the follower after it. When a turn starts or ends it asks for one full run. Its run restarts itself
+now and then; its streamlit-autorefresh component is the net that starts it after a full run, or
+restarts it should a run end otherwise (ticks that come while it holds only queue one rerun). A
+fragment rerun never pre-empts a full run (Streamlit queues it), so nothing can livelock the page.
+What waits is read from Streamlit's script runner through agent/ui/streamlit_internals.py alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import redis
+import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
+from streamlit_autorefresh import st_autorefresh
+
+from agent.contract import Status
+from agent.settings import Settings
+from agent.ui import render
+from agent.ui import state as ui
+from agent.ui.callbacks import on_stop
+from agent.ui.guard import redis_down
+from agent.ui.streamlit_internals import (
+    fragment_rerun_waiting,
+    in_fragment_run,
+    queued_after_this_fragment,
+    yield_to_waiting_reruns,
+)
+from agent.ui.timeline import timeline_chart
+from agent.ui.watch import VersionWatch
+from agent.well_formed import UnreadableState, number
+
+log = logging.getLogger(__name__)
+
+HANDOFF_KEY = "agent_follow_handoff"  # the state a full run read, handed to the fragment it draws
+SLICE_S = 0.05  # seconds the follower waits at a time: a click outside it is answered within this
+HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
+STATUS_REDRAW_S = 1.0  # seconds between redraws of the budget bar and the lost-worker check, in flight
+IDLE_CHECK_S = 2.0  # seconds between an idle follower's checks that its conversation still exists (one HGET)
+IDLE_TICK_MS = 3000  # milliseconds between the idle page's ticks (each a message, not a run, while it holds)
+
+
+@st.fragment
+def stop_control(settings: Settings, be: ui.Backend, state: dict) -> None:
+    """Stop, a fragment of its own: its click reruns only this (the follower gives way within SLICE_S),
+    so "Stopping…" is drawn by a run that draws nothing else. When the follower runs after it, that
+    follows the turn to its end; when it does not (the click cut a full run short), this run does,
+    until the follower's tick takes over or the turn ends (one full run)."""
+    if st.session_state.get(ui.STOPPING_KEY) != state["turn_id"]:
+        st.button("⏹️ Stop", key="stop", on_click=on_stop, args=(settings, be))
+        return
+    st.info("**Stopping…** The running step is being stopped; the turn ends in a moment.", icon="⏹️")
+    if in_fragment_run() and not queued_after_this_fragment():  # else the follower runs next, and follows
+        with _said_if_it_fails("followed"):
+            _until_moved(be, state, limit_s=2 * settings.poll_interval_ms / 1000)
+
+
+def _until_moved(be: ui.Backend, state: dict, *, limit_s: float) -> None:
+    """Wait, in slices, for the turn to end (then one full run draws it), for at most `limit_s`; any
+    other run waiting (the follower's tick, a click) ends the wait at once."""
+    cid, session = state["conversation_id"], st.session_state
+    watch = VersionWatch(be.store, cid, state["version"])
+    try:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            moved = watch.wait(SLICE_S)
+            yield_to_waiting_reruns()  # a full run waiting cuts this run here
+            if fragment_rerun_waiting():  # the follower's tick: it follows the turn from here
+                return
+            if watch.error is not None:
+                raise watch.error
+            if moved and _turn_moved(ui.poll(be.store, be.queue_connection, session, cid).state,
+                                     state["turn_id"], True):
+                st.rerun(scope="app")
+    except redis.RedisError as exc:
+        log.warning("redis failed while waiting for a turn to stop: %s", exc)
+    finally:
+        watch.close()
+
+
+@dataclass
+class Live:
+    """The placeholders of the turn in flight, redrawn as writes arrive, each only when it changed."""
+
+    body: DeltaGenerator  # the turn: messages and steps
+    text: DeltaGenerator | None  # the text being written, inside the body
+    status: DeltaGenerator  # the budget bar and the step running now (its clock moves every second)
+    chart: DeltaGenerator  # the timeline, redrawn with the budget bar: its now-line is the bar's now
+
+
+def _live_places() -> Live:
+    """One frame holds them all, so a full run that finds the turn ended empties it with one element."""
+    with st.empty().container():
+        return Live(st.empty(), None, st.empty(), st.empty())
+
+
+@st.fragment
+def follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool) -> Live | None:
+    """The turn in flight (or nothing, when the conversation is idle), kept up to date within this run.
+
+    In a full run it draws what the run read. Its streamlit-autorefresh component (one per
+    conversation, so the browser keeps the same one) starts a fragment run after a full run; that run
+    follows the event stream for up to HOLD_S, drawing each write as it lands, then restarts itself.
+    Ticks that come meanwhile only queue one rerun, which restarts a run that ended any other way.
+    When a turn starts or ends it asks for one full run, which draws the page around it. In a full run
+    it returns the places it drew for a turn in flight, which the run follows once the page is drawn.
+
+    An exception here is not caught by main(): it is said in a sentence, and the following goes on."""
+    following: list[bool] = []  # the body appends once it has drawn the autorefresh component
+    with _said_if_it_fails("drawn"):
+        return _follow_body(settings, be, cid, turn_id, in_flight, following)
+    if not following:  # the body failed before its component: the page must keep ticking
+        st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
+    return None
+
+
+def bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live) -> None:
+    """A full run that found a turn in flight (it started it, or the page was reloaded) follows it once the
+    whole page is drawn, so the first words, a step or the ending show at once rather than after the
+    follower's first tick. It gives way to that tick (the follower takes over), to any click, and
+    to the turn's start or end (one more full run); it lasts at most two ticks."""
+    with _said_if_it_fails("followed"):
+        _hold(settings, be, cid, state, live, limit_s=2 * settings.poll_interval_ms / 1000)
+
+
+@contextlib.contextmanager
+def _said_if_it_fails(what: str) -> Iterator[None]:
+    """Following the turn in flight never ends in a traceback, and is not caught by main(): a state that
+    cannot be read goes to a full run (which says so, and offers a new chat); anything else is said in
+    a sentence, and the follower goes on."""
+    try:
+        yield
+    except UnreadableState as exc:
+        log.warning("%s", exc)
+        st.rerun(scope="app")
+    except Exception as exc:  # noqa: BLE001 - a sentence, never a traceback
+        log.exception("the turn in flight could not be %s", what)
+        st.warning(f"The reply being written could not be {what} ({type(exc).__name__}); this page keeps "
+                   "looking for it.", icon="⚠️")
+
+
+def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool,
+                 following: list[bool]) -> Live | None:
+    session = st.session_state
+    if turn_id is None:
+        # A new chat: nothing to follow yet, but its component is drawn now, where and under the key its
+        # first turn will draw it (the chat's id does not change when the message is sent).
+        _follow_component(settings, cid, in_flight=False, following=following)
+        return None
+    state = session.pop(HANDOFF_KEY, None)
+    full_run = state is not None
+    if not full_run:
+        try:
+            state = ui.poll(be.store, be.queue_connection, session, cid).state
+        except redis.RedisError as exc:
+            log.warning("redis failed during a poll: %s", exc)
+            redis_down(exc)
+            return None
+        if _turn_moved(state, turn_id, in_flight):
+            st.rerun(scope="app")
+    _follow_component(settings, cid, in_flight=in_flight, following=following)
+    live = None
+    if not in_flight:
+        st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
+    else:
+        live = _live_places()
+        _draw_turn(live, state)
+        _draw_status(settings, be, live, state)
+    if full_run:  # the run follows the turn in flight once it has drawn the rest of the page (bridge)
+        return live
+    if _hold(settings, be, cid, state, live, limit_s=HOLD_S):
+        st.rerun(scope="fragment")  # a fresh run: a fresh draw, a fresh watch
+    return None
+
+
+def _follow_component(settings: Settings, cid: str, *, in_flight: bool, following: list[bool]) -> None:
+    """The streamlit-autorefresh component, first in the fragment in every run (a new chat, idle, in
+    flight), under one key per conversation: the browser keeps the same frame, instead of loading a new
+    one (seconds, on a busy machine) just when a turn starts. A tick costs no run while the follower
+    holds (Streamlit queues it behind the run), so the interval is only how soon a follower starts
+    after a full run: short in flight, longer idle."""
+    st_autorefresh(interval=settings.poll_interval_ms if in_flight else IDLE_TICK_MS, key=f"follow-{cid}")
+    following.append(True)
+
+
+def _turn_moved(state: dict | None, turn_id: str, in_flight: bool) -> bool:
+    """A turn started or ended since the full run: only a full run draws the page around it."""
+    return state is None or state["turn_id"] != turn_id or state["done"] == in_flight
+
+
+def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live | None, *, limit_s: float) -> bool:
+    """Follow the event stream for up to `limit_s` (then True): each write is drawn as it lands, and
+    every SLICE_S the run gives way to whatever else waits. A click outside cuts it. Another fragment's
+    rerun goes first: a fragment run asks to run again after it; a full run simply ends (the follower
+    takes over). False when it gave way or Redis failed (said on the page, which retries)."""
+    session = st.session_state
+    watch = VersionWatch(be.store, cid, state["version"])
+    try:
+        end = time.monotonic() + limit_s
+        next_status = time.monotonic() + STATUS_REDRAW_S
+        while time.monotonic() < end:
+            moved = watch.wait(SLICE_S)
+            if _give_way():
+                return False
+            if watch.error is not None:
+                raise watch.error
+            # In flight: the budget bar's clock and the lost-worker check. Idle: whether the conversation
+            # is still there (an expired or deleted one writes nothing to wake the watch).
+            stale = time.monotonic() >= next_status
+            if not moved and not stale:
+                continue
+            # No wait here: the watch already waited. Unchanged, this is the lost-worker check.
+            fresh = ui.poll(be.store, be.queue_connection, session, cid).state
+            if _turn_moved(fresh, state["turn_id"], live is not None):
+                st.rerun(scope="app")
+            if live is None:
+                state = fresh
+                next_status = time.monotonic() + IDLE_CHECK_S
+                continue
+            text_only = ui.text_only_change(state, fresh)
+            if fresh["version"] != state["version"]:
+                if text_only and live.text is not None:
+                    render.render_live_text(live.text, render.live_text(fresh))
+                else:
+                    _draw_turn(live, fresh)
+            state = fresh
+            if stale or not text_only:
+                _draw_status(settings, be, live, state)
+                next_status = time.monotonic() + STATUS_REDRAW_S
+    except redis.RedisError as exc:
+        log.warning("redis failed while following a conversation: %s", exc)
+        redis_down(exc)
+        return False
+    finally:
+        watch.close()
+    return True
+
+
+def _give_way() -> bool:
+    """A yield point: a full run waiting (a click outside) cuts this run here. Another fragment waiting
+    (Stop, a toggle in an earlier turn, the follower's tick) is let through: a fragment run asks to run
+    again after it; a full run is told to end (True). A fragment queued after this one in the same run
+    is let through by ending this run (True): the follower's next tick restarts it."""
+    yield_to_waiting_reruns()
+    if queued_after_this_fragment():
+        return True
+    if not fragment_rerun_waiting():
+        return False
+    if in_fragment_run():
+        st.rerun(scope="fragment")
+    return True
+
+
+def _draw_turn(live: Live, state: dict) -> None:
+    with live.body.container():
+        live.text = render.render_turn(render.current_turn(state), latest=True)
+
+
+def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) -> None:
+    """The budget bar and, once the turn has a step that ended, the timeline, drawn together from one
+    reading of the clock: the chart's now-line and running bar are the same instant as the bar's
+    "used" (a chart drawn only when a step started or ended froze its now while a call hung). No chart
+    before a step has ended: a first chart loads Vega (about 0.8 MB of script), and drawing it held the
+    browser's main thread for 0.2-1 s just as the first call's first words arrived, which then showed
+    half a second late. A running first call is said by the status line above it."""
+    now = ui.now()
+    turn = render.current_turn(state)
+    with live.status.container():
+        _in_flight(settings, be, state, now)
+    if state["status"] != Status.QUEUED and turn.steps:  # steps are recorded when they end
+        figure = timeline_chart(turn.steps, turn.summary, now=now, current=state.get("current_step"))
+        if figure is not None:
+            live.chart.vega_lite_chart(figure, width="stretch")
+
+
+def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> None:
+    config = state.get("config") or {}
+    safeguards_off = config.get("safeguards") is False
+    with st.container(border=True):
+        if state["status"] == Status.QUEUED:
+            info = ui.queue_info(be, state)
+            if info.job_status == "started" and safeguards_off:
+                # Safeguards off: the job runs but writes nothing until it ends.
+                timeout = number(config.get("job_timeout_s"))
+                st.markdown(f"**A worker is running this turn with safeguards off.** It writes nothing until it "
+                            f"ends, so there is nothing to show yet. The queue kills it {timeout} s after it "
+                            f"started at the latest, and this page will say so.")
+                waited = now - (state.get("enqueued_at") or now)
+                if timeout:
+                    st.progress(min(1.0, waited / timeout),
+                                text=f"{waited:.0f} s since it was sent, of the {timeout} s job timeout")
+            elif info.job_status == "started":
+                st.markdown(f"**{render.STATUS_LABELS['running']}** · a worker has picked this turn up")
+            else:
+                place = f"place **{info.position}** in the queue" if info.position else "about to start"
+                st.markdown(f"**{render.STATUS_LABELS['queued']}**: {place} · **{info.workers}** worker"
+                            f"{'s' * (info.workers != 1)}, {info.busy} busy")
+                if info.workers == 0:
+                    st.warning("No worker is running. Start one with `python worker.py` "
+                               "(this app runs with AGENT_WORKERS=0).")
+        else:
+            fill, text = render.budget_text(state, now)
+            st.progress(fill, text=f"⏱️ {text}")
+            current = render.current_step_text(state.get("current_step"), now)
+            st.markdown(f"**{render.STATUS_LABELS['running']}** · {current or 'writing the result'}")
+

@@ -1,0 +1,171 @@
+"""The page a full run draws: the conversation's finished turns, the input, the sidebar, and the places
+where the follower (agent/ui/follower.py) draws the turn in flight and Stop."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from agent.deadline import TOOL_CUT_SLACK_S
+from agent.settings import Settings
+from agent.turns import TurnView
+from agent.ui import callbacks, follower, render, sidebar, tool_sources
+from agent.ui import conversations as conversations_ui
+from agent.ui import state as ui
+from agent.ui.guard import drawn_or_said
+
+EXAMPLES = (
+    "What is 17*23, and what time is it in Tokyo?",
+    "How does the deadline work?",
+    "Please be slow 5 seconds, then tell me the time in Paris.",
+)
+LEAD = (
+    "You are watching an AI assistant answer with tools, live: each step appears as it happens, and "
+    "whatever goes wrong (a model that hangs, a tool that is slow), the reply always comes back in time."
+)
+HOW_IT_WORKS = (
+    "Each message starts a **turn** that runs as a job on a queue, in a worker process, under three clocks: "
+    "every model call has its own **timeout**; the turn stops itself at its **deadline**; and the queue kills "
+    "the job at its **job timeout**, a margin later. The turn writes its progress after every step, so you "
+    "see each tool call as it lands, and it always says how it ended. Try a scenario from the sidebar "
+    "(*hang*, *slow tool*) to watch the clocks at work."
+)
+
+CLOCK_RULES = f"""\
+deadline     = job start + job timeout - margin
+call timeout = min(call cap, time left before the deadline)
+tool limit   = min(tool cap, time left - minimum call - {TOOL_CUT_SLACK_S:g} s)
+no model call starts with less than the minimum call left"""
+
+
+def page(settings: Settings, be: ui.Backend) -> None:
+    session = st.session_state
+    conversation, result = ui.open_conversation(st.query_params.get(ui.CID_PARAM), session, be.store,
+                                                be.queue_connection, settings.state_ttl_s)
+    cid = conversation.id
+    state = result.state
+    in_flight = state is not None and not state["done"]
+    _header(conversation, state)
+    # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
+    # in flight, then the rest of the page.
+    turns_box, live_box, stop_box = st.container(), st.container(), st.container()
+    if in_flight:
+        with stop_box:
+            follower.stop_control(settings, be, state)
+    top, config, config_error = _sidebar(settings, be)
+    # Streamlit pins the input to the bottom wherever it is called. A run that starts a turn turns it off
+    # before it shows the turn; one that ends a turn empties the turn's frame before it turns it back on:
+    # the page never shows a turn in flight with the input on.
+    if in_flight:
+        _chat_input(settings, be, cid, in_flight, config)
+    # Then the turn in flight (or, when it has ended, its frame emptied).
+    if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
+        session[follower.HANDOFF_KEY] = state
+    with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
+        live = follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
+    if not in_flight:
+        _chat_input(settings, be, cid, in_flight, config)
+    _conversation_links(settings, be, top, cid, state)
+    if result.lost:
+        st.toast("The worker running this turn was lost; its ending has been written.", icon="🛑")
+
+    with turns_box:
+        if state is None or not state["history"]:
+            _empty_chat(settings, be, cid)
+        else:
+            turns = render.split_turns(state)
+            _finished_turns(cid, turns[:-1] if in_flight else turns)
+
+    _flash(session)
+    _input_caption(in_flight, config, config_error)
+    if live is not None:  # everything is drawn: follow the turn from here until the follower takes over
+        follower.bridge(settings, be, cid, state, live)
+
+
+def _header(conversation: ui.Conversation, state: dict | None) -> None:
+    st.title("⏱️ An agent that always finishes")
+    st.markdown(LEAD)
+    with st.expander("How it works", expanded=state is None):
+        st.markdown(HOW_IT_WORKS)
+        # Also the page's first code block, collapsed or not: the browser loads its code renderer (a
+        # chunk of its own) now, not when a tool step lands, whose boxes showed empty until it came.
+        st.code(CLOCK_RULES, language=None)
+    if conversation.notice:
+        st.query_params.pop(ui.CID_PARAM, None)
+        st.info(conversation.notice, icon="🔎")
+        st.toast(f"That conversation {conversation.gone}: this is a new chat.", icon="🔎")
+
+
+def _sidebar(settings: Settings, be: ui.Backend):
+    """First in the sidebar: a new chat and the conversations to come back to (its place, filled after
+    the input is drawn), then the next turn's settings: (that place, the next turn's config, its error)."""
+    top = st.sidebar.container()
+    st.sidebar.divider()
+    settings_box = sidebar.settings_box()
+    config, config_error = sidebar.render_sidebar(settings.turn, settings_box)
+    tool_sources.render_tool_sources(be.store.redis, settings_box)
+    return top, config, config_error
+
+
+def _conversation_links(settings: Settings, be: ui.Backend, top, cid: str, state: dict | None) -> None:
+    top.button("🗨️ New chat", on_click=callbacks.new_chat, width="stretch")
+    conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
+                                          show_list=settings.show_conversations)
+    if state is not None and st.query_params.get(ui.CID_PARAM) != cid:
+        st.query_params[ui.CID_PARAM] = cid  # the first message makes the chat a link: reload and tabs follow it
+
+
+def _chat_input(settings: Settings, be: ui.Backend, cid: str, in_flight: bool, config) -> None:
+    st.chat_input(
+        "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
+        key=callbacks.INPUT_KEY,
+        disabled=in_flight or config is None,
+        on_submit=callbacks.on_send,
+        args=(settings, be, cid),
+    )
+
+
+def _input_caption(in_flight: bool, config, config_error: str | None) -> None:
+    if in_flight:
+        st.caption("✋ The input is off while this reply is being written: one turn at a time. "
+                   "Press **Stop** to end it early.")
+    elif config is None:
+        st.caption(f"✋ Fix the settings in the sidebar to send a message: {config_error}")
+
+
+def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
+    st.markdown("##### Try one of these")
+    for index, example in enumerate(EXAMPLES):
+        st.button(example, key=f"example-{index}", on_click=callbacks.send_text, args=(settings, be, cid, example))
+
+
+def _finished_turns(cid: str, turns: list[TurnView]) -> None:
+    """Drawn once per full run. Past RECENT_TURNS, earlier turns wait behind a button, so a full run
+    (the one that ends each turn) costs the same at turn 30 and turn 300."""
+    hidden = 0 if st.session_state.get(callbacks.SHOW_ALL_KEY) == cid else max(0, len(turns) - render.RECENT_TURNS)
+    if hidden:
+        st.button(f"Show {hidden} earlier turn{'s' * (hidden != 1)}", key="show-earlier",
+                  on_click=callbacks.show_all, args=(cid,))
+    for index, turn in enumerate(turns[hidden:], start=hidden):
+        with drawn_or_said(f"turn {index + 1}"):
+            render.render_turn(turn, latest=index == len(turns) - 1)
+
+
+def new_chat_button() -> None:
+    """Offered under a sentence that says this page could not be drawn."""
+    st.button("🗨️ New chat", key="new-chat-after-error", on_click=callbacks.new_chat)
+
+
+def _flash(session) -> None:
+    """A refusal (or a note on what just happened) stays, with the unsent text, until it is dismissed or
+    a message is sent."""
+    flash = session.get(ui.FLASH_KEY)
+    if not flash:
+        return
+    kind, text, unsent = flash
+    with st.container(border=True):
+        alert, icon = {"info": (st.info, "ℹ️"), "warning": (st.warning, "✋")}.get(kind, (st.error, "✋"))
+        alert(text, icon=icon)
+        if unsent and unsent.strip():
+            st.caption("Your message, not sent (copy it from here):")
+            st.code(unsent, language=None, wrap_lines=True)
+        st.button("Dismiss", key="dismiss-flash", on_click=callbacks.dismiss_flash)
