@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
 
-# Seconds past the job timeout before a silent turn counts as lost (agent/lost_worker.py): its ending
+# Seconds past the job timeout before a silent turn counts as lost (agent/hosting/lost_worker.py): its ending
 # is written then, so a conversation's state must live at least the job timeout plus this.
 LOST_GRACE_S = 5.0
 TOOL_CUT_SLACK_S = 0.25  # seconds a tool's limit also keeps back: its cut (a wait slice) and its result's write

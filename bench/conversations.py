@@ -16,8 +16,8 @@ from pathlib import Path
 
 from agent.contract import Kind, Outcome, Role, make_step, queued_doc, turn_summary
 from agent.conversation.keys import Keys
+from agent.conversation.listing import list_conversations
 from agent.conversation.store import Store
-from agent.conversations import list_conversations
 from agent.queue import new_id
 from agent.settings import TurnConfig
 from harness.private_redis import PrivateRedis

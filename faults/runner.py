@@ -35,8 +35,8 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
+from agent.hosting.lost_worker import LOST_GRACE_S, lost_worker_check
 from agent.hosting.pool import PoolHandle
-from agent.lost_worker import LOST_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.loopback_server import LoopbackServer
 from agent.settings import TurnConfig

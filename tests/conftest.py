@@ -154,3 +154,26 @@ def scripted():
 def redis_dump(client: redis.Redis) -> bytes:
     """Every key's value, for leak checks."""
     return b"\n".join(part for key, values in stored_values(client) for part in (*values, key))
+
+
+# The files that take longest, started first. `make test` gives each process a whole file at a time
+# in collection order: a long file handed out last would hold the run open alone at its end.
+LONGEST_FIRST = (
+    "test_browser_long_chat.py",
+    "test_faults.py",
+    "test_bench.py",
+    "test_browser.py",
+    "test_cli_redis.py",
+    "test_hostile_states.py",
+    "test_services.py",
+    "test_mcp.py",
+    "test_queued_turns.py",
+    "test_retention_restart.py",
+    "test_tracing.py",
+    "test_dashboard.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its order

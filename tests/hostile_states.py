@@ -20,9 +20,9 @@ from rq import Queue
 from agent.contract import turn_summary
 from agent.conversation.keys import Keys
 from agent.conversation.store import Store
+from agent.conversation.well_formed import MAX_DEPTH, MAX_NUMBER, ROLES, nests_within
 from agent.queue import job_id_for, new_id, submit_turn
 from agent.settings import TurnConfig
-from agent.well_formed import MAX_DEPTH, MAX_NUMBER, ROLES, nests_within
 
 
 def deep_list(depth: int) -> str:

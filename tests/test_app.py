@@ -10,13 +10,13 @@ import pytest
 from rq.serializers import JSONSerializer
 from streamlit.testing.v1 import AppTest
 
-from agent import words
 from agent.contract import turn_summary
+from agent.conversation import words
+from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
-from agent.endings import Ending, write_ending
+from agent.conversation.turns import current_turn, live_text, split_turns
 from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.text.markdown import safe_markdown
-from agent.turns import current_turn, split_turns
 from agent.ui import render, timeline
 from agent.ui import state as ui
 from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
@@ -793,9 +793,9 @@ def test_only_the_text_moving_redraws_the_text_alone():
 
 def test_a_live_text_of_another_turn_is_not_drawn():
     state = {"turn_id": "now", "done": False, "live": {"turn_id": "before", "text": "old"}}
-    assert render.live_text(state) is None
-    assert render.live_text({**state, "live": {"turn_id": "now", "text": "new"}})["text"] == "new"
-    assert render.live_text({**state, "done": True, "live": {"turn_id": "now", "text": "new"}}) is None
+    assert live_text(state) is None
+    assert live_text({**state, "live": {"turn_id": "now", "text": "new"}})["text"] == "new"
+    assert live_text({**state, "done": True, "live": {"turn_id": "now", "text": "new"}}) is None
 
 
 def test_a_page_on_a_conversation_keeps_one_follower_component_ticking_slowly_once_idle(store):
@@ -857,8 +857,8 @@ def test_a_delete_wakes_a_watch_blocked_on_the_conversation_at_once_not_at_the_e
 
 def test_a_watched_state_that_turns_unreadable_wakes_the_watch_with_the_reason_not_a_thread_traceback(store):
     from agent.conversation.keys import Keys
+    from agent.conversation.well_formed import UnreadableState
     from agent.ui.watch import VersionWatch
-    from agent.well_formed import UnreadableState
 
     cid, turn_id = make_status(store, "running")
     watch = VersionWatch(store, cid, store.version(cid))

@@ -259,7 +259,7 @@ def test_the_conversation_id_rule_refuses_every_generated_bad_id_and_accepts_goo
 
 def test_a_bad_conversation_id_exits_2_with_one_ascii_line_before_anything_starts(capsys):
     # Regression: `--conversation` took anything (`../../etc/passwd`, `*`, 10 KB, newlines) as a key.
-    from agent.cli import main
+    from agent.cli.main import main
 
     for cid in bad_conversation_ids():
         with pytest.raises(SystemExit) as exit_info:
@@ -444,7 +444,7 @@ def test_a_ctrl_c_that_lands_inside_a_finaliser_still_stops_the_cli():
     import gc
     import signal
 
-    from agent import cli
+    from agent.cli import main as cli
 
     class Finaliser:
         def __del__(self):

@@ -16,9 +16,9 @@ import pytest
 import redis
 from rq.serializers import JSONSerializer
 
-from agent.cli import REDIS_OUTAGE_GRACE_S
+from agent.cli.main import REDIS_OUTAGE_GRACE_S
 from agent.conversation.store import Store
-from agent.lost_worker import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
+from agent.hosting.lost_worker import CALLBACK_GRACE_S, LOST_GRACE_S, lost_reason, lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import queue_client
 from agent.runtime.embedded_redis import EmbeddedRedis

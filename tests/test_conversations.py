@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from agent import conversations, export
 from agent.contract import Role
+from agent.conversation import export
+from agent.conversation import listing as conversations
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreError, StoreFull
 from agent.conversation.keys import INDEX_KEY, Keys
+from agent.conversation.listing import list_conversations, sweep_expired
 from agent.conversation.store import Store
 from agent.conversation.writes import TITLE_CHARS, make_title
-from agent.conversations import list_conversations, sweep_expired
 from agent.queue import new_id
 from harness.waiting import wait_for
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from agent.export import to_json
+from agent.conversation.export import to_json
 from agent.queue import new_id
 from tests.conftest import ROOT
 from tests.test_app import begin, make_done
@@ -105,7 +105,7 @@ def test_ask_following_a_turn_whose_conversation_is_deleted_exits_1_saying_so(st
 def test_a_conversation_deleted_before_the_clis_first_read_ends_the_follow_saying_so(store, queue, capsys):
     """The turn is sent, then its conversation is deleted before the CLI has read it once: the CLI's
     first wait finds no version at all, and must not wait for one forever."""
-    from agent.cli import EXIT_ENDED_BADLY, Follower
+    from agent.cli.main import EXIT_ENDED_BADLY, Follower
     from agent.queue import new_id, submit_turn
     from agent.settings import Settings
 

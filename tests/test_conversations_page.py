@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.conversation.export import to_json
 from agent.conversation.keys import INDEX_KEY, Keys
-from agent.conversations import info
-from agent.export import to_json
+from agent.conversation.listing import info
 from agent.queue import job_status, new_id, submit_turn
 from agent.ui import conversations as conversations_ui
 from harness.waiting import wait_for

@@ -213,7 +213,7 @@ def test_rq_info_never_unpickles_nor_runs_a_forged_jobs_callback(private_redis, 
 
 # Each process that builds an RQ queue, job or worker: the dashboard (and `rq info`), the CLI, a worker,
 # the page (its session logic). (worker.py's own process only supervises workers.)
-ENTRY_MODULES = ["dashboard", "agent.cli", "agent.hosting.worker_process", "agent.ui.state"]
+ENTRY_MODULES = ["dashboard", "agent.cli.main", "agent.hosting.worker_process", "agent.ui.state"]
 
 
 @pytest.mark.parametrize("module", ENTRY_MODULES)

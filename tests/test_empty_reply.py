@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agent.contract import ErrorKind, Kind, Outcome
-from agent.endings import EMPTY_REPLY
+from agent.conversation.endings import EMPTY_REPLY
 from agent.runtime.loopback_server import delayed, reply, stream
 from agent.text.markdown import inert
 from agent.turn.model_calls import EMPTY_STREAMED, NO_TEXT_NO_CALL, NO_TEXT_ONLY_CALLS

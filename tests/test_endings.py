@@ -6,11 +6,11 @@ import json
 
 from rq.timeouts import JobTimeoutException
 
-from agent import export, words
 from agent.contract import ErrorKind, Kind, Outcome, ProviderErrorKind, Role, Status
-from agent.endings import Ending
+from agent.conversation import export, words
+from agent.conversation.endings import Ending
+from agent.conversation.turns import split_turns
 from agent.turn.exits import TurnEnded, exit_for
-from agent.turns import split_turns
 
 
 def test_the_queues_job_timeout_has_one_wording_whoever_writes_it():

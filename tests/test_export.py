@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from agent.export import to_markdown
+from agent.conversation.export import to_markdown
 from tests.test_markdown import browser_scheme, parsed_html
 
 HOST = "http://canary.test"

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rq.serializers import JSONSerializer
 
-from agent.endings import Ending, write_ending
-from agent.lost_worker import lost_worker_check
+from agent.conversation.endings import Ending, write_ending
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.loopback_server import Hang, Request
 from agent.turn.tool_runs import UNANSWERED_CALL_RESULT
@@ -297,7 +297,7 @@ def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_declared_lost(store,
     from rq.job import Job
     from rq.serializers import JSONSerializer
 
-    from agent import lost_worker as watch
+    from agent.hosting import lost_worker as watch
 
     monkeypatch.setattr(watch, "LIMBO_GRACE_S", 0.3)
     cid, tid = new_id(), new_id()

@@ -19,13 +19,13 @@ import redis
 from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
 
-from agent.cli_output import JsonLines, TextLines
+from agent.cli.output import JsonLines, TextLines
 from agent.contract import CARRIED_FIELDS
 from agent.conversation.keys import Keys
-from agent.lost_worker import lost_worker_check
+from agent.conversation.well_formed import UnreadableState
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import new_id, submit_turn
 from agent.runtime.loopback_server import delayed
-from agent.well_formed import UnreadableState
 from harness.pools import stop_pool
 from harness.private_redis import PrivateRedis
 from harness.waiting import wait_for

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import random
 
-from agent.cli import Follower
-from agent.cli_output import JsonLines, TextLines, calls_text
+from agent.cli.main import Follower
+from agent.cli.output import JsonLines, TextLines, calls_text
 from agent.text.plain_text import PlainTextStream, plain_text
 
 TURN = "t1"

@@ -148,7 +148,7 @@ def _output_bytes(store) -> int:
 
 
 def test_an_ending_written_from_outside_the_job_clears_the_live_text(store):
-    from agent.endings import Ending, write_ending
+    from agent.conversation.endings import Ending, write_ending
 
     cid, tid = begin(store)
     store.write_live(cid, tid, head(tid), "half a reply when the worker was lost")

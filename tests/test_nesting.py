@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from agent import bounded_json, export, tracing
+from agent import bounded_json, tracing
 from agent.bounded_json import MAX_DEPTH, TOO_DEEP, TooDeep
+from agent.conversation import export
 from agent.providers.anthropic import MessageStream, parse_message
 from agent.providers.base import Completion, ProviderError, ToolCall
 from agent.providers.http import decode_json

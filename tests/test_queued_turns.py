@@ -11,7 +11,7 @@ from agent import queue as queue_module
 from agent.conversation.keys import Keys
 from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S
-from agent.lost_worker import lost_worker_check
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import job_status, new_id, submit_turn
 from agent.settings import least_state_ttl_s
 from harness.pools import stop_pool

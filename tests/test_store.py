@@ -101,7 +101,7 @@ def test_an_unknown_conversation_reads_as_none(store):
 
 def test_every_refusal_of_the_store_has_one_root_and_a_new_message_s_refusals_one_branch():
     from agent.conversation import errors
-    from agent.well_formed import UnreadableState
+    from agent.conversation.well_formed import UnreadableState
 
     refusals = [errors.TurnInFlight("c", "t"), errors.ConversationGone("c", deleted=True),
                 errors.ConversationFull("c", 2, 1), errors.StoreFull(2, 1)]

@@ -20,13 +20,13 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from agent import tracing
-from agent.lost_worker import lost_worker_check
+from agent.conversation.well_formed import MAX_COUNT
+from agent.hosting.lost_worker import lost_worker_check
 from agent.providers import AnthropicProvider, OpenAIProvider
 from agent.providers.base import Usage
 from agent.queue import JOB_FUNCTION, SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.connection import queue_client
 from agent.runtime.loopback_server import LoopbackServer, hang, reply, stream
-from agent.well_formed import MAX_COUNT
 from harness import pools
 from harness.private_redis import PrivateRedis
 from harness.waiting import wait_for

@@ -141,7 +141,7 @@ def test_a_mid_turn_write_failure_keeps_the_messages_for_the_next_write(redis_cl
 
 
 def test_a_turn_ended_elsewhere_stops_without_writing(store, scripted_model):
-    from agent.endings import Ending, write_ending
+    from agent.conversation.endings import Ending, write_ending
 
     scripted_model(Completion(None, [ToolCall("c1", "calculator", '{"expression": "2+2"}')]),
                           Completion("4"))

@@ -9,7 +9,7 @@
         ├── ConversationFull  the conversation holds the most one conversation keeps
         └── StoreFull         Redis is close to its memory limit
 
-Pure: no I/O, no imports from the rest of the project, so the read rule (agent/well_formed.py) can
+Pure: no I/O, no imports from the rest of the project, so the read rule (agent/conversation/well_formed.py) can
 raise UnreadableState without importing the store.
 """
 

@@ -1,5 +1,5 @@
 """Small markers beside the conversations: who runs a turn, whether Stop was asked, and since when a
-queued job has been missing from its queue (agent/lost_worker.py)."""
+queued job has been missing from its queue (agent/hosting/lost_worker.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The conversations' index (a sorted set scored by each one's last write) and the summary each meta
-hash keeps for the list: the reads agent/conversations.py builds its pages from.
+hash keeps for the list: the reads agent/conversation/listing.py builds its pages from.
 
 The scripts that write a conversation keep its entry, so the index never disagrees with a write; an
 entry whose keys expired stays until a listing meets it and drops it. Members are handed back as
@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 
 from agent.conversation.keys import INDEX_KEY, Keys
-from agent.well_formed import decoded
+from agent.conversation.well_formed import decoded
 
 SUMMARY_FIELDS = ("title", "turns", "done")  # of the meta hash, for one row of the list
 

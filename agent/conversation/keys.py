@@ -14,7 +14,7 @@ Per conversation (all its keys share one TTL, refreshed on every write):
 Beside the conversations:
 
     agent:conversations      sorted set: every conversation id, scored by its last write (epoch s):
-                             the sidebar's and `list`'s index (agent/conversations.py), never a key scan
+                             the sidebar's and `list`'s index (agent/conversation/listing.py), never a key scan
     agent:deleted:{id}       a marker that the conversation was deleted (not expired), for a while
     agent:gone:{id}          stream: one entry, added by the delete, that wakes every reader blocked on
                              the conversation's events at once (a deleted stream wakes no one); it
@@ -23,7 +23,7 @@ Beside the conversations:
     agent:turn:{turn}:cancel string "1": Stop was asked for the turn
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
-                             (agent/lost_worker.py: a worker took it and died before starting it)
+                             (agent/hosting/lost_worker.py: a worker took it and died before starting it)
     agent:tools:catalogue    string: one JSON document, the tool sources the workers have, for the page
                              (agent/tools/catalogue.py)
 

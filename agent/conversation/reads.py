@@ -2,15 +2,16 @@
 and only what is new since an earlier read.
 
 Whatever the keys hold, a read returns a well-formed State or raises UnreadableState
-(agent/well_formed.py holds the rule): never a JSON, type or recursion error.
+(agent/conversation/well_formed.py holds the rule): never a JSON, type or recursion error.
 """
 
 from __future__ import annotations
 
 import redis
 
-from agent import bounded_json, well_formed
+from agent import bounded_json
 from agent.contract import LIST_FIELDS, Live, Message, State
+from agent.conversation import well_formed
 from agent.conversation.errors import UnreadableState
 from agent.conversation.keys import Keys, gone_events
 

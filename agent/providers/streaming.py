@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent import well_formed
+from agent.conversation import well_formed
 from agent.deadline import CallTimeout
 from agent.providers import call_clock, server_errors
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, RemoteModel, TextListener, Usage

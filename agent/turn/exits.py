@@ -1,7 +1,7 @@
 """How the job leaves its loop: one table from what stopped it to how the turn ends.
 
 However the loop stops (an answer, one of its own limits, the queue's job timeout, a shutdown, a
-bug), the job writes an Ending (agent/endings.py) with the reason in words; only a turn someone
+bug), the job writes an Ending (agent/conversation/endings.py) with the reason in words; only a turn someone
 else already ended is left alone. The queue's timeout and a shutdown are raised again once the ending is written,
 so RQ still sees them.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
-from agent.endings import Ending
+from agent.conversation.endings import Ending
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
 from agent.contract import Message, carried
+from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
-from agent.endings import Ending, write_ending
 from agent.queue import JOB_FUNCTION
 from agent.runtime.connection import state_client
 from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig, least_state_ttl_s

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from agent import tracing
 from agent.contract import Message, Role, Status, TurnDoc
+from agent.conversation.endings import Ending
 from agent.conversation.store import Store
 from agent.deadline import Clock
-from agent.endings import Ending
 from agent.providers import make_provider
 from agent.providers.base import ProviderError
 from agent.settings import TurnConfig

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Usage
+from agent.conversation.endings import EMPTY_REPLY, Ending
 from agent.deadline import CallTimeout
-from agent.endings import EMPTY_REPLY, Ending
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
 from agent.providers.retry import MAX_ATTEMPTS_PER_CALL, RETRY_POLICY

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 import redis
 
 from agent import job_alarm
+from agent.conversation.endings import Ending
 from agent.conversation.store import Store
-from agent.endings import Ending
 from agent.turn.exits import TurnEnded
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from agent import tools as tool_registry
 from agent.contract import Kind, Message, Outcome, Role
-from agent.endings import Ending
+from agent.conversation.endings import Ending
 from agent.providers.base import ToolCall
 from agent.text.redaction import cut
 from agent.turn.context import TurnContext

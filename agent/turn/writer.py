@@ -24,10 +24,10 @@ from collections.abc import Callable
 import redis
 
 from agent.contract import CurrentStep, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
+from agent.conversation.endings import Ending
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 from agent.conversation.writes import LiveHead
-from agent.endings import Ending
 from agent.runtime.connection import STATE_RETRIES, STATE_SOCKET_TIMEOUT_S, redis_problem
 from agent.text.redaction import cut
 from agent.text.surrogates import scrub

@@ -1,6 +1,6 @@
 """The sidebar's conversations: this one (rename, delete, download) and the list to come back to.
 
-The list is a page of the index (agent/conversations.py): it costs the same with 10,000
+The list is a page of the index (agent/conversation/listing.py): it costs the same with 10,000
 conversations as with 10. Titles are untrusted text (a person's first message, or a rename): shown
 inert and cut. `AGENT_SHOW_CONVERSATIONS=0` hides the list for a page several people can open; the
 current conversation's own controls stay, since whoever has its link sees it anyway.
@@ -13,9 +13,9 @@ import functools
 
 import streamlit as st
 
-from agent import export
+from agent.conversation import export
+from agent.conversation.listing import ConversationInfo, info, list_conversations
 from agent.conversation.store import Store
-from agent.conversations import ConversationInfo, info, list_conversations
 from agent.text.markdown import inert
 from agent.ui import state as ui
 

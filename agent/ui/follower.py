@@ -26,6 +26,9 @@ from streamlit.delta_generator import DeltaGenerator
 from streamlit_autorefresh import st_autorefresh
 
 from agent.contract import Status
+from agent.conversation.turns import current_turn, live_text
+from agent.conversation.well_formed import UnreadableState, number
+from agent.conversation.words import STATUS_LABELS
 from agent.settings import Settings
 from agent.ui import render
 from agent.ui import state as ui
@@ -39,7 +42,6 @@ from agent.ui.streamlit_internals import (
 )
 from agent.ui.timeline import timeline_chart
 from agent.ui.watch import VersionWatch
-from agent.well_formed import UnreadableState, number
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +233,7 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live 
             text_only = ui.text_only_change(state, fresh)
             if fresh["version"] != state["version"]:
                 if text_only and live.text is not None:
-                    render.render_live_text(live.text, render.live_text(fresh))
+                    render.render_live_text(live.text, live_text(fresh))
                 else:
                     _draw_turn(live, fresh)
             state = fresh
@@ -264,7 +266,7 @@ def _give_way() -> bool:
 
 def _draw_turn(live: Live, state: dict) -> None:
     with live.body.container():
-        live.text = render.render_turn(render.current_turn(state), latest=True)
+        live.text = render.render_turn(current_turn(state), latest=True)
 
 
 def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) -> None:
@@ -275,7 +277,7 @@ def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) ->
     browser's main thread for 0.2-1 s just as the first call's first words arrived, which then showed
     half a second late. A running first call is said by the status line above it."""
     now = ui.now()
-    turn = render.current_turn(state)
+    turn = current_turn(state)
     with live.status.container():
         _in_flight(settings, be, state, now)
     if state["status"] != Status.QUEUED and turn.steps:  # steps are recorded when they end
@@ -301,10 +303,10 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> N
                     st.progress(min(1.0, waited / timeout),
                                 text=f"{waited:.0f} s since it was sent, of the {timeout} s job timeout")
             elif info.job_status == "started":
-                st.markdown(f"**{render.STATUS_LABELS['running']}** · a worker has picked this turn up")
+                st.markdown(f"**{STATUS_LABELS['running']}** · a worker has picked this turn up")
             else:
                 place = f"place **{info.position}** in the queue" if info.position else "about to start"
-                st.markdown(f"**{render.STATUS_LABELS['queued']}**: {place} · **{info.workers}** worker"
+                st.markdown(f"**{STATUS_LABELS['queued']}**: {place} · **{info.workers}** worker"
                             f"{'s' * (info.workers != 1)}, {info.busy} busy")
                 if info.workers == 0:
                     st.warning("No worker is running. Start one with `python worker.py` "
@@ -313,5 +315,5 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> N
             fill, text = render.budget_text(state, now)
             st.progress(fill, text=f"⏱️ {text}")
             current = render.current_step_text(state.get("current_step"), now)
-            st.markdown(f"**{render.STATUS_LABELS['running']}** · {current or 'writing the result'}")
+            st.markdown(f"**{STATUS_LABELS['running']}** · {current or 'writing the result'}")
 

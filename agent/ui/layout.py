@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from agent.conversation.turns import TurnView, split_turns
 from agent.deadline import TOOL_CUT_SLACK_S
 from agent.settings import Settings
-from agent.turns import TurnView
 from agent.ui import callbacks, follower, render, sidebar, tool_sources
 from agent.ui import conversations as conversations_ui
 from agent.ui import state as ui
@@ -72,7 +72,7 @@ def page(settings: Settings, be: ui.Backend) -> None:
         if state is None or not state["history"]:
             _empty_chat(settings, be, cid)
         else:
-            turns = render.split_turns(state)
+            turns = split_turns(state)
             _finished_turns(cid, turns[:-1] if in_flight else turns)
 
     _flash(session)

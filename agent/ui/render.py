@@ -19,16 +19,13 @@ from agent.contract import (
     TurnSummary,
     safeguards_on,
 )
+from agent.conversation.turns import TurnView
+from agent.conversation.well_formed import Malformed, number, parse_json
+from agent.conversation.words import KIND_HEADLINES, status_words
 from agent.providers.streaming import token_count
 from agent.text.markdown import inert, safe_markdown
-from agent.turns import TurnView, current_turn, live_text, split_turns
 from agent.ui.guard import drawn_or_said
 from agent.ui.timeline import timeline_chart
-from agent.well_formed import Malformed, number, parse_json
-from agent.words import KIND_HEADLINES, STATUS_LABELS, status_words
-
-# The page reads these through this module: the turns come from agent/turns.py, the words from agent/words.py.
-__all__ = ["STATUS_LABELS", "current_turn", "live_text", "split_turns"]
 
 RECENT_TURNS = 10  # finished turns a full run draws; earlier ones wait behind a button
 

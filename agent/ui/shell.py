@@ -13,6 +13,7 @@ import os
 import redis
 import streamlit as st
 
+from agent.conversation.well_formed import UnreadableState
 from agent.hosting import services
 from agent.hosts import host_allowed
 from agent.settings import (
@@ -25,7 +26,6 @@ from agent.settings import (
 from agent.ui import layout
 from agent.ui import state as ui
 from agent.ui.guard import redis_down
-from agent.well_formed import UnreadableState
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,14 @@ import redis
 from rq import Queue
 
 from agent.contract import State, Status
+from agent.conversation.endings import Ending, write_ending
 from agent.conversation.errors import MessageRefused
 from agent.conversation.keys import is_conversation_id
+from agent.conversation.listing import retention_words
 from agent.conversation.store import Store
-from agent.conversations import retention_words
-from agent.endings import Ending, write_ending
+from agent.conversation.well_formed import UnreadableState
 from agent.hosting import services
-from agent.lost_worker import lost_worker_check
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import (
     BadMessage,
     get_queue,
@@ -32,7 +33,6 @@ from agent.queue import (
 )
 from agent.settings import Settings, TurnConfig
 from agent.text.markdown import inert
-from agent.well_formed import UnreadableState
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
 

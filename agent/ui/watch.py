@@ -11,7 +11,7 @@ import redis
 
 from agent.conversation.reads import MAX_BLOCK_MS
 from agent.conversation.store import Store
-from agent.well_formed import UnreadableState
+from agent.conversation.well_formed import UnreadableState
 
 
 class VersionWatch:

@@ -1,7 +1,7 @@
 """The words a person reads for each status and ending kind, in one table: the page's labels, the
 export's endings and the command line's exit status all come from here. Pure: no I/O.
 
-The endings' own messages are built beside them, in agent/endings.py.
+The endings' own messages are built beside them, in agent/conversation/endings.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from agent.conversation.store import Store
-from agent.well_formed import decoded
+from agent.conversation.well_formed import decoded
 
 DEFAULT_PAGE = 50  # conversations one listing returns
 SWEEP_BATCH = 100  # index entries older than the TTL checked per listing

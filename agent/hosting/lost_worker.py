@@ -15,9 +15,9 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.contract import State, Status
+from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
-from agent.endings import Ending, write_ending
 from agent.queue import SafeJob, get_queue, queue_wait_s
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first

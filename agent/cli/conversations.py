@@ -4,7 +4,7 @@ They read what the page and `ask` stored, through the same Redis (the embedded o
 without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage, an id that names no
 conversation, or an export that --output or stdout cannot take (one line on stderr), as `ask`. Titles and
 messages are untrusted text: on a terminal, what it would act on is printed as an escape; an export
-to a file is written as the export made it (agent/output_file.py: whole or not at all, never through
+to a file is written as the export made it (agent/cli/output_file.py: whole or not at all, never through
 a symbolic link).
 """
 
@@ -17,15 +17,15 @@ import os
 import sys
 from pathlib import Path
 
-from agent import export
+from agent.cli.output_file import OutputRefused, write_whole
 from agent.contract import Role
+from agent.conversation import export
+from agent.conversation.listing import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.conversation.store import Store
-from agent.conversations import DEFAULT_PAGE, info, list_conversations, retention_words
+from agent.conversation.turns import split_turns
 from agent.hosting import services
-from agent.output_file import OutputRefused, write_whole
 from agent.settings import Settings
 from agent.text.plain_text import plain_text, terminal_safe
-from agent.turns import split_turns
 
 EXIT_OK, EXIT_USAGE = 0, 2
 MAX_LIST = 10_000  # the most `list --limit` prints

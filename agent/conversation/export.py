@@ -18,9 +18,9 @@ import datetime as dt
 import json
 
 from agent.contract import Role, State
+from agent.conversation.turns import TurnView, split_turns
+from agent.conversation.words import exported_words
 from agent.text.markdown import inert, no_html_markdown
-from agent.turns import TurnView, split_turns
-from agent.words import exported_words
 
 FORMATS = ("md", "json")
 

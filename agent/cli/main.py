@@ -1,6 +1,6 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`. `list [--json]`, `show ID [--json]` and
-`export ID [--format md|json]` read the stored conversations (agent/conversations_cli.py).
+`export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py).
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
@@ -29,22 +29,22 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
-from agent import conversations_cli
-from agent.cli_output import JsonLines, TextLines
+from agent.cli import conversations as conversations_cli
+from agent.cli.output import JsonLines, TextLines
 from agent.contract import State, Status
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreFull, TurnInFlight
 from agent.conversation.keys import CONVERSATION_ID_RE, is_conversation_id
+from agent.conversation.listing import retention_words
 from agent.conversation.store import Store
-from agent.conversations import retention_words
+from agent.conversation.well_formed import UnreadableState
+from agent.conversation.words import EXIT_ENDED_BADLY, exit_status
 from agent.hosting import services
-from agent.lost_worker import lost_worker_check
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import BadMessage, clean_message, get_queue, new_id, running_workers, submit_turn
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, settings_for_command
 from agent.text.plain_text import terminal_safe
 from agent.tools.registry import TOOL_NAME
-from agent.well_formed import UnreadableState
-from agent.words import EXIT_ENDED_BADLY, exit_status
 
 EXIT_USAGE = 2
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.

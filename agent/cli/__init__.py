@@ -1,0 +1,1 @@
+"""The command line: `python -m agent ask | list | show | export | ...` (agent/cli/main.py)."""
