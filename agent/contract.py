@@ -42,6 +42,7 @@ class Kind(StrEnum):
     TOOL = "tool"  # one tool run (or the record of refused or never-run calls)
     RETRY = "retry"  # the wait before a retry of a model call
     SKIP = "skip"  # a model call not started: too little time was left
+    RESUME = "resume"  # the gap from a lost worker's last write to the job that resumed the turn
 
 
 class Outcome(StrEnum):
@@ -192,6 +193,7 @@ class TurnDoc(TypedDict, total=False):
     ended_at: float
     updated_at: float
     trace_parent: str | None  # the W3C traceparent of the turn's trace, when tracing is on (agent/tracing.py)
+    attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
 
 
 class State(TypedDict):
@@ -215,12 +217,13 @@ class State(TypedDict):
     job_id: str | None
     turns: list[TurnSummary]
     trace_parent: str | None
+    attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
     live: Live | None  # the text being written now; None between model calls and once the turn ends
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
 CARRIED_FIELDS = ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at", "current_step",
-                  "config", "job_id", "trace_parent")
+                  "config", "job_id", "trace_parent", "attempt")
 LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
@@ -228,7 +231,7 @@ def queued_doc(config: dict, job_id: str, enqueued_at: float, trace_parent: str 
     """A turn's small fields when it is enqueued: nothing has run yet."""
     return TurnDoc(status=Status.QUEUED, error=None, config=config, job_id=job_id, enqueued_at=enqueued_at,
                    deadline_at=None, job_timeout_at=None, started_at=None, current_step=None,
-                   trace_parent=trace_parent)
+                   trace_parent=trace_parent, attempt=0)
 
 
 def carried(state: State | TurnDoc) -> TurnDoc:
@@ -277,6 +280,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         job_id=doc.get("job_id"),
         turns=turns,
         trace_parent=doc.get("trace_parent"),
+        attempt=doc.get("attempt") or 0,
         live=live,
     )
 

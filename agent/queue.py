@@ -190,19 +190,27 @@ def submit_turn(
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
     # enqueued twice is harmless: only the first to claim the turn runs it.
     if new or not SafeJob.exists(job_id, connection=queue.connection):
-        queue.enqueue(
-            JOB_FUNCTION,
-            conversation_id,
-            turn_id,
-            job_id=job_id,
-            job_timeout=config.job_timeout_s,
-            result_ttl=RESULT_TTL_S,
-            failure_ttl=RESULT_TTL_S,
-            ttl=queue_wait_s(store.ttl_s),
-            on_failure=Callback(FAILURE_CALLBACK, timeout=FAILURE_CALLBACK_TIMEOUT_S),
-            description=f"agent turn {turn_id}",
-        )
+        enqueue_turn(queue, conversation_id, turn_id, job_id, job_timeout_s=config.job_timeout_s,
+                     wait_s=queue_wait_s(store.ttl_s))
     return turn_id
+
+
+def enqueue_turn(queue: Queue, conversation_id: str, turn_id: str, job_id: str, *, job_timeout_s: int, wait_s: int,
+                 at_front: bool = False) -> None:
+    """Enqueue the job that runs a turn (ids only): its first run, or its resume (agent/turn/resume.py)."""
+    queue.enqueue(
+        JOB_FUNCTION,
+        conversation_id,
+        turn_id,
+        job_id=job_id,
+        job_timeout=job_timeout_s,
+        result_ttl=RESULT_TTL_S,
+        failure_ttl=RESULT_TTL_S,
+        ttl=wait_s,
+        on_failure=Callback(FAILURE_CALLBACK, timeout=FAILURE_CALLBACK_TIMEOUT_S),
+        description=f"agent turn {turn_id}",
+        at_front=at_front,
+    )
 
 
 def job_status(connection: redis.Redis, job_id: str) -> str | None:

@@ -25,6 +25,7 @@ DEFAULT_CALL_TIMEOUT_CAP_S = 60.0  # seconds
 DEFAULT_CONNECT_TIMEOUT_S = 10.0  # seconds
 DEFAULT_MIN_CALL_S = 5.0  # seconds
 DEFAULT_MAX_STEPS = 8  # model round-trips per turn
+DEFAULT_MAX_RESUMES = 2  # times a turn whose worker was lost is resumed on another (agent/turn/resume.py)
 DEFAULT_TOOL_TIMEOUT_CAP_S = 60.0  # seconds: the most one tool run gets, like a model call's cap
 # A person's conversations, not a polling key: kept this long after their last write (AGENT_STATE_TTL).
 DEFAULT_STATE_TTL_S = 30 * 24 * 3600  # seconds (30 days)
@@ -74,6 +75,7 @@ class TurnConfig:
     tools: tuple[str, ...] | None = None
     # The most of the conversation's history one model call is sent (bytes of JSON); oldest turns go first.
     max_history_sent_bytes: int = DEFAULT_MAX_HISTORY_SENT_BYTES
+    max_resumes: int = DEFAULT_MAX_RESUMES  # a turn whose worker was lost goes on on another this many times
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +126,7 @@ class Settings:
             tool_timeout_cap_s=_seconds(env, "AGENT_TOOL_TIMEOUT_CAP", DEFAULT_TOOL_TIMEOUT_CAP_S),
             max_history_sent_bytes=_integer(env, "AGENT_MAX_HISTORY_SENT_BYTES", DEFAULT_MAX_HISTORY_SENT_BYTES,
                                             minimum=1000),
+            max_resumes=_integer(env, "AGENT_MAX_RESUMES", DEFAULT_MAX_RESUMES, minimum=0),
         )
         validate_clocks(turn)
         mcp_start_timeout_s(env)  # used by the workers, refused here at start like the other durations
@@ -211,6 +214,14 @@ def state_ttl_s(env: Mapping[str, str], turn: TurnConfig) -> int:
                             f"({turn.job_timeout_s} s) plus {LOST_GRACE_S:g} s for a lost worker's ending, "
                             f"or a conversation can expire mid-turn; not {ttl_s}")
     return ttl_s
+
+
+def state_ttl_from_env() -> int:
+    """AGENT_STATE_TTL for a worker or a supervisor, which the process that started it already checked."""
+    try:
+        return max(1, int(os.environ.get("AGENT_STATE_TTL") or DEFAULT_STATE_TTL_S))
+    except ValueError:  # refused at start by the page or the CLI: never crash a job or a watch on it
+        return DEFAULT_STATE_TTL_S
 
 
 def least_state_ttl_s(turn: TurnConfig) -> int:

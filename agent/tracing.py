@@ -233,6 +233,10 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
     if kind == Kind.SKIP:
         turn.add_event("call_skipped", clocks, timestamp=started)
         return
+    if kind == Kind.RESUME:  # the gap from the lost worker's last write to the job that resumed the turn
+        turn.add_event("resumed", {**clocks, "agent.resume.attempt": step.get("attempt") or 0,
+                                   "agent.resume.gap_s": round((ended - started) / 1e9, 3)}, timestamp=ended)
+        return
     if kind == Kind.MODEL:
         model = config.get("model") or str(step.get("name"))
         span = tracer.start_span(f"chat {model}", context=context, kind=SpanKind.CLIENT, start_time=started)

@@ -115,7 +115,7 @@ def _turn(store: Store, cid: str, status: str, queue: Queue | None = None) -> st
         turn_id = new_id()
     doc = {"status": "queued", "error": None, "config": {"provider": "demo", "job_timeout_s": 6},
            "job_id": job_id_for(turn_id), "enqueued_at": now, "deadline_at": None, "job_timeout_at": None,
-           "started_at": None, "current_step": None}
+           "started_at": None, "current_step": None, "attempt": 0}
     if queue is None:
         store.begin_turn(cid, turn_id, {"role": "user", "content": "What is 17*23?"}, doc)
     if status == "queued":

@@ -118,9 +118,22 @@ class TextLines:
         if piece:
             print(terminal_safe(piece), end="", flush=True)
 
+    def print_resume(self, step: dict) -> None:
+        """A resume after a lost worker (stderr), and where the text it cut ends."""
+        if self.stream is not None and step.get("partial_text"):
+            print(flush=True)
+            self.stream, self.live_id = None, None
+            print("  [cut off: the worker writing it was lost]", flush=True)
+        print(terminal_safe(f"[resume {step.get('attempt')}: {step.get('detail')}]"), file=sys.stderr, flush=True)
+
     def print_model_step(self, step: dict) -> None:
         """A model call's tokens (stderr); a text it cut off or stopped is marked where it ends."""
-        if step.get("kind") != Kind.MODEL or step.get("turn_id") != self.turn_id:
+        if step.get("turn_id") != self.turn_id:
+            return
+        if step.get("kind") == Kind.RESUME:
+            self.print_resume(step)
+            return
+        if step.get("kind") != Kind.MODEL:
             return
         self.model_calls += 1
         if step.get("unstreamed"):

@@ -149,6 +149,22 @@ class Ending:
                    "Nothing is running for it any more: you can send your message again.")
 
     @classmethod
+    def worker_lost_no_time(cls, reason: str, remaining_s: float, min_call_s: float) -> Ending:
+        return cls(Status.FAILED, ErrorKind.WORKER_LOST,
+                   f"The worker was lost ({reason}) and no time remained to resume this reply on another: "
+                   f"{max(0.0, remaining_s):.1f} s were left before the deadline, and a model call needs at least "
+                   f"{min_call_s:g} s. You can send your message again.")
+
+    @classmethod
+    def worker_lost_no_resume(cls, reason: str, resumes: int) -> Ending:
+        times = "once" if resumes == 1 else f"{resumes} times"
+        return cls(Status.FAILED, ErrorKind.WORKER_LOST,
+                   f"The worker was lost ({reason}) after this reply had been resumed {times}, the most a turn "
+                   f"may be (AGENT_MAX_RESUMES). You can send your message again." if resumes else
+                   f"The worker was lost ({reason}), and resuming on another worker is off (AGENT_MAX_RESUMES=0), "
+                   "so this reply could not be finished. You can send your message again.")
+
+    @classmethod
     def queue_expired(cls, reason: str) -> Ending:
         return cls(Status.FAILED, ErrorKind.QUEUE_EXPIRED,
                    f"No worker was free to start this reply: {reason}, so it was dropped without running. "
@@ -163,8 +179,12 @@ def write_ending(
     *,
     started_at: float | None = None,
     job_timeout_at: float | None = None,
+    owner: str = "",
 ) -> bool:
-    """End a turn from outside its job (failure callback, lost worker, stop). False if already ended."""
+    """End a turn from outside its job (failure callback, lost worker, stop). False if already ended.
+
+    `owner`: the job this ending is about; refused when the turn was resumed by another job meanwhile
+    ("" ends the turn whichever job runs it: a stop)."""
     state = store.read_meta(conversation_id)
     if state is None or state["turn_id"] != turn_id or state["done"]:
         return False
@@ -181,6 +201,7 @@ def write_ending(
             done=True,
             new_messages=[{"role": Role.ASSISTANT, "content": ending.message}],
             summary=turn_summary(turn_id, doc, now),
+            owner=owner,
         )
     except StoreError:
         return False

@@ -1,11 +1,12 @@
-"""Small markers beside the conversations: who runs a turn, whether Stop was asked, and since when a
-queued job has been missing from its queue (agent/hosting/lost_worker.py)."""
+"""Small markers beside the conversations: who runs a turn, whether Stop was asked, since when a
+queued job has been missing from its queue (agent/hosting/lost_worker.py), the turns running and
+their heartbeats (agent/turn/heartbeat.py, agent/hosting/turn_watch.py)."""
 
 from __future__ import annotations
 
 import redis
 
-from agent.conversation.keys import job_off_queue_since, turn_cancel, turn_claim
+from agent.conversation.keys import RUNNING_KEY, Keys, job_off_queue_since, turn_alive, turn_cancel, turn_claim
 
 OFF_QUEUE_MARK_TTL_S = 600  # seconds a job's off-queue mark lives: far past the grace that reads it
 
@@ -35,3 +36,42 @@ class Flags:
     def on_queue(self, job_id: str) -> None:
         """The job is on its queue: forget any earlier sighting of it missing."""
         self.client.delete(job_off_queue_since(job_id))
+
+    # -- the turns running, and their heartbeats ---------------------------------------------------
+
+    def start_running(self, conversation_id: str, turn_id: str, job_id: str, job_timeout_at: float,
+                      alive_ms: int) -> None:
+        """A job started the turn: it is watched from now on, and its first heartbeat is in."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(turn_alive(turn_id), job_id, px=alive_ms)
+            pipe.zadd(RUNNING_KEY, {conversation_id: job_timeout_at})
+            pipe.execute()
+
+    def beat(self, turn_id: str, job_id: str, alive_ms: int) -> None:
+        self.client.set(turn_alive(turn_id), job_id, px=alive_ms)
+
+    def running(self, limit: int) -> list[str]:
+        """The conversations whose turn is running, the soonest job timeout first (at most `limit`)."""
+        return [member.decode() if isinstance(member, bytes) else member
+                for member in self.client.zrange(RUNNING_KEY, 0, limit - 1)]
+
+    def not_running(self, conversation_id: str) -> None:
+        self.client.zrem(RUNNING_KEY, conversation_id)
+
+    def owners(self, conversation_ids: list[str]) -> list[tuple]:
+        """Per conversation: (turn_id, done, owner, attempt) from its meta, in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for conversation_id in conversation_ids:
+                pipe.hmget(Keys.of(conversation_id).meta, "turn_id", "done", "owner", "attempt")
+            return [tuple(_text(value) for value in row) for row in pipe.execute()]
+
+    def alive(self, turn_ids: list[str]) -> list[bool]:
+        """Whether each turn's heartbeat mark is there, in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for turn_id in turn_ids:
+                pipe.exists(turn_alive(turn_id))
+            return [bool(found) for found in pipe.execute()]
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value

@@ -2,7 +2,8 @@
 
 Per conversation (all its keys share one TTL, refreshed on every write):
 
-    agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields)
+    agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields), owner (the id
+                             of the job that may write the turn), attempt (0, then 1, 2... per resume)
     agent:conv:{id}:history  list: one JSON message per item, append-only
     agent:conv:{id}:steps    list: one JSON step per item, append-only
     agent:conv:{id}:turns    list: one JSON summary per ended turn
@@ -21,6 +22,11 @@ Beside the conversations:
                              lives a minute
     agent:turn:{turn}:claim  string: the id of the job that runs the turn (the first to claim it)
     agent:turn:{turn}:cancel string "1": Stop was asked for the turn
+    agent:turn:{turn}:alive  string: the id of the job running the turn, renewed every HEARTBEAT_S with a
+                             TTL of HEARTBEAT_TTL_S (agent/turn/heartbeat.py): lapsed, its worker is lost
+    agent:turns:running      sorted set: the conversations whose turn a job has started and not ended,
+                             scored by the turn's job-timeout instant: what the pool's supervisors
+                             watch for a lost worker (agent/hosting/turn_watch.py), never a key scan
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 KEY_PREFIX = "agent:"
 INDEX_KEY = f"{KEY_PREFIX}conversations"
 CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
+RUNNING_KEY = f"{KEY_PREFIX}turns:running"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -88,3 +95,7 @@ def turn_cancel(turn_id: str) -> str:
 
 def job_off_queue_since(job_id: str) -> str:
     return f"{KEY_PREFIX}job:{job_id}:off-queue-since"
+
+
+def turn_alive(turn_id: str) -> str:
+    return f"{KEY_PREFIX}turn:{turn_id}:alive"

@@ -31,6 +31,7 @@ class Scripts:
     live: Script  # the live text of the model call in flight
     delete: Script  # a conversation, its index entry, and the deleted marker
     rename: Script  # a conversation's title
+    resume: Script  # a turn whose worker was lost, handed to a new job once
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

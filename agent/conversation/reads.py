@@ -169,4 +169,10 @@ def _live(head_json, text) -> Live | None:
 def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: list, live_text=None) -> State:
     state = well_formed.state(conversation_id, meta, history, steps, turns)
     state["live"] = _live(meta.get(b"live", meta.get("live")), live_text)
+    # The job that owns the turn now, and its attempt: a resume hands them over before the new job writes.
+    owner, attempt = meta.get(b"owner", meta.get("owner")), meta.get(b"attempt", meta.get("attempt"))
+    if owner:
+        state["job_id"] = well_formed.decoded(owner)
+    if attempt and well_formed.decoded(attempt).isdigit():
+        state["attempt"] = int(well_formed.decoded(attempt))
     return state

@@ -27,6 +27,7 @@ from agent.contract import Message, State, Step, TurnDoc, TurnSummary
 from agent.conversation import reads
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
+from agent.conversation.keys import Keys
 from agent.conversation.room import Room
 from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
 
@@ -71,6 +72,11 @@ class Store:
         """The small fields only (no history, steps or live text)."""
         return reads.read_meta(self.redis, conversation_id)
 
+    def live_seq(self, conversation_id: str) -> int:
+        """The seq of the conversation's latest live text (0: none yet in this turn)."""
+        seq = self.redis.hget(Keys.of(conversation_id).meta, "live_seq")
+        return int(seq) if seq and seq.isdigit() else 0
+
     def history_since(self, conversation_id: str, start: int) -> list[Message]:
         """The messages from index `start` on."""
         return reads.history_since(self.redis, conversation_id, start)
@@ -107,23 +113,32 @@ class Store:
     def publish(
         self, conversation_id: str, turn_id: str, doc: TurnDoc, *, done: bool = False,
         new_messages: list[Message] = (), new_steps: list[Step] = (), expected_history_len: int = -1,
-        summary: TurnSummary | None = None, end_live: int = 0,
+        summary: TurnSummary | None = None, end_live: int = 0, owner: str = "",
     ) -> int:
         """One atomic write: append what is new, replace the small fields, bump the version.
 
         `end_live` (a live text's seq, 0 for none) clears that live text in the same write, and refuses
         any later live write for it; an ending (done) clears whatever live text there is. A write the
-        contract forbids raises StoreError (GONE, STALE, CLOSED or CONFLICT)."""
+        contract forbids raises StoreError (GONE, STALE, CLOSED or CONFLICT). `owner`: the writing job's id,
+        refused (STALE) once the turn was resumed by another job; "" (a front end) writes for any job."""
         return self._writes.publish(conversation_id, turn_id, doc, ttl_s=self.ttl_s, done=done,
                                     new_messages=new_messages, new_steps=new_steps,
-                                    expected_history_len=expected_history_len, summary=summary, end_live=end_live)
+                                    expected_history_len=expected_history_len, summary=summary, end_live=end_live,
+                                    owner=owner)
 
     def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *,
-                   from_bytes: int | None = None) -> str:
+                   from_bytes: int | None = None, owner: str = "") -> str:
         """Write the live text: the whole of it, or (`from_bytes`) the part that follows the stored
         text's first `from_bytes` bytes. Returns "ok", "ended" (its text was already cleared: nothing
         written) or "lag" (the stored text does not end at `from_bytes`: nothing written)."""
-        return self._writes.write_live(conversation_id, turn_id, head, text, ttl_s=self.ttl_s, from_bytes=from_bytes)
+        return self._writes.write_live(conversation_id, turn_id, head, text, ttl_s=self.ttl_s, from_bytes=from_bytes,
+                                       owner=owner)
+
+    def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
+               alive_ms: int) -> tuple[str, int]:
+        """Hand a turn whose worker was lost to a new job, exactly once (see Writes.resume)."""
+        return self._writes.resume(conversation_id, turn_id, lost_owner, new_owner, max_resumes=max_resumes,
+                                   alive_ms=alive_ms)
 
     def delete(self, conversation_id: str) -> bool:
         """Delete a conversation; a turn in flight is asked to stop first, and its later writes are

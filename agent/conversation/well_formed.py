@@ -160,6 +160,8 @@ def doc(value) -> dict:
     fixed["current_step"] = current_step(value.get("current_step"))
     fixed["config"] = _config(value.get("config"))
     fixed["job_id"] = _text_or_none(value.get("job_id"))
+    attempt = value.get("attempt")
+    fixed["attempt"] = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0 else 0
     for name in _TIMES:
         fixed[name] = number(value.get(name))
     return fixed

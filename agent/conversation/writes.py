@@ -16,7 +16,7 @@ import redis
 
 from agent.contract import Message, Step, TurnDoc, TurnSummary
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreError, TurnInFlight, UnreadableState
-from agent.conversation.keys import INDEX_KEY, Keys, deleted_marker, gone_events
+from agent.conversation.keys import INDEX_KEY, RUNNING_KEY, Keys, deleted_marker, gone_events, turn_alive
 from agent.conversation.lua import Scripts
 from agent.conversation.reads import readable
 from agent.text.surrogates import scrub
@@ -60,7 +60,8 @@ class Writes:
             outcome, value = self.scripts.begin(
                 keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live],
                 args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s, conversation_id, repr(now),
-                      make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes],
+                      make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes,
+                      doc.get("job_id") or ""],
             )
         outcome, value = _text(outcome), _text(value)
         if outcome == "busy":
@@ -75,34 +76,44 @@ class Writes:
 
     def publish(self, conversation_id: str, turn_id: str, doc: TurnDoc, *, ttl_s: int, done: bool,
                 new_messages: list[Message], new_steps: list[Step], expected_history_len: int,
-                summary: TurnSummary | None, end_live: int) -> int:
+                summary: TurnSummary | None, end_live: int, owner: str = "") -> int:
         """One atomic write of a turn (see Store.publish). Returns the new version; StoreError when refused."""
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
         args = [
             turn_id, expected_history_len, _dumps(doc), "1" if done else "0", ttl_s, len(new_messages),
             len(new_steps), _dumps(summary) if summary else "", conversation_id, repr(doc["updated_at"]), end_live,
-            *(_dumps(m) for m in new_messages),
+            owner, *(_dumps(m) for m in new_messages),
             *(_dumps(s) for s in new_steps),
         ]
         try:
             return int(self.scripts.publish(
-                keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live], args=args))
+                keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live, RUNNING_KEY],
+                args=args))
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc
 
     def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *, ttl_s: int,
-                   from_bytes: int | None) -> str:
+                   from_bytes: int | None, owner: str = "") -> str:
         """Write the live text, whole or appended (see Store.write_live): "ok", "ended" or "lag"."""
         keys = Keys.of(conversation_id)
         args = [turn_id, ttl_s, _dumps(head), head["seq"], "whole" if from_bytes is None else "append",
-                from_bytes or 0, scrub(text)]
+                from_bytes or 0, scrub(text), owner]
         try:
             outcome, _ = self.scripts.live(
                 keys=[keys.meta, keys.live, keys.events, keys.history, keys.steps, keys.turns], args=args)
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc
         return _text(outcome)
+
+    def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
+               alive_ms: int) -> tuple[str, int]:
+        """Hand the turn from a lost job to a new one, once (scripts/resume.lua): ("ok", the new attempt),
+        ("taken", _) when another job owns it, ("ended", _) when it is not in flight, ("spent", resumes made)."""
+        outcome, attempt = self.scripts.resume(
+            keys=[Keys.of(conversation_id).meta, turn_alive(turn_id)],
+            args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms])
+        return _text(outcome), int(attempt)
 
     def turn_in_flight(self, conversation_id: str) -> str | None:
         """The id of the conversation's turn while it is in flight, else None."""

@@ -19,6 +19,8 @@ from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
 from agent.queue import SafeJob, get_queue, queue_wait_s
+from agent.settings import TurnConfig
+from agent.turn.resume import resume_or_end
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
 LIMBO_GRACE_S = 3.0  # seconds a job may be off the queue yet not started (a worker is between the two)
@@ -96,5 +98,16 @@ def lost_worker_check(
     reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False
+    if _resumable(meta, now):
+        # The pool's watch resumes it too, within seconds; whoever is first hands it over, once.
+        resume_or_end(store, get_queue(queue_connection), conversation_id, meta, meta["job_id"], reason)
+        return False
     ending = Ending.queue_expired(reason) if _waited_too_long(store, meta, now) else Ending.worker_lost(reason)
-    return write_ending(store, conversation_id, meta["turn_id"], ending)
+    return write_ending(store, conversation_id, meta["turn_id"], ending, owner=meta["job_id"] or "")
+
+
+def _resumable(meta: State, now: float) -> bool:
+    """A started turn with a resume and the time for one left (otherwise its ending says it was lost)."""
+    config = TurnConfig.from_dict(meta["config"] or {})
+    return bool(meta["started_at"] and meta["deadline_at"]) and meta["attempt"] < config.max_resumes and (
+        meta["deadline_at"] - now >= config.min_call_s)

@@ -207,6 +207,16 @@ def parent_alive(pid: int | None) -> bool:
     return True
 
 
+def watch_turns(redis_url: str):
+    """The watch that resumes turns whose worker was lost (turn_watch.py), on this Redis."""
+    from agent.conversation.store import Store
+    from agent.hosting.turn_watch import TurnWatch
+    from agent.runtime.connection import queue_client, state_client
+    from agent.settings import state_ttl_from_env
+
+    return TurnWatch(Store(state_client(redis_url), state_ttl_from_env()), queue_client(redis_url)).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.hosting.pool")
     parser.add_argument("--workers", type=int, default=2)
@@ -245,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     pool.start()
+    watch = watch_turns(env["REDIS_URL"])
     log.info("%d %s workers started", args.workers, args.worker_class)
     print(f"ready {env.get('AGENT_DEMO_URL', '')}", flush=True)
     try:
@@ -254,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             pool.restart_dead()
     finally:
+        watch.stop()
         pool.stop(DRAIN_MAX_S if args.drain else WARM_STOP_S)
         if demo is not None:
             demo.stop()

@@ -43,9 +43,18 @@ class Tool:
     takes_timeout: bool = False
     takes_stop: bool = False
     source: str = BUILT_IN  # where it comes from: built-in, an AGENT_TOOLS module, an MCP server's name
+    # Run again after its worker was lost mid-run (agent/turn/resume.py): only when that cannot do harm.
+    # The built-ins can; a function says so with `safe_to_repeat = True`; an MCP tool through its annotations.
+    repeatable: bool = False
 
 
 REGISTRY: dict[str, Tool] = {}
+
+
+def safe_to_repeat(name: str) -> bool:
+    """Whether the tool may run again after a worker was lost while it ran (unknown tools may not)."""
+    tool = REGISTRY.get(name)
+    return tool is not None and tool.repeatable
 
 
 def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
@@ -77,7 +86,8 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
     except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as exc:
         raise TypeError(f"tool {func.__name__}: its parameters have no JSON schema ({exc})") from None
     return Tool(name=func.__name__, description=description, parameters=parameters, func=func, arguments=model,
-                takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden, source=source)
+                takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden, source=source,
+                repeatable=source == BUILT_IN or getattr(func, "safe_to_repeat", False) is True)
 
 
 def _check_hidden(tool_name: str, param: inspect.Parameter, annotation: object) -> None:

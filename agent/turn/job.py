@@ -15,13 +15,15 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
-from agent.contract import Message, carried
+from agent.contract import Message, Role, State, carried
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
-from agent.queue import JOB_FUNCTION
+from agent.queue import JOB_FUNCTION, get_queue
 from agent.runtime.connection import state_client
-from agent.settings import DEFAULT_STATE_TTL_S, TurnConfig, least_state_ttl_s
+from agent.settings import TurnConfig, least_state_ttl_s, state_ttl_from_env
+from agent.turn import heartbeat
 from agent.turn.loop import Turn
+from agent.turn.resume import Resumption, resume_or_end
 from agent.turn.tool_runs import answer_every_call
 
 log = logging.getLogger(__name__)
@@ -35,11 +37,7 @@ def _store() -> Store:
     url = os.environ["REDIS_URL"]
     if url not in _clients:
         _clients[url] = state_client(url)
-    try:
-        ttl_s = max(1, int(os.environ.get("AGENT_STATE_TTL") or DEFAULT_STATE_TTL_S))
-    except ValueError:  # the process that started this worker refused it already; never crash a job on it
-        ttl_s = DEFAULT_STATE_TTL_S
-    return Store(_clients[url], ttl_s)
+    return Store(_clients[url], state_ttl_from_env())
 
 
 def _job_started_at() -> tuple[float, str]:
@@ -70,13 +68,37 @@ def _run(conversation_id: str, turn_id: str) -> str:
     # The page may give a turn a longer job timeout than the one AGENT_STATE_TTL was checked against:
     # its conversation must still outlive the longest wait for its next write (see settings.state_ttl_s).
     store.ttl_s = max(store.ttl_s, least_state_ttl_s(config))
+    if job_id and state["attempt"] > 0 and state["job_id"] == job_id:
+        return _resume(store, conversation_id, state, config, job_id)
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
         log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
         return "duplicate"
-    turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
-                       history=answer_every_call([_for_model(m) for m in state["history"]]),
-                       doc=carried(state), persisted_len=len(state["history"]))
-    return turn.run()
+    with heartbeat.beating(store, conversation_id, turn_id, job_id or turn_id, started_at + config.job_timeout_s):
+        turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
+                           history=answer_every_call([_for_model(m) for m in state["history"]]),
+                           doc=carried(state), persisted_len=len(state["history"]), owner=job_id)
+        return turn.run()
+
+
+def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig, job_id: str) -> str:
+    """Continue a turn whose worker was lost (resume.py), from its state as last published, on its own clocks."""
+    turn_id, now = state["turn_id"], time.time()
+    remaining = (state["deadline_at"] or now) - now
+    if remaining < config.min_call_s or not state["started_at"]:  # it waited too long for a worker
+        write_ending(store, conversation_id, turn_id,
+                     Ending.worker_lost_no_time("its resumed job waited for a free worker", remaining,
+                                                config.min_call_s), owner=job_id)
+        return "no time"
+    resumption = Resumption.of(state, store.live_seq(conversation_id))
+    history = [_for_model(m) for m in state["history"]]
+    # The last response's calls without a result get theirs from the resumed turn (run again, or not).
+    last = max((i for i, m in enumerate(history) if m.get("role") == Role.ASSISTANT), default=len(history))
+    history = answer_every_call(history[:last]) + history[last:] if resumption.pending else answer_every_call(history)
+    with heartbeat.beating(store, conversation_id, turn_id, job_id, state["job_timeout_at"] or now):
+        turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"], history=history,
+                           doc=carried(state), persisted_len=len(state["history"]), owner=job_id,
+                           resumption=resumption)
+        return turn.run()
 
 
 def _for_model(message: Message) -> Message:
@@ -88,11 +110,19 @@ def on_failure(job, connection, exc_type, exc_value, tb) -> None:
     if job.func_name != JOB_FUNCTION or len(job.args) != 2:
         return
     conversation_id, turn_id = job.args
+    store = _store()
     if exc_type is not None and issubclass(exc_type, JobTimeoutException):
         ending = Ending.job_timeout(job.timeout)
     else:
-        ending = Ending.worker_failed(getattr(exc_type, "__name__", "error"))
+        name = getattr(exc_type, "__name__", "error")
+        state = store.read_meta(conversation_id)
+        if state is not None and state["turn_id"] == turn_id and not state["done"] and state["started_at"]:
+            # The worker failed under a turn that had started: it goes on on another worker while it can.
+            resume_or_end(store, get_queue(connection), conversation_id, state, job.id, f"its job failed: {name}")
+            return
+        ending = Ending.worker_failed(name)
     # A job that wrote nothing itself (safeguards off) still ran: RQ knows when, and its timeout.
     started_at = job.started_at.timestamp() if job.started_at else None
     job_timeout_at = started_at + job.timeout if started_at is not None and job.timeout else None
-    write_ending(_store(), conversation_id, turn_id, ending, started_at=started_at, job_timeout_at=job_timeout_at)
+    write_ending(store, conversation_id, turn_id, ending, started_at=started_at, job_timeout_at=job_timeout_at,
+                 owner=job.id)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from agent import tracing
-from agent.contract import Message, Role, Status, TurnDoc
+from agent.contract import Kind, Message, Outcome, Role, Status, TurnDoc
 from agent.conversation.endings import Ending
 from agent.conversation.store import Store
 from agent.deadline import Clock
@@ -23,7 +23,8 @@ from agent.turn.context import TurnContext
 from agent.turn.exits import Exit, TurnEnded, exit_for
 from agent.turn.model_calls import ModelCalls
 from agent.turn.policies import policies_for
-from agent.turn.response_limits import bound_response
+from agent.turn.response_limits import PlannedCall, bound_response
+from agent.turn.resume import Resumption
 from agent.turn.stop_watch import StopRequests
 from agent.turn.tool_runs import ToolRuns
 from agent.turn.writer import StateWriter
@@ -39,6 +40,7 @@ class Turn:
 
     context: TurnContext
     history: list[Message]  # what the model sees
+    resumption: Resumption | None = None  # this job continues the turn of a lost worker (resume.py)
     tools: ToolRuns = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,11 +48,12 @@ class Turn:
 
     @classmethod
     def create(cls, store: Store, conversation_id: str, turn_id: str, config: TurnConfig, *, started_at: float,
-               history: list[Message], doc: TurnDoc, persisted_len: int, clock: Clock = time.time) -> Turn:
-        """A turn with the clocks and publishing its settings ask for."""
+               history: list[Message], doc: TurnDoc, persisted_len: int, clock: Clock = time.time, owner: str = "",
+               resumption: Resumption | None = None) -> Turn:
+        """A turn with the clocks and publishing its settings ask for; `owner` is the job that writes it."""
         budget, publishing = policies_for(config, started_at, clock)
-        writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now)
-        return cls(TurnContext(config, budget, publishing, writer, StopRequests(store, turn_id)), history)
+        writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now, owner)
+        return cls(TurnContext(config, budget, publishing, writer, StopRequests(store, turn_id)), history, resumption)
 
     def run(self) -> str:
         """Run the turn and write its ending; the queue's timeout and a shutdown are raised again after it."""
@@ -67,8 +70,10 @@ class Turn:
             log.info("turn %s was ended elsewhere; this job stops without writing", self.context.writer.turn_id)
             return "closed"
         if leaving.reraise is None or self.context.publishing.writes_ending_when_killed:
-            self.finish(leaving.ending)
             writer = self.context.writer
+            if not self.finish(leaving.ending) and leaving.reraise is None:
+                log.info("turn %s: its ending was refused (ended, or resumed, elsewhere)", writer.turn_id)
+                return "closed"
             tracing.turn_ended(writer.store, writer.conversation_id, writer.turn_id)
         if leaving.reraise is not None:
             raise leaving.reraise
@@ -78,6 +83,8 @@ class Turn:
         budget = self.context.budget
         self.context.writer.doc.update(status=Status.RUNNING, started_at=budget.started_at,
                                        deadline_at=budget.deadline_at, job_timeout_at=budget.job_timeout_at)
+        if self.resumption is not None:
+            self.take_over(self.resumption)
         self.context.publishing.publish(self.context.writer)
         try:
             provider = make_provider(self.context.config)
@@ -85,8 +92,32 @@ class Turn:
             raise TurnEnded(Ending.no_provider(exc.kind, exc.message)) from None
         return ModelCalls(self.context, provider)
 
+    def take_over(self, resumption: Resumption) -> None:
+        """A resumed turn: the gap is recorded as a step, a text the loss cut is kept on it and cleared."""
+        writer, budget = self.context.writer, self.context.budget
+        writer.step_index = resumption.steps
+        writer.live.seq = writer.live_to_clear = resumption.live_seq
+        self.tools.call_ids.update(resumption.call_ids)
+        self.tools.used = any(m.get("role") == Role.TOOL for m in self.history)
+        writer.doc.update(attempt=resumption.attempt, job_id=writer.owner)
+        remaining = budget.remaining_s()
+        doing = (f"while the {resumption.pending[0].name} tool ran" if resumption.pending else
+                 "while the model was writing its reply" if resumption.partial_text else "during a model call")
+        extra = {"partial_text": resumption.partial_text} if resumption.partial_text else {}
+        writer.add_step(Kind.RESUME, f"worker lost: resume {resumption.attempt}",
+                        resumption.lost_at, Outcome.OK, remaining_s=round(remaining, 3), attempt=resumption.attempt,
+                        detail=f"the worker was lost {doing}; resumed on another worker with {remaining:.1f} s left "
+                               "before the deadline", **extra)
+        log.warning("turn %s: resumed (attempt %d), %.1f s before its deadline", writer.turn_id, resumption.attempt,
+                    remaining)
+
     def loop(self, model: ModelCalls) -> None:
-        for _ in range(self.context.config.max_steps):
+        rounds = 0
+        if self.resumption is not None:
+            rounds = self.resumption.rounds
+            if self.resumption.pending:
+                self.tools.run_all([PlannedCall(call) for call in self.resumption.pending], maybe_started=1)
+        for _ in range(max(0, self.context.config.max_steps - rounds)):
             self.context.stops.check()
             if (recorded := self.context.writer.step_index) >= MAX_RECORDED_STEPS:
                 raise TurnEnded(Ending.recorded_steps_limit(recorded))
@@ -108,8 +139,8 @@ class Turn:
         self.history.append(message)
         self.context.writer.add_message(message)
 
-    def finish(self, ending: Ending) -> None:
-        """The final write: the ending's words in the chat, and done."""
+    def finish(self, ending: Ending) -> bool:
+        """The final write: the ending's words in the chat, and done. False when it was refused."""
         if ending.message:
             self.add_message({"role": Role.ASSISTANT, "content": ending.message})
-        self.context.writer.write_ending(ending, self.context.budget.job_timeout_at)
+        return self.context.writer.write_ending(ending, self.context.budget.job_timeout_at)

@@ -25,6 +25,8 @@ RECORDED_CHARS = 2000  # characters of a call's arguments and result kept in its
 NOT_RUN_RESULT = ("Error: not run: too little time was left in this turn to run this tool and still answer; "
                   "answer with what you have")
 UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended first."
+LOST_TOOL_RESULT = ("Error: the worker was lost while this tool ran, and the tool was not run again: it may have side "
+                    "effects, so it may or may not have taken effect. Say so if it matters.")
 
 
 @dataclass
@@ -37,9 +39,10 @@ class ToolRuns:
     out_of_time: bool = False  # calls were left unrun to keep time for the answer: the next call is the last
     call_ids: set[str] = field(default_factory=set)  # the turn's call ids: a later call reusing one gets a fresh id
 
-    def run_all(self, planned: list[PlannedCall]) -> None:
+    def run_all(self, planned: list[PlannedCall], maybe_started: int = 0) -> None:
         """Once no tool can run and leave time for the last call, none is started: the calls left are
-        answered in one step, and the turn goes on to that call."""
+        answered in one step, and the turn goes on to that call. The first `maybe_started` calls may have
+        started on a worker that was lost (a resumed turn): each runs again only when it is safe to repeat."""
         first_result = len(self.history)
         self.call_ids.update(item.call.id for item in planned)
         try:
@@ -47,6 +50,8 @@ class ToolRuns:
                 self.context.stops.check()
                 if item.refusal is not None:
                     self.refuse(item)
+                elif index < maybe_started and not tool_registry.safe_to_repeat(item.call.name):
+                    self.lost(item.call)
                 elif self.context.budget.tool_timeout_s() <= 0:
                     self.not_run(planned[index:])
                     self.context.publishing.tool_landed(self.context.writer, len(planned) - 1, len(planned))
@@ -85,6 +90,13 @@ class ToolRuns:
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
             raise TurnEnded(Ending.cancelled_in_tool(call.name, result.duration_s))
+
+    def lost(self, call: ToolCall) -> None:
+        """A call that may have run on a lost worker, and may have side effects: never run twice."""
+        self.answer(call.id, LOST_TOOL_RESULT)
+        self.context.writer.add_step(Kind.TOOL, call.name, self.context.budget.now(), Outcome.ERROR,
+                                     arguments=cut(call.arguments, RECORDED_CHARS), result=LOST_TOOL_RESULT,
+                                     call_id=call.id, detail="not run again: its worker was lost while it ran")
 
     def heartbeat(self) -> None:
         self.context.publishing.tool_running(self.context.writer)

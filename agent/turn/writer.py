@@ -48,8 +48,9 @@ class LiveText:
     per text writes it at most once per `interval_s`. `writes` counts the live writes that landed."""
 
     def __init__(self, store: Store, conversation_id: str, turn_id: str, interval_s: float = LIVE_WRITE_INTERVAL_S,
-                 max_chars: int = MAX_LIVE_CHARS):
+                 max_chars: int = MAX_LIVE_CHARS, owner: str = ""):
         self.store = store
+        self.owner = owner  # the job writing it: refused once the turn was resumed by another
         self.conversation_id = conversation_id
         self.turn_id = turn_id
         self.interval_s = interval_s
@@ -127,13 +128,14 @@ class LiveText:
 
     def _write(self, seq: int, head: LiveHead, text: str, landed: int | None) -> None:
         try:
-            outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, from_bytes=landed)
+            outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, from_bytes=landed,
+                                            owner=self.owner)
             if outcome == "lag":  # an earlier write was lost: the whole text instead
                 with self._lock:
                     if self._head is None or self._head["seq"] != seq:
                         return  # the text has ended meanwhile
                     text = "".join(self._sent)
-                outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text)
+                outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, owner=self.owner)
                 landed = None
         except StoreError:
             self._refused = True  # ended elsewhere: the turn's next publish says so
@@ -157,8 +159,9 @@ class StateWriter:
     """Writes one turn's state: `doc` (the small fields), and the messages and steps not yet written."""
 
     def __init__(self, store: Store, conversation_id: str, turn_id: str, doc: TurnDoc, persisted_len: int,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], owner: str = ""):
         self.store = store
+        self.owner = owner  # the job writing the turn (""; any): its writes are refused once another resumed it
         self.conversation_id = conversation_id
         self.turn_id = turn_id
         self.doc = doc
@@ -169,7 +172,7 @@ class StateWriter:
         self.step_index = 0  # steps recorded by this turn
         self.unconfirmed: list[tuple[int, int]] = []  # (messages, steps) held by writes that failed
         self.last_write_at = 0.0  # clock time of the last write that landed
-        self.live = LiveText(store, conversation_id, turn_id)
+        self.live = LiveText(store, conversation_id, turn_id, owner=owner)
         self.live_to_clear = 0  # the seq of an ended live text the next write clears (0: none)
 
     def add_message(self, message: Message) -> None:
@@ -211,7 +214,7 @@ class StateWriter:
             self.store.publish(self.conversation_id, self.turn_id, self.doc, done=done,
                                new_messages=self.pending_messages, new_steps=self.pending_steps,
                                expected_history_len=self.persisted_len, summary=summary,
-                               end_live=self.live_to_clear)
+                               end_live=self.live_to_clear, owner=self.owner)
         except StoreError as exc:
             if exc.reason == "CONFLICT" and not reconciled and self._landed_already():
                 self.flush(done=done, summary=summary, reconciled=True)
@@ -251,8 +254,9 @@ class StateWriter:
         self.pending_messages = self.pending_messages[len(landed):]
         return True
 
-    def write_ending(self, ending: Ending, job_timeout_at: float) -> None:
-        """The final write (done), retried briefly if Redis hiccups, giving up just before the queue's kill."""
+    def write_ending(self, ending: Ending, job_timeout_at: float) -> bool:
+        """The final write (done), retried briefly if Redis hiccups, giving up just before the queue's kill.
+        False when it was refused: the turn was ended, or resumed, elsewhere."""
         self.set_current(None)
         now = self.clock()
         self.doc.update(status=ending.status, error=ending.error, ended_at=now)
@@ -262,9 +266,9 @@ class StateWriter:
         while True:
             try:
                 self.flush(done=True, summary=summary)
-                return
+                return True
             except TurnClosed:
-                return
+                return False
             except redis.RedisError as exc:
                 # A retry that could still be blocked when the queue's alarm fires is not started.
                 if time.time() + delay + WORST_STATE_WRITE_S >= give_up_at:
@@ -272,6 +276,6 @@ class StateWriter:
                     # as soon as Redis takes writes again (a job that finished with a running state).
                     log.error("turn %s: final write failed, leaving the ending to the front ends: %s",
                               self.turn_id, redis_problem(exc))
-                    return
+                    return True  # not refused: the front ends write it
                 time.sleep(delay)
                 delay = min(delay * 2, FINAL_RETRY_MAX_S)

@@ -123,6 +123,8 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"⏭️ Model call not started: {detail or 'too little time left'}."
     if kind == Kind.RETRY:
         return f"↻ Waited {took} before {inert(step.get('name'))} ({detail or 'retry'})."
+    if kind == Kind.RESUME:
+        return f"🔁 Resume {step.get('attempt')}: {detail}; the gap lasted {took}."
     attempt = step.get("attempt") or 1
     name = f"Model call ({inert(step.get('name'))})" + (f", try {attempt}" if attempt > 1 else "")
     if step.get("unstreamed"):  # asked again plainly: why, in the words the turn recorded
@@ -229,10 +231,12 @@ def _full_body(turn: TurnView, messages: list[dict], *, expanded: bool) -> None:
 def _partial_text(step: Step) -> None:
     """What a call that was cut (timeout, error, Stop) had written: shown, never part of the history."""
     partial = step.get("partial_text")
-    if partial and step["outcome"] != Outcome.OK:
+    if partial and (step["outcome"] != Outcome.OK or step["kind"] == Kind.RESUME):
         with st.container(border=True):
             st.markdown(safe_markdown(partial))
-            st.caption("The text this call had written when it was cut off; the model never got it back.")
+            st.caption("The text this call had written when it was cut off by the lost worker; the model never "
+                       "got it back." if step["kind"] == Kind.RESUME else
+                       "The text this call had written when it was cut off; the model never got it back.")
 
 
 def tools_line(steps: list[Step]) -> str:

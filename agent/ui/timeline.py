@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from agent.contract import Kind, Outcome, Step, TurnSummary
 
-KIND_LABELS = {Kind.MODEL: "model call", Kind.TOOL: "tool run", Kind.RETRY: "retry wait", Kind.SKIP: "skipped call"}
+KIND_LABELS = {Kind.MODEL: "model call", Kind.TOOL: "tool run", Kind.RETRY: "retry wait", Kind.SKIP: "skipped call",
+               Kind.RESUME: "worker lost, resumed"}
 TIMEOUT_LABEL = "timeout it was given"
 RUNNING_LABEL = "running now"
 COLOURS = {  # colour-blind friendly, and failures stand out
@@ -15,6 +16,7 @@ COLOURS = {  # colour-blind friendly, and failures stand out
     "tool run": "#54A24B",
     "retry wait": "#B279A2",
     "skipped call": "#9D755D",
+    "worker lost, resumed": "#BAB0AC",
     "timed out": "#E45756",
     "failed": "#F58518",
     RUNNING_LABEL: "#72B7B2",
@@ -48,6 +50,7 @@ def _label(number: int, step: Step) -> str:
         Kind.TOOL: name,
         Kind.RETRY: f"wait before {name}",
         Kind.SKIP: "call skipped",
+        Kind.RESUME: f"worker lost: resume {step.get('attempt')}",
     }
     return f"{number}. {labels.get(kind, name or kind)}"
 

@@ -1,13 +1,14 @@
 -- Begin a turn: append the user's message and mark the turn queued; one turn at a time.
 -- KEYS: meta, history, turns, steps, events, index, live
--- ARGV: turn_id, message, doc, ttl, conversation_id, updated_at, title, must_exist ('1' or '0'), max_bytes (0: no cap)
+-- ARGV: turn_id, message, doc, ttl, conversation_id, updated_at, title, must_exist ('1' or '0'), max_bytes (0: no cap),
+-- owner (the id of the job that will run the turn)
 -- Returns {outcome, value}, and writes nothing unless the outcome is 'ok' (value: the version):
 -- 'same' (this turn began already: a double submit), 'busy' (value: the turn in flight), 'full' (value: the
 -- conversation's bytes), 'gone' (must_exist, and it expired or was deleted), 'unreadable' (a version not a number).
 local meta, history, turns, steps, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local conversation_id, updated_at, title = ARGV[5], ARGV[6], ARGV[7]
-local must_exist, max_bytes = ARGV[8] == '1', tonumber(ARGV[9])
+local must_exist, max_bytes, owner = ARGV[8] == '1', tonumber(ARGV[9]), ARGV[10]
 local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version', 'bytes')
 -- A version that is not a whole number would fail HINCRBY below, after the message was appended.
 if current[3] and not string.match(current[3], '^%d+$') then return {'unreadable', ''} end
@@ -20,7 +21,7 @@ elseif must_exist then
 end
 redis.call('RPUSH', history, message)
 local version = redis.call('HINCRBY', meta, 'version', 1)
-redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc)
+redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc, 'owner', owner, 'attempt', '0')
 redis.call('HDEL', meta, 'live', 'live_seq', 'live_ended')
 redis.call('DEL', live)
 redis.call('HSETNX', meta, 'title', title)

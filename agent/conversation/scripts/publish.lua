@@ -1,22 +1,29 @@
 -- One atomic write of a turn: append what is new, replace the small fields, bump the version.
 -- Refused (an error reply) when the conversation is GONE, another turn is current (STALE), the turn has
--- already ended (CLOSED: done never reverts), or the history moved underneath (CONFLICT).
--- KEYS: meta, history, steps, turns, events, index, live
+-- already ended (CLOSED: done never reverts), the history moved underneath (CONFLICT), or another job
+-- owns the turn now (STALE: it was resumed elsewhere while this job's worker was away).
+-- KEYS: meta, history, steps, turns, events, index, live, running (the turns in flight)
 -- ARGV: turn_id, expected history length (-1: any), doc, done ('1' or '0'), ttl, number of messages, number
 -- of steps, turn summary ('' for none), conversation_id, updated_at, end_live (a live text's seq, 0: none),
--- then the messages, then the steps. Returns the new version.
+-- owner (the writing job's id; '' for a front end, which may end any job's turn), then the messages,
+-- then the steps. Returns the new version.
 local meta, history, steps, turns, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local running = KEYS[8]
 local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
 local summary, conversation_id, updated_at, end_live = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
-local current = redis.call('HMGET', meta, 'turn_id', 'done')
+local owner = ARGV[12]
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'owner')
 if not current[1] then return redis.error_reply('GONE the conversation has expired or was deleted') end
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
+if owner ~= '' and current[3] and current[3] ~= owner then
+  return redis.error_reply('STALE the turn was resumed by another job')
+end
 if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
   return redis.error_reply('CONFLICT the history moved')
 end
-local i, added = 12, #summary
+local i, added = 13, #summary
 for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
 for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
 if summary ~= '' then redis.call('RPUSH', turns, summary) end
@@ -28,6 +35,7 @@ if end_live > 0 then
   if end_live > ended then redis.call('HSET', meta, 'live_ended', end_live) end
 end
 local live_seq = tonumber(redis.call('HGET', meta, 'live_seq') or '0')
+if done == '1' then redis.call('ZREM', running, conversation_id) end
 if done == '1' or (live_seq > 0 and live_seq <= end_live) then
   redis.call('HDEL', meta, 'live', 'live_seq')
   redis.call('DEL', live)

@@ -1,0 +1,106 @@
+"""A turn outlives its worker: it is resumed by a new job, from the history as last published, inside
+the turn's own clocks.
+
+Who notices (`resume_or_end`): the pool's supervisors, whose watch sees a running turn's heartbeat lapse
+(agent/hosting/turn_watch.py), and the front ends' lost-worker check, the net. One atomic step in the
+store hands the turn to the new job (scripts/resume.lua), so it is resumed exactly once however many
+noticed; every later write of the lost job is refused. No resume is made past AGENT_MAX_RESUMES, or
+with less than the minimum call time left before the deadline: the ending then says the worker was
+lost and why the turn could not go on.
+
+The clocks stay the turn's: its deadline and job-timeout instant were fixed when it first started. The
+new job's RQ timeout is what remains up to that instant, and its own deadline is the turn's, so its final
+write still lands before the turn's original job timeout, however many workers die.
+
+What the new job finds (`Resumption`): the attempt, the gap to record as a step, a streamed text the
+crash cut (kept on that step, never in the history), and the tool calls of the last response that have
+no result (run again only when safe to repeat; see tool_runs.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from rq import Queue
+
+from agent.contract import Role, State
+from agent.conversation.endings import Ending, write_ending
+from agent.conversation.store import Store
+from agent.providers.base import ToolCall
+from agent.queue import enqueue_turn, job_id_for
+from agent.settings import TurnConfig
+from agent.turn.heartbeat import ALIVE_MS
+
+log = logging.getLogger(__name__)
+
+
+def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State, lost_owner: str,
+                  reason: str) -> str:
+    """Resume the turn whose job `lost_owner` was lost, or end it saying why it cannot go on.
+
+    Returns "resumed", "ended", or what the store found instead ("taken": another job owns it now;
+    "ended" too when it was not in flight any more)."""
+    turn_id, attempt = state["turn_id"], state["attempt"]
+    config = TurnConfig.from_dict(state["config"] or {})
+    now = time.time()
+    remaining = (state["deadline_at"] or now) - now
+    ending = None
+    if attempt >= config.max_resumes:
+        ending = Ending.worker_lost_no_resume(reason, attempt)
+    elif remaining < config.min_call_s:
+        ending = Ending.worker_lost_no_time(reason, remaining, config.min_call_s)
+    if ending is not None:
+        written = write_ending(store, conversation_id, turn_id, ending, owner=lost_owner)
+        return "ended" if written else "taken"
+    new_owner = f"{job_id_for(turn_id)}-resume-{attempt + 1}"
+    outcome, new_attempt = store.resume(conversation_id, turn_id, lost_owner, new_owner,
+                                        max_resumes=config.max_resumes, alive_ms=ALIVE_MS)
+    if outcome != "ok":
+        return outcome
+    job_timeout_at = state["job_timeout_at"] or now + config.job_timeout_s
+    # RQ's timeout for the new job: what remains up to the turn's own job-timeout instant, never more.
+    enqueue_turn(queue, conversation_id, turn_id, new_owner, job_timeout_s=max(1, math.floor(job_timeout_at - now)),
+                 wait_s=max(1, math.floor(remaining - config.min_call_s)), at_front=True)
+    log.warning("turn %s: its worker was lost (%s); resumed as %s (attempt %d), %.1f s before its deadline",
+                turn_id, reason, new_owner, new_attempt, remaining)
+    return "resumed"
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What a resumed job takes over from the state its lost worker last published."""
+
+    attempt: int  # 1, 2, ...: this job's resume
+    lost_at: float  # the last write before the loss: where the gap starts
+    partial_text: str  # a streamed text the loss cut ("" for none)
+    live_seq: int  # that text's seq: the first write clears it, and later texts follow it
+    pending: tuple[ToolCall, ...]  # the last response's tool calls that have no result, in order
+    rounds: int  # model responses this turn already has
+    steps: int  # steps this turn already recorded
+    call_ids: frozenset[str]  # the turn's tool call ids so far
+
+    @classmethod
+    def of(cls, state: State, live_seq: int) -> Resumption:
+        turn_id, history = state["turn_id"], state["history"]
+        start = max((i for i, m in enumerate(history) if m.get("role") == Role.USER), default=0)
+        turn = history[start:]
+        answered = {m.get("tool_call_id") for m in turn if m.get("role") == Role.TOOL}
+        responses = [m for m in turn if m.get("role") == Role.ASSISTANT]
+        calls = [_tool_call(c) for m in responses for c in (m.get("tool_calls") or [])]
+        last_calls = [_tool_call(c) for c in (responses[-1].get("tool_calls") or [])] if responses else []
+        live = state.get("live")
+        cut = live["text"] if live and live["turn_id"] == turn_id else ""
+        return cls(attempt=state["attempt"], lost_at=state["updated_at"] or time.time(), partial_text=cut,
+                   live_seq=live_seq, pending=tuple(c for c in last_calls if c.id not in answered),
+                   rounds=len(responses),
+                   steps=max((s.get("index") or 0 for s in state["steps"] if s.get("turn_id") == turn_id), default=0),
+                   call_ids=frozenset(c.id for c in calls))
+
+
+def _tool_call(raw: dict) -> ToolCall:
+    function = raw.get("function") or {}
+    return ToolCall(id=str(raw.get("id") or ""), name=str(function.get("name") or ""),
+                    arguments=str(function.get("arguments") or "{}"))
