@@ -160,11 +160,13 @@ def redis_dump(client: redis.Redis) -> bytes:
 # in collection order: a long file handed out last would hold the run open alone at its end.
 LONGEST_FIRST = (
     "test_browser_long_chat.py",
+    "test_resume.py",
     "test_faults.py",
     "test_bench.py",
     "test_browser.py",
     "test_cli_redis.py",
     "test_hostile_states.py",
+    "test_browser_resume.py",
     "test_services.py",
     "test_mcp.py",
     "test_queued_turns.py",
