@@ -23,7 +23,7 @@ from pathlib import Path
 import rq
 
 from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
-from bench import conversations, cost, first_screen, latency, load, page, report, tracing_cost, worker_memory
+from bench import conversations, cost, first_screen, latency, load, page, report, resume, tracing_cost, worker_memory
 from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
@@ -57,6 +57,9 @@ class Plan:
     list_sizes: tuple = conversations.LIST_SIZES  # conversations in the index when the sidebar's page is listed
     memory_turns: tuple = conversations.TURN_COUNTS  # (turns per conversation, conversations measured)
     worker_memory_with_mcp_json: bool = True  # also measure a worker holding the project's MCP server
+    resume_call_kills: int = 10  # workers SIGKILLed mid-call, one at a time: kill to resumed write
+    resume_other_rounds: int = 2  # rounds of a mid-stream and a mid-tool kill side by side
+    watch_seconds: int = 5  # seconds of TurnWatch sweeps (then of heartbeats) over 100 running turns
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
@@ -105,6 +108,9 @@ QUICK = Plan(
     page_new_chats=1,
     first_screen_sizes=(20,),
     first_screen_opens=1,
+    resume_call_kills=2,
+    resume_other_rounds=1,
+    watch_seconds=3,
 )
 
 METHOD = {
@@ -169,6 +175,16 @@ METHOD = {
     "50 and 10,000 conversations stored; per size both apps are started afresh, opened once (the first page "
     "after the start), then {first_screen_opens} more times each in turns (A B, B A, ...), every time in a "
     "fresh browser context (no cache, a new session). ratio: page / minimal per pair; median and p95.",
+    "resume": "A turn outlives its worker, default heartbeat (1 s, 3 s mark) and clocks. kill_to_first_write_s: "
+    "{resume_kills} one-call turns (demo@3~0) on {resume_workers} simple workers, one at a time; the worker running "
+    "it SIGKILLed 0.2-1.8 s into its 3 s call (a random phase against the heartbeat); from the kill to the resumed "
+    "job's first write (its resume step's stamp; kill_to_seen_s: a client's 20 ms poll sees it). done_share: those "
+    "turns and {resume_rounds} rounds of a turn killed mid-stream (demo@0.3~30, 30 characters shown) beside one "
+    "killed mid-tool (wait(4), 0.2-1.8 s in), each killed once; ended `done` / killed. heartbeat_overhead: the "
+    "three-tool turn ({latency} s calls) in-process with its heartbeat and with heartbeat.beating made a no-op, "
+    "back to back, {pairs} pairs; on / off, median. watch_redis: 100 running turns fabricated (index, meta, live "
+    "mark) on a Redis with no pool; TurnWatch.sweep once a second for {watch_seconds} s, then 100 heartbeat SETs "
+    "a second for as long; INFO commandstats deltas (INFO left out) per second, per supervisor for the watch.",
     "deadline_accuracy": "Three-tool turns on {workers} simple workers with short clocks {clocks}; each turn's "
     "provider is random: 50% demo@U(0.05,1.5), 20% demo@U(1.5,4) (calls that outlive the cap or the "
     "deadline), 15% demo:hang, 15% demo:flaky@U(0.05,1). final write = the updated_at of the turn's last "
@@ -260,6 +276,11 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
         results["deadline_accuracy"] = load.deadline_accuracy(
             lab, pool, plan.deadline_turns, rng, plan.deadline_clocks)
         lab.stop_pool(pool)
+
+        results["resume"] = resume.resume_figures(
+            lab, call_kills=plan.resume_call_kills, other_rounds=plan.resume_other_rounds,
+            watch_seconds=plan.watch_seconds, pairs=plan.overhead_pairs, latency_s=plan.latency_s, rng=rng,
+            say=lambda message: progress(message, started))
         results["redis_version"] = lab.client.info("server")["redis_version"]
     finally:
         lab.close()
@@ -289,6 +310,8 @@ def judge(results: dict) -> dict:
     for name, check in checks.items():
         with contextlib.suppress(KeyError):
             goals[name] = check(results)
+    if results.get("resume"):
+        goals |= resume.goals(results["resume"])
     return goals
 
 
@@ -331,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         k: v.format(latency=plan.latency_s, pairs=plan.overhead_pairs, n=plan.first_step_repeats,
                     interval=plan.poll_interval_s, workers=plan.deadline_workers,
                     clocks=json.dumps(plan.deadline_clocks), page_turns=plan.page_turns,
-                    first_screen_opens=plan.first_screen_opens)
+                    first_screen_opens=plan.first_screen_opens, resume_kills=plan.resume_call_kills,
+                    resume_workers=resume.WORKERS, resume_rounds=plan.resume_other_rounds,
+                    watch_seconds=plan.watch_seconds)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -351,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
              "worker_memory",
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
-             "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy",
+             "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy", "resume",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
              "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "goals", "default_worker_class",
              "first_step",

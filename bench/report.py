@@ -130,6 +130,27 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     f"{d['p5']:g} / {d['p50']:g} / {d['p95']:g} / {d['max']:g} ms", "", ""))
         out.append(("  turns past the job timeout", str(deadline["turns_past_job_timeout"]), "0",
                     _check(goals.get("deadline_accuracy"))))
+    lost = results.get("resume")
+    if lost:
+        kill = lost["kill_to_first_write_s"]
+        out.append((f"worker SIGKILLed mid-call -> resumed job's first write, p50 / p95 ({kill['n']} kills)",
+                    f"{kill['p50']:g} / {kill['p95']:g} s", "p95 <= 5 s",
+                    _check(goals.get("resume_kill_to_first_write_p95"))))
+        survived = lost["survival"]
+        out.append(("turns killed once that end done (" + ", ".join(f"mid-{k}" for k in survived) + ")",
+                    f"{lost['done_share'] * 100:g}% (" + ", ".join(f"{v['done']}/{v['killed']}"
+                                                                 for v in survived.values()) + ")",
+                    "100%", _check(goals.get("resume_done_share"))))
+        out.append((f"heartbeat_overhead (turn with / without it, {call} calls)",
+                    f"{lost['heartbeat_overhead']['ratio']:.4f}", "<= 1.02",
+                    _check(goals.get("heartbeat_overhead_ratio"))))
+        redis_cost = lost["watch_redis"]
+        for label, key in (("the watch, per supervisor", "watch_per_supervisor"), ("their heartbeats", "heartbeats")):
+            figures = redis_cost[key]
+            out.append((f"Redis commands/s for {redis_cost['turns']} turns in flight: {label}",
+                        f"{figures['commands_per_s']:g}/s (" + ", ".join(
+                            f"{k.upper()} {v:g}" for k, v in figures["by_command_per_s"].items())
+                        + f"), {figures['redis_cpu_us_per_s']:g} us CPU/s", "", ""))
     return out
 
 
