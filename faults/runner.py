@@ -10,6 +10,10 @@ SIGCONT) or Redis restarted on the same data.
 A client per run polls the state like the page does (and, like the page and the CLI, calls
 `lost_worker_check` when nothing moves), records every state it saw, and checks it
 (checks.py). The runner prints the figures and exits 1 on any violation or stuck turn.
+
+A turn whose worker was hard-killed is resumed on another worker while a resume and the time for
+one are left (agent/turn/resume.py): the report counts the turns resumed, their resume steps, and
+the share of hard-killed turns that still ended `done`.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from rq.serializers import JSONSerializer
 
 from agent.hosting.lost_worker import LOST_GRACE_S, lost_worker_check
 from agent.hosting.pool import PoolHandle
+from agent.hosting.turn_watch import WATCH_S
 from agent.queue import SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.loopback_server import LoopbackServer
 from agent.settings import TurnConfig
+from agent.turn.heartbeat import HEARTBEAT_TTL_S
 from faults.checks import check_observations
 from faults.provider import FaultProvider
 from harness.follow import states
@@ -60,7 +66,9 @@ DEFAULT_CONCURRENCY = 4  # turns in flight at once, one worker each
 POLL_S = 0.05  # seconds between a client's polls
 LOST_CHECK_S = 0.5  # seconds between a client's lost-worker checks while nothing moves
 SETTLE_S = 0.5  # seconds a client keeps watching after done (done must not revert)
-KILL_SLACK_S = 1.0  # seconds on top of the job timeout + LOST_GRACE_S for a killed worker's ending
+KILL_SLACK_S = 1.0  # seconds on top of a detection bound for a killed worker's ending
+# Seconds from a hard kill to the pool's watch seeing the heartbeat lapse and acting (resume or ending).
+WATCH_DETECT_S = HEARTBEAT_TTL_S + WATCH_S
 STUCK_AFTER_S = 30.0  # seconds past job timeout + LOST_GRACE_S (from submit) before a turn counts as stuck
 START_WAIT_S = 20.0  # seconds a process fault waits for its job to start
 STATE_TTL_S = 6 * 3600  # seconds: every run's state outlives the whole run, for the final re-check
@@ -109,6 +117,16 @@ class RunResult:
     submitted_at: float = 0.0
     redis_outage_s: float = 0.0  # seconds of Redis pause or restart while this turn was in flight
     late: bool = False  # the ending landed after the job timeout (allowed only after a hard fault)
+    fault_at: float | None = None  # epoch seconds when the process fault was applied
+    attempt: int = 0  # the turn's last attempt: 1, 2, ... once resumed after a lost worker
+    resume_steps: int = 0  # steps of kind "resume" in the turn
+    lost_tool_results: int = 0  # tool calls answered "not run again" after a lost worker
+    ending_after_kill_s: float | None = None  # a hard-killed turn's final write, seconds after the kill
+    error_message: str = ""  # the ending's reason, for the report of resumed turns
+
+    @property
+    def hard_killed(self) -> bool:
+        return self.fault_applied and self.plan.process_fault in HARD_KILLS
 
 
 def make_plans(options: Options) -> list[Plan]:
@@ -277,7 +295,8 @@ def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, te
     run_log = lab.faults.runs.get(model)
     result.call_faults = list(run_log.faults) if run_log else []
     served = list(run_log.served) if run_log else []
-    result.violations = check_observations(result.observed, turn_id=turn_id, user_text=text, served=served)
+    result.violations = check_observations(result.observed, turn_id=turn_id, user_text=text, served=served,
+                                           max_resumes=lab.options.clocks.max_resumes)
     final = result.observed[-1] if result.observed else None
     if final is None or not final["done"]:
         result.stuck = True
@@ -285,7 +304,13 @@ def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, te
         return
     result.status = final["status"]
     result.error_kind = (final["error"] or {}).get("kind")
-    job_timeout_at = final.get("job_timeout_at")
+    result.error_message = str((final["error"] or {}).get("message") or "")
+    result.attempt = final.get("attempt") or 0
+    result.resume_steps = sum(s.get("kind") == "resume" and s.get("turn_id") == turn_id for s in final["steps"])
+    result.lost_tool_results = sum(m.get("role") == "tool" and "not run again" in str(m.get("content"))
+                                   for m in final["history"])
+    # The turn's own instant, as first set (checks.py: it never changes once set).
+    job_timeout_at = next((s["job_timeout_at"] for s in result.observed if s.get("job_timeout_at")), None)
     started_at = final.get("started_at")
     rq_job = _fetch(lab, job_id)
     if job_timeout_at is None and rq_job is not None and rq_job.started_at is not None:
@@ -305,19 +330,37 @@ def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, te
     deadline_at = job_timeout_at - lab.options.clocks.deadline_margin_s
     result.final_minus_deadline_s = final_write - deadline_at
     result.final_minus_job_timeout_s = final_write - job_timeout_at
-    hard_kill = result.fault_applied and plan.process_fault in HARD_KILLS
+    hard_kill = result.hard_killed
+    if hard_kill and result.fault_at is not None:
+        result.ending_after_kill_s = final_write - result.fault_at
     # A Redis outage is a hard fault too: no write, the job's own included, lands while it lasts,
     # so a turn caught in one may end through the lost-worker path, and every client waits it out.
     result.redis_outage_s = sum(max(0.0, min(end, final_write) - max(start, result.submitted_at))
                                 for start, end in list(lab.outages))
-    hard_fault = hard_kill or result.redis_outage_s > 0
-    allowed = job_timeout_at + (LOST_GRACE_S + KILL_SLACK_S + result.redis_outage_s if hard_fault else 0.0)
+    allowed, why = ending_bound(result, job_timeout_at, started=bool(final.get("started_at")))
     result.late = final_write > job_timeout_at
     if final_write > allowed:
         result.violations.append(
-            f"the ending was written {final_write - job_timeout_at:+.2f} s after the job timeout"
-            + (f" (beyond the grace for a hard fault; Redis out {result.redis_outage_s:.1f} s)" if hard_fault else "")
-        )
+            f"the ending was written {final_write - job_timeout_at:+.2f} s after the job timeout" + why)
+
+
+def ending_bound(result: RunResult, job_timeout_at: float, *, started: bool) -> tuple[float, str]:
+    """The latest instant the turn's final write may land, and what allows past the job timeout.
+
+    Every ending lands before the turn's job_timeout_at (a resumed job keeps the turn's clocks), except one
+    written from outside after a hard fault: where Redis itself was away, the front ends' lost-worker bound
+    (job timeout + LOST_GRACE_S, plus the outage); after a hard kill, a worker_lost ending the pool's watch
+    writes once the heartbeat lapsed (WATCH_DETECT_S after the kill), or, for a job killed before its first
+    write (no heartbeat watched yet), the front ends' lost-worker bound."""
+    if result.redis_outage_s > 0:
+        return (job_timeout_at + LOST_GRACE_S + KILL_SLACK_S + result.redis_outage_s,
+                f" (beyond the grace for a Redis outage of {result.redis_outage_s:.1f} s)")
+    if not result.hard_killed or result.error_kind != "worker_lost":
+        return job_timeout_at, " (a resumed job keeps the turn's clocks)" if result.attempt else ""
+    if not started or result.fault_at is None:
+        return job_timeout_at + LOST_GRACE_S + KILL_SLACK_S, " (beyond the lost-worker grace for a hard kill)"
+    return (max(job_timeout_at, result.fault_at + WATCH_DETECT_S + KILL_SLACK_S),
+            f" (more than {WATCH_DETECT_S + KILL_SLACK_S:g} s after the kill)")
 
 
 def _diagnose(lab: FaultLab, cid: str, job_id: str) -> str:
@@ -353,6 +396,7 @@ def _inject_later(lab: FaultLab, plan: Plan, job_id: str, result: RunResult) -> 
         meta = lab.store.read_meta(result.conversation_id)
         if meta is None or meta["done"]:
             return
+    fault_at = time.time()
     try:
         note = lab.inject(plan, job_id)
     except (ProcessLookupError, redis.RedisError) as exc:
@@ -361,6 +405,7 @@ def _inject_later(lab: FaultLab, plan: Plan, job_id: str, result: RunResult) -> 
     if note:
         result.fault_applied = True
         result.fault_note = note
+        result.fault_at = fault_at
 
 
 def run_faults(options: Options, *, out=None) -> dict:
@@ -430,6 +475,37 @@ def summarize(options: Options, results: list[RunResult], elapsed_s: float, leak
             and not r.redis_outage_s and not (r.fault_applied and r.plan.process_fault in HARD_KILLS)]
     applied = Counter(r.plan.process_fault for r in results if r.fault_applied)
     violated = [r for r in results if r.violations]
+    return {**_figures(options, results, elapsed_s, leaks, deltas, calm, applied, violated),
+            **resume_figures(results)}
+
+
+def resume_figures(results: list[RunResult]) -> dict:
+    """Turns resumed after a lost worker, and how the hard-killed turns ended."""
+    killed = [r for r in results if r.hard_killed]
+    killed_done = sum(r.status == "done" for r in killed)
+    after_kill = [r.ending_after_kill_s for r in killed if r.ending_after_kill_s is not None]
+    return {
+        "resumed_turns": sum(r.attempt > 0 for r in results),
+        "resume_steps": sum(r.resume_steps for r in results),
+        "resumed_turns_after_hard_kill": sum(r.attempt > 0 for r in killed),
+        "attempts": {str(k): v for k, v in sorted(Counter(r.attempt for r in results if not r.stuck).items())},
+        "resumed_statuses": dict(Counter(r.status or "stuck" for r in results if r.attempt > 0).most_common()),
+        "hard_killed_done": killed_done,
+        "hard_killed_done_share": _round(killed_done / len(killed)) if killed else None,
+        "hard_killed_statuses": dict(Counter(r.error_kind or r.status or "stuck" for r in killed).most_common()),
+        "lost_tool_results": sum(r.lost_tool_results for r in results),
+        "ending_after_hard_kill_s": {"p50": _round(percentile(after_kill, 50)),
+                                     "max": _round(max(after_kill) if after_kill else None)},
+        "resumed_runs": [{"run": r.plan.index, "fault": r.plan.process_fault, "class": r.plan.worker_class,
+                          "note": r.fault_note, "attempt": r.attempt, "resume_steps": r.resume_steps,
+                          "status": r.status, "error": r.error_kind, "message": r.error_message[:160]}
+                         for r in results if r.attempt > 0],
+    }
+
+
+def _figures(options: Options, results: list[RunResult], elapsed_s: float, leaks: list[str], deltas: list[float],
+             calm: list[float], applied: Counter, violated: list[RunResult]) -> dict:
+    """The figures of every run: endings, clocks, faults."""
     return {
         "runs": len(results),
         "seed": options.seed,
@@ -487,6 +563,7 @@ def summarize(options: Options, results: list[RunResult], elapsed_s: float, leak
 def print_report(report: dict, out) -> None:
     d = report["final_minus_deadline_s"]
     c = report["final_minus_deadline_without_hard_fault_s"]
+    k = report["ending_after_hard_kill_s"]
     print(
         f"runs {report['runs']} (seed {report['seed']}, {report['elapsed_s']} s; "
         f"{report['fork_runs']} on forking workers, {report['refused_runs']} refused connections)\n"
@@ -502,12 +579,23 @@ def print_report(report: dict, out) -> None:
         f"endings after the job timeout {report['late_endings']} "
         f"(without a hard kill or Redis outage: {report['late_endings_without_hard_fault']})\n"
         f"statuses {report['statuses']}\n"
-        f"endings {report['endings']}",
+        f"endings {report['endings']}\n"
+        f"resumed turns {report['resumed_turns']} ({report['resumed_turns_after_hard_kill']} after a hard kill), "
+        f"resume steps {report['resume_steps']}, attempts {report['attempts']}, "
+        f"resumed turns ended {report['resumed_statuses']}; "
+        f"tool calls not run again after a lost worker {report['lost_tool_results']}\n"
+        f"hard-killed turns ended done {report['hard_killed_done']} of {report['hard_kills']}"
+        f" ({_share(report['hard_killed_done_share'])}; endings {report['hard_killed_statuses']}); "
+        f"final write - kill: p50 {_fmt(k['p50'])}, max {_fmt(k['max'])}",
         file=out, flush=True,
     )
     for run in report["rq_timeout_runs"]:
         print(f"RQ timeout in run {run['run']} [{run['class']}] fault={run['fault']} {run['note']!r} "
               f"calls={run['calls']}", file=out)
+    for run in report["resumed_runs"]:
+        print(f"resumed run {run['run']} [{run['class']}] fault={run['fault']} {run['note']!r} "
+              f"attempt={run['attempt']} steps={run['resume_steps']} status={run['status']} ending={run['error']}"
+              + (f" {run['message']!r}" if run["message"] else ""), file=out)
     if report["canary_leaks"]:
         print(f"CANARY KEY LEAKED: {report['canary_leaks']}", file=out)
 
@@ -524,6 +612,10 @@ def _print_run(result: RunResult, out) -> None:
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:+.2f} s"
+
+
+def _share(value) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def _round(value):

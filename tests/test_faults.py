@@ -105,6 +105,18 @@ def test_a_ci_sample_of_fault_runs_keeps_every_promise():
     assert report["hard_kills"] + report["sigterms"] + report["redis_pauses"] + report["redis_restarts"] >= 5
     assert {"done", "failed", "timed_out"} <= set(report["statuses"])
     assert report["final_minus_job_timeout_max_unkilled_s"] < 0  # unkilled turns end before the queue's kill
+    # Resumes are counted, and the checker's resume invariants held (they are among the violations above):
+    # no attempt past max_resumes, clocks never changed, one result and one run per tool call. How many hard
+    # kills get resumed is a race with these short clocks (a kill lands near the deadline by the time the
+    # heartbeat lapses), so the sample asserts the counts are consistent, not that a resume happened.
+    max_resumes = Options().clocks.max_resumes
+    assert all(int(attempt) <= max_resumes for attempt in report["attempts"]), report["attempts"]
+    assert report["resumed_turns"] == sum(n for a, n in report["attempts"].items() if int(a) > 0)
+    assert report["resume_steps"] <= sum(int(a) * n for a, n in report["attempts"].items())
+    assert report["resumed_turns_after_hard_kill"] <= report["hard_kills"]
+    if report["hard_kills"]:
+        assert report["hard_killed_done_share"] == round(report["hard_killed_done"] / report["hard_kills"], 3)
+    assert "resumed turns" in out.getvalue() and "hard-killed turns ended done" in out.getvalue()
 
 
 # -- the checker finds what it is meant to find -----------------------------------------------
@@ -157,6 +169,66 @@ def test_the_checker_reports_an_unanswered_tool_call_unless_the_worker_was_lost(
                        error={"kind": kind, "message": "lost"})
         problems = check_observations([final], turn_id="t1", user_text="hi", served=[asking])
         assert any("never answered" in p for p in problems) is expected
+
+
+def _asking(*call_ids, name="calculator"):
+    calls = [{"id": c, "type": "function", "function": {"name": name, "arguments": "{}"}} for c in call_ids]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def test_the_checker_reports_an_attempt_past_max_resumes_and_clocks_that_moved():
+    first = {**_state(1, [USER]), "attempt": 0, "deadline_at": 10.0, "job_timeout_at": 11.5}
+    resumed = {**_state(2, [USER]), "attempt": 3, "deadline_at": 12.0, "job_timeout_at": 11.5}
+    final = {**_state(3, [USER, ANSWER], done=True, status="done"), "attempt": 3, "deadline_at": 12.0,
+             "job_timeout_at": 11.5}
+    problems = check_observations([first, resumed, final], turn_id="t1", user_text="hi", served=[ANSWER],
+                                  max_resumes=2)
+    assert any("more than max_resumes=2" in p for p in problems)
+    assert [p for p in problems if "deadline_at changed" in p] == ["deadline_at changed at version 2: 10.0 -> 12.0"]
+    assert not any("job_timeout_at" in p for p in problems)
+    back = {**_state(4, [USER, ANSWER], done=True, status="done"), "attempt": 1}
+    assert any("attempt went back" in p for p in check_observations([final, back], turn_id="t1", user_text="hi",
+                                                                    served=[ANSWER]))
+
+
+def test_the_checker_accepts_a_resumed_turn_and_reports_a_resume_step_twice():
+    step = {"turn_id": "t1", "kind": "resume", "attempt": 1, "name": "worker lost: resume 1"}
+    ok = {**_state(3, [USER, ANSWER], done=True, status="done"), "attempt": 1, "steps": [step]}
+    assert check_observations([ok], turn_id="t1", user_text="hi", served=[ANSWER], max_resumes=2) == []
+    twice = {**ok, "steps": [step, step]}
+    problems = check_observations([twice], turn_id="t1", user_text="hi", served=[ANSWER], max_resumes=2)
+    assert any("resume step recorded twice" in p for p in problems)
+
+
+def test_the_checker_reports_a_tool_run_twice_or_not_run_again_though_safe():
+    asking = _asking("c1")
+    lost = {"role": "tool", "tool_call_id": "c1",
+            "content": "Error: the worker was lost while this tool ran, and the tool was not run again."}
+    run = {"turn_id": "t1", "kind": "tool", "call_id": "c1", "name": "calculator"}
+    final = {**_state(4, [USER, asking, lost, ANSWER], done=True, status="done"), "attempt": 1,
+             "steps": [run, run]}
+    problems = check_observations([final], turn_id="t1", user_text="hi", served=[asking, ANSWER])
+    assert any("recorded as run more than once" in p for p in problems)
+    assert any("not run again after a lost worker, though safe to repeat" in p for p in problems)
+    # A tool that is not safe to repeat (an unknown name here) may get that answer, in a resumed turn only.
+    unsafe = _asking("c1", name="rm_rf")
+    final = {**_state(4, [USER, unsafe, lost, ANSWER], done=True, status="done"), "attempt": 1, "steps": [run]}
+    assert check_observations([final], turn_id="t1", user_text="hi", served=[unsafe, ANSWER]) == []
+    never = {**final, "attempt": 0}
+    assert any("never resumed" in p for p in check_observations([never], turn_id="t1", user_text="hi",
+                                                                served=[unsafe, ANSWER]))
+
+
+def test_the_checker_allows_only_the_last_responses_calls_unanswered_after_a_lost_worker():
+    first, second = _asking("c1"), _asking("c2")
+    ending = {"role": "assistant", "content": "lost"}
+    error = {"kind": "worker_lost", "message": "lost"}
+    cut_last = _state(4, [USER, first, {"role": "tool", "tool_call_id": "c1", "content": "4"}, second, ending],
+                      done=True, status="failed", error=error)
+    assert check_observations([cut_last], turn_id="t1", user_text="hi", served=[first, second]) == []
+    cut_earlier = _state(4, [USER, first, second, ending], done=True, status="failed", error=error)
+    problems = check_observations([cut_earlier], turn_id="t1", user_text="hi", served=[first, second])
+    assert any("never answered before a later model call: ['c1']" in p for p in problems)
 
 
 # -- lost workers and duplicates, against real workers ----------------------------------------
