@@ -288,9 +288,9 @@ def offered_tool(server: str, listed, call: HubCall) -> Tool:
     run.__qualname__ = name  # registry.add tells tools apart by their origin
     description = (listed.description or "").strip()[:MAX_DESCRIPTION_CHARS]
     description = description or f"The {listed.name} tool of the {server} MCP server."
-    hints = getattr(listed, "annotations", None)
-    repeatable = hints is not None and (getattr(hints, "readOnlyHint", None) is True
-                                        or getattr(hints, "idempotentHint", None) is True)
+    hints = getattr(listed, "annotations", None)  # readOnlyHint, idempotentHint: read_only_hint, ... in the SDK
+    repeatable = hints is not None and (getattr(hints, "read_only_hint", None) is True
+                                        or getattr(hints, "idempotent_hint", None) is True)
     return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=run,
                 arguments=None, takes_timeout=True, takes_stop=True, source=server, repeatable=repeatable)
 
