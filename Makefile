@@ -28,10 +28,11 @@ run: setup
 	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT)
 
 # Side by side in TEST_WORKERS processes (pytest-xdist), a test file to a process: the tests of one
-# file share its fixtures and run in its order. TEST_WORKERS=0 runs them in this one process.
+# file share its fixtures and run in its order; the longest files go first (tests/conftest.py,
+# LONGEST_FIRST). TEST_WORKERS=0 runs them in this one process.
 TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # The same suite beside HOGS CPU busy loops: a test that waits on a wall-clock figure fails here.
 HOGS ?= 2

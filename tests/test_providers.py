@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -269,6 +270,29 @@ def test_the_job_timeout_ends_a_call_wherever_in_the_event_loop_it_fires(server,
         with pytest.raises(JobTimeoutException):
             openai.complete(MESSAGES, [], CallTimeout(total_s=10.0, connect_s=5.0))
     assert time.monotonic() - started < 6  # at the alarm, not at the call's own end (2 s to 10 s)
+
+
+def test_closing_a_session_whose_task_will_not_end_is_bounded():
+    # A job timeout that fires inside one of the loop's own timers drops that callback (asyncio logs it),
+    # and a task that swallows its cancellation never lets a bounded wait end: the close of a discarded
+    # session once waited for ever there, holding its worker. A watchdog now stops the loop.
+    session = provider_http._Session()
+
+    async def stubborn():
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                continue
+
+    session.loop.run_until_complete(asyncio.sleep(0, session.loop.create_task(stubborn())))
+    closing = threading.Thread(target=session.close, daemon=True)
+    started = time.monotonic()
+    closing.start()
+    closing.join(provider_http.CLEANUP_BOUND_S + 5)
+    assert not closing.is_alive(), "the close of a discarded session never returned"
+    assert time.monotonic() - started < provider_http.CLEANUP_BOUND_S + 1
+    assert session.loop.is_closed()
 
 
 # --- statuses -------------------------------------------------------------------------------

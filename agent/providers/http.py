@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # bytes; a larger reply is refused as malformed
 ERROR_TEXT_LIMIT = 300  # characters of a provider's error message kept in ours
 CLEANUP_TIMEOUT_S = 1.0  # seconds allowed for closing a discarded client
+CLEANUP_BOUND_S = 3.0  # seconds a discarded session's whole close may take, whatever happens inside its loop
 STOP_POLL_S = 0.05  # seconds between checks of a call's stop event
 
 
@@ -81,11 +82,18 @@ class _Session:
         return self.tls
 
     def close(self) -> None:
-        """Best effort: cancel what the interrupted call left running, close the client and the loop."""
+        """Best effort: cancel what the interrupted call left running, close the client and the loop.
+
+        Each step is bounded by CLEANUP_TIMEOUT_S on the loop's own timers; a job timeout that fired
+        inside one of those timers (asyncio logs it and drops the callback) would leave a step waiting
+        for ever, so a watchdog thread also stops the loop after CLEANUP_BOUND_S, whatever it runs."""
         loop = self.loop
+        if loop.is_closed():
+            return
+        watchdog = threading.Timer(CLEANUP_BOUND_S, _stop_loop, args=(loop,))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            if loop.is_closed():
-                return
             pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
             for task in pending:
                 task.cancel()
@@ -98,10 +106,19 @@ class _Session:
         except BaseException:  # noqa: B036 - cleanup after an interruption must never mask it
             log.debug("closing a discarded HTTP session failed", exc_info=True)
         finally:
+            watchdog.cancel()
             try:
                 loop.close()
             except BaseException:  # noqa: B036
                 log.debug("closing a discarded event loop failed", exc_info=True)
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """From the watchdog's thread: whatever the loop waits for, its run_until_complete returns now."""
+    try:
+        loop.call_soon_threadsafe(loop.stop)
+    except RuntimeError:  # closed meanwhile: the close finished in time
+        pass
 
 
 def _client(*, verify: bool) -> httpx.AsyncClient:
