@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from rq import Worker
 from rq.exceptions import NoSuchJobError
@@ -192,6 +193,24 @@ def test_a_turn_whose_worker_is_killed_mid_model_call_resumes_on_another_worker(
     # The resumed call ran after the resume, not the dead worker's.
     model_steps = [s for s in final["steps"] if s["kind"] == "model" and s["turn_id"] == final["turn_id"]]
     assert model_steps and all(s["started_at"] >= step["ended_at"] - 0.01 for s in model_steps), model_steps
+
+
+def test_a_forking_workers_job_killed_mid_model_call_resumes_on_another_worker(private_redis, tmp_path):
+    # A forking worker runs the turn in a child (the work horse): SIGKILL that child. RQ's worker marks
+    # the job failed without running any callback; the heartbeat, beaten from the child, lapses.
+    handle = pools.start_pool(private_redis.url, 2, tmp_path / "fork.log", worker_class="fork",
+                              queue_connection=private_redis.queue_connection)
+    try:
+        cid, first, pid, _ = start_turn(private_redis, "hello", SLOW_CALL)
+        horse = wait_for(lambda: next(iter(psutil.Process(pid).children()), None), OBSERVE_S, "the work horse")
+        time.sleep(SETTLE_S)  # into its model call (3 s): not an assertion
+        _, killed_at, seen_at = kill_and_see_resumed(private_redis, cid, horse.pid)
+        assert seen_at - killed_at < RESUME_WITHIN_S, f"resumed {seen_at - killed_at:.1f} s after the kill"
+        final = wait_done(private_redis.store, cid, timeout_s=TURN_S)
+        assert_resumed(final, first, 1)
+        assert turn_messages(final)[-1]["content"].startswith("Hello!")
+    finally:
+        pools.stop_pool(handle, private_redis.url)
 
 
 def test_a_reply_cut_mid_stream_by_the_kill_never_joins_the_history(private_redis, workers):
