@@ -23,6 +23,9 @@ class Status(StrEnum):
     FAILED = "failed"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
+    # Parked: a tool the model asked for waits for a person's answer (`approval`); `done` stays false
+    # and no job runs until the answer (or its expiry) enqueues the turn's continuation.
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
 ENDED_STATUSES = (Status.DONE, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED)
@@ -43,6 +46,7 @@ class Kind(StrEnum):
     RETRY = "retry"  # the wait before a retry of a model call
     SKIP = "skip"  # a model call not started: too little time was left
     RESUME = "resume"  # the gap from a lost worker's last write to the job that resumed the turn
+    APPROVAL = "approval"  # the wait for a person's answer to a tool that asks first, outside both jobs' clocks
 
 
 class Outcome(StrEnum):
@@ -54,6 +58,12 @@ class Outcome(StrEnum):
     STOPPED = "stopped"  # at the user's request
     SKIPPED = "skipped"  # never started: the deadline came first
     REFUSED = "refused"  # tool calls past a response's limit
+    APPROVED = "approved"  # an approval: a person said yes
+    DENIED = "denied"  # an approval: a person said no
+    EXPIRED = "expired"  # an approval: nobody answered in time (not a decline)
+
+
+ANSWERS = (Outcome.APPROVED, Outcome.DENIED, Outcome.EXPIRED)  # how a request for approval can be answered
 
 
 class ErrorKind(StrEnum):
@@ -161,6 +171,28 @@ class Step(TypedDict):
     usage: NotRequired[Usage]  # model calls: the tokens the provider reported
     partial_text: NotRequired[str]  # model calls cut, failed or stopped mid-stream: the text that arrived (cut)
     partial_chars: NotRequired[int]  # ... and how many characters had arrived
+    # approvals (kind approval: from the request to its answer): the clocks of the job that parked the turn,
+    # so the wait is drawn between them and the next job's; and who answered
+    deadline_at: NotRequired[float | None]
+    job_timeout_at: NotRequired[float | None]
+    answered_by: NotRequired[str]
+
+
+class Approval(TypedDict):
+    """A request for a person's approval of one tool call (the state's `approval`): pending while
+    `answer` is None, then how and when it was answered. Times are epoch seconds."""
+
+    id: str  # the request's id: an answer names it, so it is taken once
+    call_id: str  # the model's tool call it is about
+    name: str  # the tool, as the model sees it
+    arguments: str  # the call's arguments as JSON text, redacted and cut (shown inert)
+    asked_at: float
+    expires_at: float
+    answer: str | None  # None while pending; then an Outcome in ANSWERS
+    answered_at: float | None
+    answered_by: str | None  # who answered, in words ("on the page", "from the command line", ...)
+    job_id: str | None  # the job that continues the turn after the answer
+    steps_before: int  # steps the turn had recorded when it parked: the answer's step is the next
 
 
 class TurnSummary(TypedDict):
@@ -194,6 +226,7 @@ class TurnDoc(TypedDict, total=False):
     updated_at: float
     trace_parent: str | None  # the W3C traceparent of the turn's trace, when tracing is on (agent/tracing.py)
     attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
+    approval: Approval | None  # the turn's latest request for approval, pending or answered
 
 
 class State(TypedDict):
@@ -219,11 +252,12 @@ class State(TypedDict):
     trace_parent: str | None
     attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
     live: Live | None  # the text being written now; None between model calls and once the turn ends
+    approval: Approval | None  # the turn's latest request for approval: pending while status is awaiting_approval
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
 CARRIED_FIELDS = ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at", "current_step",
-                  "config", "job_id", "trace_parent", "attempt")
+                  "config", "job_id", "trace_parent", "attempt", "approval")
 LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
@@ -231,7 +265,7 @@ def queued_doc(config: dict, job_id: str, enqueued_at: float, trace_parent: str 
     """A turn's small fields when it is enqueued: nothing has run yet."""
     return TurnDoc(status=Status.QUEUED, error=None, config=config, job_id=job_id, enqueued_at=enqueued_at,
                    deadline_at=None, job_timeout_at=None, started_at=None, current_step=None,
-                   trace_parent=trace_parent, attempt=0)
+                   trace_parent=trace_parent, attempt=0, approval=None)
 
 
 def carried(state: State | TurnDoc) -> TurnDoc:
@@ -282,6 +316,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         trace_parent=doc.get("trace_parent"),
         attempt=doc.get("attempt") or 0,
         live=live,
+        approval=doc.get("approval"),
     )
 
 

@@ -76,6 +76,8 @@ class TurnConfig:
     # The most of the conversation's history one model call is sent (bytes of JSON); oldest turns go first.
     max_history_sent_bytes: int = DEFAULT_MAX_HISTORY_SENT_BYTES
     max_resumes: int = DEFAULT_MAX_RESUMES  # a turn whose worker was lost goes on on another this many times
+    approve_tools: tuple[str, ...] = ()
+    approval_timeout_s: float = 600.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +87,8 @@ class TurnConfig:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         if known.get("tools") is not None:
             known["tools"] = tuple(known["tools"])  # JSON has lists
+        if known.get("approve_tools") is not None:
+            known["approve_tools"] = tuple(known["approve_tools"])
         return cls(**known)
 
     def with_changes(self, **changes) -> TurnConfig:

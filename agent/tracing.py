@@ -237,6 +237,16 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
         turn.add_event("resumed", {**clocks, "agent.resume.attempt": step.get("attempt") or 0,
                                    "agent.resume.gap_s": round((ended - started) / 1e9, 3)}, timestamp=ended)
         return
+    if kind == Kind.APPROVAL:  # the wait for a person, between two jobs' clocks: approved, denied or expired
+        span = tracer.start_span(f"await_approval {step.get('name')}", context=context, start_time=started)
+        span.set_attributes(_exportable({"gen_ai.tool.name": str(step.get("name")),
+                                         "gen_ai.tool.call.id": step.get("call_id"),
+                                         "agent.approval.answer": str(outcome),
+                                         "agent.approval.answered_by": step.get("answered_by")}))
+        turn.add_event(f"approval_{outcome}", {"gen_ai.tool.name": str(step.get("name"))}, timestamp=ended)
+        span.set_status(SpanStatus(StatusCode.OK))
+        span.end(end_time=ended)
+        return
     if kind == Kind.MODEL:
         model = config.get("model") or str(step.get("name"))
         span = tracer.start_span(f"chat {model}", context=context, kind=SpanKind.CLIENT, start_time=started)

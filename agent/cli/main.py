@@ -1,6 +1,7 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`. `list [--json]`, `show ID [--json]` and
-`export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py).
+`export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py); `approve ID`
+and `deny ID` answer a parked turn's request for approval (agent/cli/approvals.py).
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
+from agent.cli import approvals as approvals_cli
 from agent.cli import conversations as conversations_cli
 from agent.cli.output import JsonLines, TextLines
 from agent.contract import State, Status
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="offer only these tools, comma-separated (default: every tool the workers have)")
     ask.add_argument("message")
     conversations_cli.add_parsers(sub, _conversation_id)
+    approvals_cli.add_parsers(sub, _conversation_id)
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
     _interrupted.clear()
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "tools", None) is not None:
         settings = replace(settings, turn=settings.turn.with_changes(tools=args.tools))
     try:
+        if args.command in approvals_cli.COMMANDS:
+            return approvals_cli.run(args, settings)
         if args.command != "ask":
             return conversations_cli.run(args, settings)
         return ask_and_follow(settings, args.message, args.conversation, as_json=args.json)
@@ -312,6 +317,7 @@ class Follower:
     as_json: bool
     state: State | None = None
     hinted: bool = False
+    told_request: str = ""  # the id of the request for approval last told on stderr
     started: float = field(default_factory=time.monotonic)
     printer: JsonLines | TextLines = field(init=False)
 
@@ -342,6 +348,7 @@ class Follower:
         ended = state["status"] if state["done"] and state["turn_id"] == self.turn_id else next(
             (t["status"] for t in state["turns"] if t["turn_id"] == self.turn_id), None)
         self.printer.print(state, final=ended is not None)
+        self.tell_request(state)
         self.state = state
         if ended is None:
             return None
@@ -349,6 +356,19 @@ class Follower:
             self.printer.print_tokens()
             print(f"[{ended}]", file=sys.stderr, flush=True)
         return exit_status(ended)
+
+    def tell_request(self, state: State) -> None:
+        """Once per request: what the parked turn waits for, and how to answer it (stderr)."""
+        request = state.get("approval")
+        if (state["status"] != Status.AWAITING_APPROVAL or not request or request.get("answer")
+                or request["id"] == self.told_request):
+            return
+        self.told_request = request["id"]
+        wait_s = max(0.0, request["expires_at"] - time.time())
+        print(terminal_safe(f"[approval needed] the model wants to run {request['name']} with "
+                            f"{request['arguments']}"), file=sys.stderr, flush=True)
+        print(f"  answer with `python -m agent approve {self.conversation_id}` or `python -m agent deny "
+              f"{self.conversation_id}` (or on the page); it expires in {wait_s:.0f} s", file=sys.stderr, flush=True)
 
     def hint_if_no_worker(self) -> None:
         """Once, a turn still queued after WORKER_HINT_AFTER_S with no worker running says how to start one."""

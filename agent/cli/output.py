@@ -133,6 +133,10 @@ class TextLines:
         if step.get("kind") == Kind.RESUME:
             self.print_resume(step)
             return
+        if step.get("kind") == Kind.APPROVAL:
+            print(terminal_safe(f"[approval of {step.get('name')}: {step.get('detail')}]"), file=sys.stderr,
+                  flush=True)
+            return
         if step.get("kind") != Kind.MODEL:
             return
         self.model_calls += 1

@@ -68,6 +68,10 @@ class Ending:
         return cls.cancelled(f", while waiting for the model's reply ({into_call_s:.1f} s into the call)")
 
     @classmethod
+    def cancelled_awaiting_approval(cls, tool: str) -> Ending:
+        return cls.cancelled(f", while the {tool} tool waited for your approval: it was not run")
+
+    @classmethod
     def cancelled_in_retry_wait(cls, wait_s: float) -> Ending:
         return cls.cancelled(f", while waiting {wait_s:.1f} s before trying the model call again")
 

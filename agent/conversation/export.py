@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from agent.contract import Role, State
+from agent.contract import Kind, Outcome, Role, State
 from agent.conversation.turns import TurnView, split_turns
 from agent.conversation.words import exported_words
 from agent.text.markdown import inert, no_html_markdown
@@ -37,7 +37,10 @@ def to_markdown(state: State, title: str | None = None) -> str:
              f"{_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
     for number, turn in enumerate(split_turns(state), start=1):
         lines += [f"## Turn {number}", ""]
+        approvals = {step.get("call_id"): step for step in turn.steps if step.get("kind") == Kind.APPROVAL}
         for message in turn.messages:
+            if message.get("role") == Role.TOOL and message.get("tool_call_id") in approvals:
+                lines += [_approval(approvals[message["tool_call_id"]]), ""]
             lines += _message(message)
         lines += [_ending(turn), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -58,6 +61,14 @@ def _message(message: dict) -> list[str]:
         lines += [f"**Tool call:** `{_code_span(function.get('name'))}`", "", *_fenced(function.get("arguments"),
                                                                                        "json"), ""]
     return lines
+
+
+def _approval(step: dict) -> str:
+    """A request for approval and its answer: approved, declined, or expired (nobody answered: not a decline)."""
+    answer = {Outcome.APPROVED: "approved", Outcome.DENIED: "declined", Outcome.EXPIRED: "expired"}.get(
+        step.get("outcome"), inert(_one_line(step.get("outcome"))))
+    return (f"*Approval of `{_code_span(step.get('name'))}`: {answer} ({inert(_one_line(step.get('detail')))}), "
+            f"at {_when(step.get('ended_at'))}.*")
 
 
 def _ending(turn: TurnView) -> str:

@@ -1,12 +1,21 @@
 """Small markers beside the conversations: who runs a turn, whether Stop was asked, since when a
 queued job has been missing from its queue (agent/hosting/lost_worker.py), the turns running and
-their heartbeats (agent/turn/heartbeat.py, agent/hosting/turn_watch.py)."""
+their heartbeats (agent/turn/heartbeat.py, agent/hosting/turn_watch.py), and the turns parked on a
+request for approval (agent/turn/approvals.py)."""
 
 from __future__ import annotations
 
 import redis
 
-from agent.conversation.keys import RUNNING_KEY, Keys, job_off_queue_since, turn_alive, turn_cancel, turn_claim
+from agent.conversation.keys import (
+    APPROVALS_KEY,
+    RUNNING_KEY,
+    Keys,
+    job_off_queue_since,
+    turn_alive,
+    turn_cancel,
+    turn_claim,
+)
 
 OFF_QUEUE_MARK_TTL_S = 600  # seconds a job's off-queue mark lives: far past the grace that reads it
 
@@ -71,6 +80,20 @@ class Flags:
             for turn_id in turn_ids:
                 pipe.exists(turn_alive(turn_id))
             return [bool(found) for found in pipe.execute()]
+
+    # -- the turns parked on a request for approval ----------------------------------------------------
+
+    def approvals_due(self, now: float, limit: int) -> list[str]:
+        """The conversations whose request for approval expired by `now`, the oldest first (at most `limit`)."""
+        return [_text(member) for member in self.client.zrangebyscore(APPROVALS_KEY, "-inf", now, 0, limit)]
+
+    def parked(self) -> int:
+        """How many turns are parked on a request for approval."""
+        return int(self.client.zcard(APPROVALS_KEY))
+
+    def not_parked(self, conversation_id: str) -> None:
+        """Forget a conversation in the approvals index (it ended, or is gone, without its entry removed)."""
+        self.client.zrem(APPROVALS_KEY, conversation_id)
 
 
 def _text(value):

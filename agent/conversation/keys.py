@@ -10,7 +10,8 @@ Per conversation (all its keys share one TTL, refreshed on every write):
     agent:conv:{id}:events   stream: one tiny entry per write, id `<version>-1`, so a client can
                              block until the version moves instead of sleeping a poll interval
     agent:conv:{id}:live     string: the text a model call is writing now (UTF-8), grown by APPEND;
-                             its head (turn, message index, attempt, status, seq) is `live` in meta
+                             its head (turn, message index, attempt, status, seq) is `live` in meta;
+                             `owner` is "" while the turn is parked on a request for approval
 
 Beside the conversations:
 
@@ -27,6 +28,10 @@ Beside the conversations:
     agent:turns:running      sorted set: the conversations whose turn a job has started and not ended,
                              scored by the turn's job-timeout instant: what the pool's supervisors
                              watch for a lost worker (agent/hosting/turn_watch.py), never a key scan
+    agent:approvals:pending  sorted set: the conversations whose turn is parked on a request for approval,
+                             scored by when the request expires: what the pool's supervisors look at to
+                             expire it (agent/turn/approvals.py), never a key scan; the meta hash's
+                             `approval` field holds the pending request's id, so an answer is taken once
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
@@ -45,6 +50,7 @@ KEY_PREFIX = "agent:"
 INDEX_KEY = f"{KEY_PREFIX}conversations"
 CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
 RUNNING_KEY = f"{KEY_PREFIX}turns:running"
+APPROVALS_KEY = f"{KEY_PREFIX}approvals:pending"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

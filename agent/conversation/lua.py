@@ -32,6 +32,8 @@ class Scripts:
     delete: Script  # a conversation, its index entry, and the deleted marker
     rename: Script  # a conversation's title
     resume: Script  # a turn whose worker was lost, handed to a new job once
+    park: Script  # a turn parked on a request for approval: its job lets go
+    answer: Script  # a parked turn's request answered, once
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -140,6 +140,18 @@ class Store:
         return self._writes.resume(conversation_id, turn_id, lost_owner, new_owner, max_resumes=max_resumes,
                                    alive_ms=alive_ms)
 
+    def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,
+             expires_at: float, ttl_s: int, hold: bool = False) -> int:
+        """Park the turn on a request for approval: the job `owner` lets go of it (see Writes.park)."""
+        return self._writes.park(conversation_id, turn_id, owner, doc, request_id=request_id, expires_at=expires_at,
+                                 ttl_s=max(ttl_s, self.ttl_s), hold=hold)
+
+    def answer(self, conversation_id: str, turn_id: str, request_id: str, doc: TurnDoc, step: Step, *,
+               new_owner: str, ttl_s: int) -> tuple[str, int]:
+        """Answer a parked turn's request once; the job `new_owner` continues it (see Writes.answer)."""
+        return self._writes.answer(conversation_id, turn_id, request_id, doc, step, new_owner=new_owner,
+                                   ttl_s=max(ttl_s, self.ttl_s))
+
     def delete(self, conversation_id: str) -> bool:
         """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
         refused (GONE), so its job ends without a word. False when there was nothing to delete."""

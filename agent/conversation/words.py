@@ -24,6 +24,8 @@ class StatusWords:
 STATUS_WORDS: dict[str, StatusWords] = {
     Status.QUEUED: StatusWords("⏳", "Waiting for a worker", "still waiting for a worker when exported", None),
     Status.RUNNING: StatusWords("⚙️", "Working on it", "still running when exported", None),
+    Status.AWAITING_APPROVAL: StatusWords("✋", "Waiting for your approval", "still waiting for an approval when "
+                                          "exported", None),
     Status.DONE: StatusWords("✅", "Answered", "answered", EXIT_DONE),
     Status.FAILED: StatusWords("❌", "Failed", "failed", EXIT_ENDED_BADLY),
     Status.TIMED_OUT: StatusWords("⏱️", "Ran out of time", "ran out of time", EXIT_ENDED_BADLY),

@@ -16,7 +16,7 @@ import redis
 
 from agent.contract import Message, Step, TurnDoc, TurnSummary
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreError, TurnInFlight, UnreadableState
-from agent.conversation.keys import INDEX_KEY, RUNNING_KEY, Keys, deleted_marker, gone_events, turn_alive
+from agent.conversation.keys import APPROVALS_KEY, INDEX_KEY, RUNNING_KEY, Keys, deleted_marker, gone_events, turn_alive
 from agent.conversation.lua import Scripts
 from agent.conversation.reads import readable
 from agent.text.surrogates import scrub
@@ -88,7 +88,8 @@ class Writes:
         ]
         try:
             return int(self.scripts.publish(
-                keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live, RUNNING_KEY],
+                keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live, RUNNING_KEY,
+                      APPROVALS_KEY],
                 args=args))
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc
@@ -115,6 +116,33 @@ class Writes:
             args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms])
         return _text(outcome), int(attempt)
 
+    def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,
+             expires_at: float, ttl_s: int, hold: bool = False) -> int:
+        """Park the turn on a request for approval (scripts/park.lua): its job lets go of it (`hold`: keeps
+        it, to wait itself). Returns the new version; StoreError when refused (ended, or another job owns it)."""
+        keys = Keys.of(conversation_id)
+        doc = {**doc, "updated_at": time.time()}
+        try:
+            return int(self.scripts.park(
+                keys=[keys.meta, keys.events, RUNNING_KEY, APPROVALS_KEY, INDEX_KEY, keys.history, keys.steps,
+                      keys.turns, keys.live],
+                args=[turn_id, owner, _dumps(doc), request_id, repr(expires_at), conversation_id,
+                      repr(doc["updated_at"]), ttl_s, "1" if hold else "0"]))
+        except redis.ResponseError as exc:
+            raise _refusal(exc) from exc
+
+    def answer(self, conversation_id: str, turn_id: str, request_id: str, doc: TurnDoc, step: Step, *,
+               new_owner: str, ttl_s: int) -> tuple[str, int]:
+        """Answer the pending request `request_id`, once (scripts/answer.lua): ("ok", version), or ("taken",
+        0) when that request is not the one waiting, ("ended", 0) or ("gone", 0)."""
+        keys = Keys.of(conversation_id)
+        doc = {**doc, "updated_at": time.time()}
+        outcome, version = self.scripts.answer(
+            keys=[keys.meta, keys.steps, keys.events, APPROVALS_KEY, INDEX_KEY, keys.history, keys.turns, keys.live],
+            args=[turn_id, request_id, _dumps(doc), _dumps(step), new_owner, conversation_id,
+                  repr(doc["updated_at"]), ttl_s])
+        return _text(outcome), int(version)
+
     def turn_in_flight(self, conversation_id: str) -> str | None:
         """The id of the conversation's turn while it is in flight, else None."""
         turn_id, done = self.client.hmget(Keys.of(conversation_id).meta, "turn_id", "done")
@@ -124,7 +152,7 @@ class Writes:
         """Delete the conversation's keys and index entry, and leave the deleted marker; False if none existed."""
         keys = Keys.of(conversation_id)
         existed = self.scripts.delete(
-            keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id), gone_events(conversation_id)],
+            keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id), gone_events(conversation_id), APPROVALS_KEY],
             args=[conversation_id, DELETED_MARKER_TTL_S, GONE_EVENT_TTL_S])
         return int(existed) > 0
 

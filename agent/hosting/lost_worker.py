@@ -14,12 +14,13 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
-from agent.contract import State, Status
+from agent.contract import Outcome, State, Status
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
 from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.settings import TurnConfig
+from agent.turn import approvals
 from agent.turn.resume import resume_or_end
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
@@ -35,8 +36,8 @@ def lost_reason(
 
 def _lost_reason(store: Store, queue_connection: redis.Redis, meta: State | None, now: float | None) -> str | None:
     now = time.time() if now is None else now
-    if meta is None or meta["done"] or not meta["job_id"]:
-        return None
+    if meta is None or meta["done"] or not meta["job_id"] or meta["status"] == Status.AWAITING_APPROVAL:
+        return None  # a parked turn has no job: it waits for a person, then its request expires (approvals.py)
     try:
         job = SafeJob.fetch(meta["job_id"], connection=queue_connection, serializer=JSONSerializer)
     except (NoSuchJobError, ValueError):  # ValueError: an id RQ refuses (a hand-written state) names no job
@@ -95,6 +96,10 @@ def lost_worker_check(
     `known` is the state the caller read at the current version, which saves reading it again."""
     meta = known if known is not None else store.read_meta(conversation_id)
     now = time.time()  # one clock for the reason and the message, so they cannot disagree
+    if _overdue_request(meta, now):  # the pool's watch expires it; with no pool running, the front end does
+        approvals.answer(store, get_queue(queue_connection), conversation_id, Outcome.EXPIRED, approvals.BY_NOBODY,
+                         request_id=meta["approval"]["id"], now=now)
+        return False
     reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False
@@ -104,6 +109,13 @@ def lost_worker_check(
         return False
     ending = Ending.queue_expired(reason) if _waited_too_long(store, meta, now) else Ending.worker_lost(reason)
     return write_ending(store, conversation_id, meta["turn_id"], ending, owner=meta["job_id"] or "")
+
+
+def _overdue_request(meta: State | None, now: float) -> bool:
+    """A parked turn whose request for approval expired a grace ago and is still pending."""
+    approval = (meta or {}).get("approval") or {}
+    return bool(meta and not meta["done"] and meta["status"] == Status.AWAITING_APPROVAL and approval
+                and not approval.get("answer") and now > approval["expires_at"] + CALLBACK_GRACE_S)
 
 
 def _resumable(meta: State, now: float) -> bool:

@@ -5,6 +5,9 @@ on a page being open. Once a second it reads the index of running turns (never a
 two round trips, their owners and heartbeats. A turn whose heartbeat lapsed is lost when its job is
 not waiting for a worker: started yet silent, failed, stopped, finished without its ending, or gone.
 Several supervisors may notice the same loss: the store hands the turn over once (resume.py).
+
+The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
+index of parked turns scored by expiry: one range read when none is due.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from rq.serializers import JSONSerializer
 from agent.conversation.store import Store
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
+from agent.turn.approvals import expire_due
 from agent.turn.heartbeat import HEARTBEAT_TTL_S
 from agent.turn.resume import resume_or_end
 
@@ -54,8 +58,10 @@ class TurnWatch:
         self.queue_connection = queue_connection
         self.stopping = threading.Event()
         self.resumed = 0
+        self.expired = 0  # requests for approval this watch expired
 
     def sweep(self) -> None:
+        self.expired += expire_due(self.store, get_queue(self.queue_connection))
         flags = self.store.flags
         running = flags.running(MAX_WATCHED)
         if not running:

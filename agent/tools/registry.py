@@ -46,6 +46,12 @@ class Tool:
     # Run again after its worker was lost mid-run (agent/turn/resume.py): only when that cannot do harm.
     # The built-ins can; a function says so with `safe_to_repeat = True`; an MCP tool through its annotations.
     repeatable: bool = False
+    needs_approval: bool = False
+
+
+def needs_approval(name: str, approve_tools=()) -> bool:
+    tool = REGISTRY.get(name)
+    return name in approve_tools or (tool is not None and tool.needs_approval)
 
 
 REGISTRY: dict[str, Tool] = {}

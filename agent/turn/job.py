@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 
 import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from agent import job_alarm
-from agent.contract import Message, Role, State, carried
+from agent.contract import Message, Role, State, Status, carried
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.queue import JOB_FUNCTION, get_queue
@@ -68,6 +69,8 @@ def _run(conversation_id: str, turn_id: str) -> str:
     # The page may give a turn a longer job timeout than the one AGENT_STATE_TTL was checked against:
     # its conversation must still outlive the longest wait for its next write (see settings.state_ttl_s).
     store.ttl_s = max(store.ttl_s, least_state_ttl_s(config))
+    if job_id and state["job_id"] == job_id and _continues(state, job_id):
+        return _continue(store, conversation_id, state, config, job_id, started_at)
     if job_id and state["attempt"] > 0 and state["job_id"] == job_id:
         return _resume(store, conversation_id, state, config, job_id)
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
@@ -90,15 +93,38 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
                                                 config.min_call_s), owner=job_id)
         return "no time"
     resumption = Resumption.of(state, store.live_seq(conversation_id))
-    history = [_for_model(m) for m in state["history"]]
-    # The last response's calls without a result get theirs from the resumed turn (run again, or not).
-    last = max((i for i, m in enumerate(history) if m.get("role") == Role.ASSISTANT), default=len(history))
-    history = answer_every_call(history[:last]) + history[last:] if resumption.pending else answer_every_call(history)
     with heartbeat.beating(store, conversation_id, turn_id, job_id, state["job_timeout_at"] or now):
-        turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"], history=history,
-                           doc=carried(state), persisted_len=len(state["history"]), owner=job_id,
-                           resumption=resumption)
+        turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"],
+                           history=_taken_over_history(state, resumption), doc=carried(state),
+                           persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
         return turn.run()
+
+
+def _continues(state: State, job_id: str) -> bool:
+    """This job is the continuation a person's answer to the turn's request for approval enqueued."""
+    approval = state["approval"]
+    return bool(approval and approval.get("answer") and approval.get("job_id") == job_id
+                and state["status"] == Status.QUEUED)
+
+
+def _continue(store: Store, conversation_id: str, state: State, config: TurnConfig, job_id: str,
+              started_at: float) -> str:
+    """Continue a turn after its request for approval was answered (approvals.py), on a fresh set of clocks."""
+    turn_id = state["turn_id"]
+    resumption = replace(Resumption.of(state, store.live_seq(conversation_id)), after_answer=True)
+    with heartbeat.beating(store, conversation_id, turn_id, job_id, started_at + config.job_timeout_s):
+        turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
+                           history=_taken_over_history(state, resumption), doc=carried(state),
+                           persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
+        return turn.run()
+
+
+def _taken_over_history(state: State, resumption: Resumption) -> list[Message]:
+    """What the model sees of a turn taken over: the last response's calls without a result get theirs
+    from the new job (run, run again, or not); any earlier one is answered as never run."""
+    history = [_for_model(m) for m in state["history"]]
+    last = max((i for i, m in enumerate(history) if m.get("role") == Role.ASSISTANT), default=len(history))
+    return answer_every_call(history[:last]) + history[last:] if resumption.pending else answer_every_call(history)
 
 
 def _for_model(message: Message) -> Message:

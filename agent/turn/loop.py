@@ -11,16 +11,21 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import redis
+
 from agent import tracing
 from agent.contract import Kind, Message, Outcome, Role, Status, TurnDoc
 from agent.conversation.endings import Ending
 from agent.conversation.store import Store
 from agent.deadline import Clock
 from agent.providers import make_provider
-from agent.providers.base import ProviderError
+from agent.providers.base import ProviderError, ToolCall
+from agent.runtime.connection import redis_problem
 from agent.settings import TurnConfig
+from agent.turn import approvals
+from agent.turn.approvals import TurnParked
 from agent.turn.context import TurnContext
-from agent.turn.exits import Exit, TurnEnded, exit_for
+from agent.turn.exits import Exit, TurnClosed, TurnEnded, exit_for
 from agent.turn.model_calls import ModelCalls
 from agent.turn.policies import policies_for
 from agent.turn.response_limits import PlannedCall, bound_response
@@ -62,6 +67,8 @@ class Turn:
             with self.context.stops.watching():
                 self.loop(model)
             leaving = Exit(Ending.answered())
+        except TurnParked as parked:
+            return self.park(parked.call)
         except BaseException as exc:  # noqa: BLE001 - every way out is in the one table (exits.py)
             leaving = exit_for(exc, self.context.writer.turn_id, self.context.config.job_timeout_s)
             if leaving is None:
@@ -79,12 +86,27 @@ class Turn:
             raise leaving.reraise
         return leaving.ending.status
 
+    def park(self, call: ToolCall) -> str:
+        """A tool that asks a person first: the request is written and the turn let go; the worker is free."""
+        try:
+            approvals.park(self.context.writer, call, self.context.config)
+        except TurnClosed:
+            log.info("turn %s: its request for approval was refused (ended elsewhere)", self.context.writer.turn_id)
+            return "closed"
+        except redis.RedisError as exc:  # still running in the watch's index: its heartbeat lapses, it resumes
+            log.warning("turn %s: could not park it (%s); the pool's watch takes it from here",
+                        self.context.writer.turn_id, redis_problem(exc))
+            return "not parked"
+        return "parked"
+
     def start(self) -> ModelCalls:
         budget = self.context.budget
         self.context.writer.doc.update(status=Status.RUNNING, started_at=budget.started_at,
                                        deadline_at=budget.deadline_at, job_timeout_at=budget.job_timeout_at)
         if self.resumption is not None:
             self.take_over(self.resumption)
+            if self.resumption.after_answer:
+                self.context.writer.doc["status"] = Status.RUNNING
         self.context.publishing.publish(self.context.writer)
         try:
             provider = make_provider(self.context.config)
@@ -99,7 +121,12 @@ class Turn:
         writer.live.seq = writer.live_to_clear = resumption.live_seq
         self.tools.call_ids.update(resumption.call_ids)
         self.tools.used = any(m.get("role") == Role.TOOL for m in self.history)
+        if resumption.answered is not None:
+            call_id, answer = resumption.answered
+            self.tools.decisions[call_id] = answer
         writer.doc.update(attempt=resumption.attempt, job_id=writer.owner)
+        if resumption.after_answer:  # the continuation after a person's answer: its step is written already
+            return
         remaining = budget.remaining_s()
         doing = (f"while the {resumption.pending[0].name} tool ran" if resumption.pending else
                  "while the model was writing its reply" if resumption.partial_text else "during a model call")
@@ -116,7 +143,8 @@ class Turn:
         if self.resumption is not None:
             rounds = self.resumption.rounds
             if self.resumption.pending:
-                self.tools.run_all([PlannedCall(call) for call in self.resumption.pending], maybe_started=1)
+                self.tools.run_all([PlannedCall(call) for call in self.resumption.pending],
+                                   maybe_started=0 if self.resumption.after_answer else 1)
         for _ in range(max(0, self.context.config.max_steps - rounds)):
             self.context.stops.check()
             if (recorded := self.context.writer.step_index) >= MAX_RECORDED_STEPS:

@@ -12,6 +12,9 @@ The clocks stay the turn's: its deadline and job-timeout instant were fixed when
 new job's RQ timeout is what remains up to that instant, and its own deadline is the turn's, so its final
 write still lands before the turn's original job timeout, however many workers die.
 
+A turn answered after it parked on a request for approval (approvals.py) is continued the same way, from
+the same `Resumption`, but on a fresh set of clocks and without a resume step.
+
 What the new job finds (`Resumption`): the attempt, the gap to record as a step, a streamed text the
 crash cut (kept on that step, never in the history), and the tool calls of the last response that have
 no result (run again only when safe to repeat; see tool_runs.py).
@@ -71,7 +74,7 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
 
 @dataclass(frozen=True)
 class Resumption:
-    """What a resumed job takes over from the state its lost worker last published."""
+    """What a resumed job (or a continuation after an answer) takes over from the state as last published."""
 
     attempt: int  # 1, 2, ...: this job's resume
     lost_at: float  # the last write before the loss: where the gap starts
@@ -81,6 +84,8 @@ class Resumption:
     rounds: int  # model responses this turn already has
     steps: int  # steps this turn already recorded
     call_ids: frozenset[str]  # the turn's tool call ids so far
+    answered: tuple[str, str] | None = None  # (call id, a person's answer) of the turn's answered request
+    after_answer: bool = False  # this job continues the turn after that answer, on fresh clocks (approvals.py)
 
     @classmethod
     def of(cls, state: State, live_seq: int) -> Resumption:
@@ -91,13 +96,15 @@ class Resumption:
         responses = [m for m in turn if m.get("role") == Role.ASSISTANT]
         calls = [_tool_call(c) for m in responses for c in (m.get("tool_calls") or [])]
         last_calls = [_tool_call(c) for c in (responses[-1].get("tool_calls") or [])] if responses else []
+        approval = state.get("approval")
+        decided = (approval["call_id"], approval["answer"]) if approval and approval.get("answer") else None
         live = state.get("live")
         cut = live["text"] if live and live["turn_id"] == turn_id else ""
         return cls(attempt=state["attempt"], lost_at=state["updated_at"] or time.time(), partial_text=cut,
                    live_seq=live_seq, pending=tuple(c for c in last_calls if c.id not in answered),
                    rounds=len(responses),
                    steps=max((s.get("index") or 0 for s in state["steps"] if s.get("turn_id") == turn_id), default=0),
-                   call_ids=frozenset(c.id for c in calls))
+                   call_ids=frozenset(c.id for c in calls), answered=decided)
 
 
 def _tool_call(raw: dict) -> ToolCall:

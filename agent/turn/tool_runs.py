@@ -15,6 +15,8 @@ from agent.contract import Kind, Message, Outcome, Role
 from agent.conversation.endings import Ending
 from agent.providers.base import ToolCall
 from agent.text.redaction import cut
+from agent.turn import approvals
+from agent.turn.approvals import DENIED_RESULT, TurnParked, expired_result
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
 from agent.turn.response_limits import PlannedCall
@@ -38,11 +40,15 @@ class ToolRuns:
     used: bool = False  # a tool has run in this turn
     out_of_time: bool = False  # calls were left unrun to keep time for the answer: the next call is the last
     call_ids: set[str] = field(default_factory=set)  # the turn's call ids: a later call reusing one gets a fresh id
+    decisions: dict[str, str] = field(default_factory=dict)  # call id -> a person's answer (approvals.py)
 
     def run_all(self, planned: list[PlannedCall], maybe_started: int = 0) -> None:
         """Once no tool can run and leave time for the last call, none is started: the calls left are
-        answered in one step, and the turn goes on to that call. The first `maybe_started` calls may have
-        started on a worker that was lost (a resumed turn): each runs again only when it is safe to repeat."""
+        answered in one step, and the turn goes on to that call. The calls that ask a person first go after
+        the others (approvals.py), and one that has no answer yet parks the turn. The first `maybe_started`
+        calls may have started on a worker that was lost (a resumed turn): each runs again only when it is
+        safe to repeat."""
+        planned = self.asking_last(planned)
         first_result = len(self.history)
         self.call_ids.update(item.call.id for item in planned)
         try:
@@ -50,6 +56,9 @@ class ToolRuns:
                 self.context.stops.check()
                 if item.refusal is not None:
                     self.refuse(item)
+                elif (decision := self.decision(item.call)) != Outcome.APPROVED:
+                    self.answer(item.call.id, DENIED_RESULT if decision == Outcome.DENIED else
+                                expired_result(self.context.config.approval_timeout_s))
                 elif index < maybe_started and not tool_registry.safe_to_repeat(item.call.name):
                     self.lost(item.call)
                 elif self.context.budget.tool_timeout_s() <= 0:
@@ -66,6 +75,27 @@ class ToolRuns:
                 if item.call.id not in answered:
                     self.answer(item.call.id, UNANSWERED_CALL_RESULT)
             raise
+
+    def asks_first(self, call: ToolCall) -> bool:
+        return tool_registry.needs_approval(call.name, self.context.config.approve_tools)
+
+    def asking_last(self, planned: list[PlannedCall]) -> list[PlannedCall]:
+        """The calls that need no approval first, in order; then those that ask a person, in order."""
+        asking = [item.refusal is None and self.asks_first(item.call) for item in planned]
+        return ([item for item, asks in zip(planned, asking, strict=True) if not asks]
+                + [item for item, asks in zip(planned, asking, strict=True) if asks])
+
+    def decision(self, call: ToolCall) -> str:
+        """Whether the call may run: APPROVED for a tool that needs no approval, or a person's answer. A call
+        with no answer yet parks the turn (TurnParked); with safeguards off the job waits for it itself."""
+        if not self.asks_first(call):
+            return Outcome.APPROVED
+        if call.id not in self.decisions:
+            if self.context.publishing.writes_ending_when_killed:
+                raise TurnParked(call)
+            request = approvals.park(self.context.writer, call, self.context.config, hold=True)
+            self.decisions[call.id] = approvals.wait_for_answer(self.context.writer, request, self.context.stops)
+        return self.decisions[call.id]
 
     def answer(self, call_id: str, content: str) -> None:
         message = {"role": Role.TOOL, "tool_call_id": call_id, "content": content}

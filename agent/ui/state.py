@@ -220,6 +220,11 @@ def stop(store: Store, session, state: State, ttl_s: int, queue_connection: redi
     turn_id = state["turn_id"]
     store.request_cancel(turn_id, ttl_s)
     session[STOPPING_KEY] = turn_id
+    if state["status"] == Status.AWAITING_APPROVAL:  # parked: no job runs to see the stop, so it ends here
+        request = state.get("approval") or {}
+        write_ending(store, state["conversation_id"], turn_id,
+                     Ending.cancelled_awaiting_approval(request.get("name") or "requested"))
+        return
     # With safeguards off a running turn writes nothing until it ends, so ask RQ whether it started.
     waiting = state["status"] == Status.QUEUED and not state["started_at"] and (
         queue_connection is None or job_status(queue_connection, state["job_id"] or "") in (None, "queued"))

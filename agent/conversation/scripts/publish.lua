@@ -2,7 +2,8 @@
 -- Refused (an error reply) when the conversation is GONE, another turn is current (STALE), the turn has
 -- already ended (CLOSED: done never reverts), the history moved underneath (CONFLICT), or another job
 -- owns the turn now (STALE: it was resumed elsewhere while this job's worker was away).
--- KEYS: meta, history, steps, turns, events, index, live, running (the turns in flight)
+-- KEYS: meta, history, steps, turns, events, index, live, running (the turns in flight), approvals (the
+-- parked turns: an ending ends a parked turn's request too)
 -- ARGV: turn_id, expected history length (-1: any), doc, done ('1' or '0'), ttl, number of messages, number
 -- of steps, turn summary ('' for none), conversation_id, updated_at, end_live (a live text's seq, 0: none),
 -- owner (the writing job's id; '' for a front end, which may end any job's turn), then the messages,
@@ -35,7 +36,11 @@ if end_live > 0 then
   if end_live > ended then redis.call('HSET', meta, 'live_ended', end_live) end
 end
 local live_seq = tonumber(redis.call('HGET', meta, 'live_seq') or '0')
-if done == '1' then redis.call('ZREM', running, conversation_id) end
+if done == '1' then
+  redis.call('ZREM', running, conversation_id)
+  redis.call('ZREM', KEYS[9], conversation_id)
+  redis.call('HDEL', meta, 'approval')
+end
 if done == '1' or (live_seq > 0 and live_seq <= end_live) then
   redis.call('HDEL', meta, 'live', 'live_seq')
   redis.call('DEL', live)

@@ -1,0 +1,185 @@
+"""Tools that ask a person first: the turn parks on a request for approval, frees its worker, and goes on
+in a new job once the request is approved, denied or expires (agent/turn/approvals.py).
+
+Real Redis, real RQ workers (the session's pool, whose supervisor's watch expires requests), the demo
+model or a scripted model on loopback. Tests wait for events (the state's version), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent.contract import Outcome, Status
+from agent.queue import job_status
+from agent.turn import approvals
+from agent.turn.approvals import BY_CLI, BY_PAGE, DENIED_RESULT
+from harness.waiting import wait_for
+from tests.conftest import FAST, ROOT, ask, wait_done
+from tests.scripted_server import chat_reply, tool_call
+
+ASKS = FAST.with_changes(approve_tools=("calculator",))
+PARK_WITHIN_S = 10.0  # seconds a test waits for a turn to park (its clocks end it far sooner)
+MARGIN_S = 1.0  # seconds of slack on every time bound
+
+
+def parked(store, conversation_id: str) -> dict:
+    """The state once the turn waits for an approval."""
+    return wait_for(lambda: (s := store.read(conversation_id)) is not None and (
+        s["status"] == Status.AWAITING_APPROVAL or s["done"]) and s, PARK_WITHIN_S, "the turn to park")
+
+
+def tool_results(state: dict) -> dict[str, str]:
+    return {m["tool_call_id"]: m["content"] for m in state["history"] if m["role"] == "tool"}
+
+
+def approval_steps(state: dict) -> list[dict]:
+    return [s for s in state["steps"] if s["kind"] == "approval" and s["turn_id"] == state["turn_id"]]
+
+
+def test_a_tool_that_asks_first_parks_the_turn_and_frees_its_worker(pool, store, queue):
+    conversation_id = ask(store, queue, "what is 6*7?", ASKS)
+    state = parked(store, conversation_id)
+    assert state["status"] == Status.AWAITING_APPROVAL and state["done"] is False
+    request = state["approval"]
+    assert request["name"] == "calculator" and "6*7" in request["arguments"] and request["answer"] is None
+    assert request["expires_at"] == pytest.approx(request["asked_at"] + ASKS.approval_timeout_s)
+    # Its job returned: no worker holds the turn while a person reads.
+    wait_for(lambda: job_status(queue.connection, state["job_id"]) == "finished", 5, "the parking job to finish")
+    assert store.flags.parked() >= 1
+    # The call has no result yet: it runs after the answer.
+    call_id = request["call_id"]
+    assert call_id not in tool_results(state)
+
+    answered = approvals.answer(store, queue, conversation_id, Outcome.APPROVED, BY_PAGE)
+    assert answered.taken, answered.message
+    again = approvals.answer(store, queue, conversation_id, Outcome.APPROVED, BY_PAGE)
+    assert again.outcome == "answered" and "already answered: approved on the page" in again.message
+
+    final = wait_done(store, conversation_id)
+    assert final["status"] == Status.DONE, final["error"]
+    assert tool_results(final).get(call_id) == "42", json.dumps(final, indent=1)[-6000:]
+    [step] = approval_steps(final)
+    assert step["outcome"] == Outcome.APPROVED and step["answered_by"] == BY_PAGE
+    assert step["started_at"] == pytest.approx(request["asked_at"])
+    # A fresh set of clocks for the continuation: its deadline is after the answer, the first job's before.
+    assert step["deadline_at"] == state["deadline_at"]
+    assert final["deadline_at"] > step["ended_at"] > step["started_at"] > state["started_at"]
+    assert final["started_at"] >= step["ended_at"]
+    assert final["approval"]["answer"] == Outcome.APPROVED
+    tool = [s for s in final["steps"] if s["kind"] == "tool" and s["turn_id"] == final["turn_id"]]
+    assert [s["call_id"] for s in tool] == [call_id]
+
+
+def test_a_declined_call_tells_the_model_and_the_turn_answers(pool, store, queue):
+    conversation_id = ask(store, queue, "what is 6*7?", ASKS)
+    request = parked(store, conversation_id)["approval"]
+    assert approvals.answer(store, queue, conversation_id, Outcome.DENIED, BY_CLI).taken
+    after = approvals.answer(store, queue, conversation_id, Outcome.APPROVED, BY_PAGE)
+    assert after.outcome == "answered" and "declined from the command line" in after.message
+    final = wait_done(store, conversation_id)
+    assert final["status"] == Status.DONE
+    assert tool_results(final)[request["call_id"]] == DENIED_RESULT
+    assert [s["outcome"] for s in approval_steps(final)] == [Outcome.DENIED]
+    assert not [s for s in final["steps"] if s["kind"] == "tool" and s["turn_id"] == final["turn_id"]]
+
+
+def test_a_request_nobody_answers_expires_on_its_own_and_is_not_a_decline(pool, store, queue):
+    config = ASKS.with_changes(approval_timeout_s=2.0)
+    conversation_id = ask(store, queue, "what is 6*7?", config)
+    request = parked(store, conversation_id)["approval"]
+    final = wait_done(store, conversation_id, timeout_s=config.approval_timeout_s + 15)
+    [step] = approval_steps(final)
+    assert step["outcome"] == Outcome.EXPIRED and step["answered_by"] == approvals.BY_NOBODY
+    # The pool's watch expired it within 2 s of its time (no page open).
+    assert request["expires_at"] - MARGIN_S <= step["ended_at"] <= request["expires_at"] + 2 + MARGIN_S
+    result = tool_results(final)[request["call_id"]]
+    assert "expired" in result and "declined" not in result.replace("Nobody declined", "")
+    assert final["status"] == Status.DONE
+    late = approvals.answer(store, queue, conversation_id, Outcome.APPROVED, BY_PAGE)
+    assert late.outcome == "answered" and "expired (nobody answered in time)" in late.message
+
+
+def test_calls_that_need_no_approval_run_first_and_every_call_gets_one_result(pool, store, queue, scripted):
+    calls = [tool_call("current_time", {"timezone": "UTC"}, "call_a"), tool_call("calculator", {"expression": "1+1"},
+                                                                                "call_b"),
+             tool_call("calculator", {"expression": "2+2"}, "call_c")]
+    scripted.add(chat_reply(None, calls), chat_reply("all done"))
+    config = FAST.with_changes(provider="openai", model="scripted", base_url=scripted.url + "/v1",
+                               approve_tools=("current_time",))
+    conversation_id = ask(store, queue, "three tools", config)
+    state = parked(store, conversation_id)
+    assert state["approval"]["call_id"] == "call_a"
+    assert tool_results(state) == {"call_b": "2", "call_c": "4"}
+    assert approvals.answer(store, queue, conversation_id, Outcome.APPROVED, BY_PAGE).taken
+    final = wait_done(store, conversation_id)
+    results = [m["tool_call_id"] for m in final["history"] if m["role"] == "tool"]
+    assert sorted(results) == ["call_a", "call_b", "call_c"]  # each exactly once
+    assert final["history"][-1]["content"] == "all done"
+
+
+def test_stop_and_delete_end_a_parked_turn(pool, store, queue):
+    from agent.ui.state import stop
+
+    conversation_id = ask(store, queue, "what is 6*7?", ASKS)
+    state = parked(store, conversation_id)
+    stop(store, {}, state, 600, queue.connection)
+    final = store.read(conversation_id)
+    assert final["done"] and final["status"] == Status.CANCELLED
+    assert "waited for your approval" in final["history"][-1]["content"]
+    assert approvals.answer(store, queue, conversation_id, Outcome.APPROVED, BY_PAGE).outcome == "none"
+
+    other = ask(store, queue, "what is 6*7?", ASKS)
+    parked(store, other)
+    assert store.delete(other)
+    assert other not in store.flags.approvals_due(time.time() + 10 * ASKS.approval_timeout_s, 10_000)
+    assert approvals.answer(store, queue, other, Outcome.APPROVED, BY_PAGE).outcome == "gone"
+
+
+def test_parked_turns_leave_the_workers_to_other_conversations(pool, store, queue):
+    waiting = [ask(store, queue, "what is 6*7?", ASKS) for _ in range(6)]
+    for conversation_id in waiting:
+        parked(store, conversation_id)
+    started = time.monotonic()
+    other = ask(store, queue, "what is 2+3?", FAST)
+    final = wait_done(store, other)
+    assert final["status"] == Status.DONE and time.monotonic() - started < FAST.job_timeout_s
+    assert all(store.read(c)["status"] == Status.AWAITING_APPROVAL for c in waiting)
+    for conversation_id in waiting:
+        approvals.answer(store, queue, conversation_id, Outcome.DENIED, BY_PAGE)
+
+
+def test_the_command_line_answers_once_and_says_when_there_is_nothing_to_answer(pool, store, queue, redis_url,
+                                                                               base_env):
+    conversation_id = ask(store, queue, "what is 6*7?", ASKS)
+    parked(store, conversation_id)
+    env = {**base_env, "REDIS_URL": redis_url}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "agent", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    first = cli("approve", conversation_id)
+    assert first.returncode == 0, first.stderr
+    second = cli("deny", conversation_id)
+    assert second.returncode == 2 and second.stderr.count("\n") == 1
+    assert "already answered: approved from the command line" in second.stderr
+    final = wait_done(store, conversation_id)
+    assert final["status"] == Status.DONE
+    none = cli("approve", "no-such-conversation")
+    assert none.returncode == 2 and none.stderr.count("\n") == 1
+
+
+def test_with_safeguards_off_the_job_waits_holding_its_worker_until_the_queue_kills_it(pool, store, queue):
+    config = ASKS.with_changes(safeguards=False)
+    conversation_id = ask(store, queue, "what is 6*7?", config)
+    state = parked(store, conversation_id)
+    assert state["status"] == Status.AWAITING_APPROVAL
+    assert job_status(queue.connection, state["job_id"]) == "started"  # the worker waits with it
+    final = wait_done(store, conversation_id, timeout_s=config.job_timeout_s + 15)
+    assert final["status"] == Status.TIMED_OUT and final["error"]["kind"] == "job_timeout"
+
