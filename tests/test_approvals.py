@@ -7,20 +7,27 @@ model or a scripted model on loopback. Tests wait for events (the state's versio
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from agent.contract import Outcome, Status
 from agent.queue import job_status
+from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.turn import approvals
 from agent.turn.approvals import BY_CLI, BY_PAGE, DENIED_RESULT
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, ask, wait_done
 from tests.scripted_server import chat_reply, tool_call
+from tests.test_resume import SLOW_CALL, assert_every_call_answered_once, worker_running, workers  # noqa: F401
 
 ASKS = FAST.with_changes(approve_tools=("calculator",))
 PARK_WITHIN_S = 10.0  # seconds a test waits for a turn to park (its clocks end it far sooner)
@@ -183,3 +190,94 @@ def test_with_safeguards_off_the_job_waits_holding_its_worker_until_the_queue_ki
     final = wait_done(store, conversation_id, timeout_s=config.job_timeout_s + 15)
     assert final["status"] == Status.TIMED_OUT and final["error"]["kind"] == "job_timeout"
 
+
+
+# -- across processes: the command line, a restart of everything, a worker killed after Approve ----------
+
+
+def asking_cli(env: dict, message: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """`ask` with the app's own services, followed until it tells the request on stderr: (the process, the
+    conversation id, the stderr lines so far)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "ask", message], env=env, cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    while not any(line.startswith("[approval needed]") for line in lines):
+        line = proc.stderr.readline()
+        assert line, f"ask ended before asking: {lines} {proc.poll()}"
+        lines.append(line)
+    return proc, lines[0].split("conversation ", 1)[1].split(",", 1)[0], lines
+
+
+def test_ask_shows_the_request_says_how_to_answer_and_follows_to_the_end(base_env):
+    env = {**base_env, "AGENT_WORKERS": "1", "AGENT_APPROVE_TOOLS": "calculator"}
+    proc, cid, lines = asking_cli(env, "What is 6*7?")
+    try:
+        told = "".join(lines)
+        assert "calculator" in told and "6*7" in told
+        assert f"python -m agent approve {cid}" in told and f"python -m agent deny {cid}" in told
+        approved = subprocess.run([sys.executable, "-m", "agent", "approve", cid], env=env, cwd=ROOT,
+                                  capture_output=True, text=True, timeout=60)
+        assert approved.returncode == 0, approved.stderr
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "42" in out and "approved from the command line" in err
+    finally:
+        stop_cli(proc)
+
+
+def stop_cli(proc: subprocess.Popen) -> None:
+    """Stop an `ask` like Ctrl-C (it stops the Redis and workers it started), or kill its whole group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def test_a_parked_turn_survives_a_restart_of_everything_and_can_still_be_answered(base_env):
+    env = {**base_env, "AGENT_WORKERS": "1", "AGENT_APPROVE_TOOLS": "calculator"}
+    proc, cid, _ = asking_cli(env, "What is 6*7?")
+    tree = [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+    server = EmbeddedRedis(Path(env["AGENT_DATA_DIR"])).pid
+    try:
+        for pid in [proc.pid, *tree, server]:  # every process, Redis included, without a word
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        stop_cli(proc)
+    # Redis starts again from its append-only file: the request is still there, and can be answered.
+    approved = subprocess.run([sys.executable, "-m", "agent", "approve", cid], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=90)
+    assert approved.returncode == 0, approved.stderr
+    # Any pool serves the continuation: this `ask` starts one, which takes it first (it is at the front).
+    other = subprocess.run([sys.executable, "-m", "agent", "ask", "hello"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=90)
+    assert other.returncode == 0, other.stderr
+    shown = subprocess.run([sys.executable, "-m", "agent", "show", cid, "--json"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=90)
+    final = json.loads(shown.stdout)
+    assert final["done"] and final["status"] == Status.DONE, final["status"]
+    assert "42" in tool_results(final).values()
+
+
+def test_a_worker_killed_right_after_approve_has_the_turn_resumed(private_redis, workers):
+    workers(2)
+    store, queue = private_redis.store, private_redis.queue
+    config = SLOW_CALL.with_changes(approve_tools=("calculator",))
+    cid = ask(store, queue, "what is 6*7?", config)
+    wait_for(lambda: (s := store.read(cid)) and s["status"] == Status.AWAITING_APPROVAL, 30, "the turn to park")
+    assert approvals.answer(store, queue, cid, Outcome.APPROVED, BY_PAGE).taken
+    # The continuation runs the approved tool, then calls the model (3 s): its worker is killed in that call.
+    pid, job_id = wait_for(lambda: worker_running(private_redis.queue_connection, cid), 30, "the continuation runs")
+    assert "-approval-" in job_id
+    wait_for(lambda: tool_results(store.read(cid)), 10, "the approved tool's result")
+    os.kill(pid, signal.SIGKILL)
+    final = wait_done(store, cid, timeout_s=60)
+    assert final["status"] == Status.DONE, final["error"]
+    assert [s["kind"] for s in final["steps"] if s["kind"] in ("approval", "resume")] == ["approval", "resume"]
+    assert final["attempt"] == 1 and "42" in final["history"][-1]["content"]
+    assert_every_call_answered_once(final["history"])
