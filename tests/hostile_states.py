@@ -49,11 +49,11 @@ NOT_UTF8 = [b"\xff\xfe{", b'{"role": "user", "content": "\xc3\x28"}']
 HISTORY_FIELDS = ("role", "content", "tool_calls", "tool_call_id")
 STEP_FIELDS = ("turn_id", "index", "kind", "name", "started_at", "ended_at", "timeout_s", "remaining_s", "outcome",
                "duration_s", "attempt", "last_call", "tool_calls", "detail", "arguments", "result", "refused_calls",
-               "not_run_calls")
+               "not_run_calls", "answered_by", "deadline_at", "job_timeout_at")
 SUMMARY_FIELDS = ("turn_id", "status", "error", "enqueued_at", "started_at", "deadline_at", "job_timeout_at",
                   "ended_at", "config")
 DOC_FIELDS = ("status", "error", "config", "job_id", "enqueued_at", "started_at", "deadline_at", "job_timeout_at",
-              "current_step", "ended_at", "updated_at")
+              "current_step", "ended_at", "updated_at", "approval")
 
 READABLE_KINDS = ("history_item", "history_field", "tool_call_field", "step_item", "step_field", "turn_item",
                   "turn_field", "doc_field")

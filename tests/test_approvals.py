@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import signal
 import subprocess
@@ -281,3 +282,49 @@ def test_a_worker_killed_right_after_approve_has_the_turn_resumed(private_redis,
     assert [s["kind"] for s in final["steps"] if s["kind"] in ("approval", "resume")] == ["approval", "resume"]
     assert final["attempt"] == 1 and "42" in final["history"][-1]["content"]
     assert_every_call_answered_once(final["history"])
+
+
+# -- what a reader makes of it: the trace, the export, a hostile request --------------------------------
+
+
+def test_the_trace_and_the_export_say_expired_not_declined(pool, store, queue):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent import tracing
+    from agent.conversation import export
+
+    config = ASKS.with_changes(approval_timeout_s=1.0)
+    conversation_id = ask(store, queue, "what is 6*7?", config)
+    final = wait_done(store, conversation_id, timeout_s=20)
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    try:
+        tracing.export_turn(tracing._tracer, final, final["turn_id"])
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "await_approval calculator"]
+    assert span.attributes["agent.approval.answer"] == "expired"
+    [turn] = [s for s in exporter.get_finished_spans() if s.name == tracing.TURN_SPAN]
+    assert "approval_expired" in [event.name for event in turn.events]
+    markdown = export.to_markdown(final)
+    assert "*Approval of `calculator`: expired (nobody answered within" in markdown
+    # "declined" only ever denied: "(not declined)", "Nobody declined it".
+    assert set(re.findall(r"(\w+) declined", markdown)) <= {"not", "Nobody"}, markdown
+
+
+@pytest.mark.parametrize("stored", [None, "text", 5, [], {}, {"id": "x"}, {"id": 5, "name": ["a"], "expires_at": "x"},
+                                    {"id": "x", "name": "calculator", "expires_at": "soon"},
+                                    {"id": "x", "name": "t", "expires_at": 1.0, "arguments": {"a": 1}, "answer": 3}])
+def test_a_stored_request_of_the_wrong_shape_reads_as_none_or_with_each_field_of_its_type(stored):
+    from agent.conversation.well_formed import approval
+
+    read = approval(stored)
+    if read is not None:
+        assert all(isinstance(read[k], str) for k in ("id", "call_id", "name", "arguments"))
+        assert isinstance(read["expires_at"], float | int) and read["answer"] in (None, "3")
+    else:
+        assert not (isinstance(stored, dict) and stored.get("name") == "t")

@@ -145,6 +145,19 @@ def current_step(value) -> dict | None:
             "started_at": number(value.get("started_at")), "timeout_s": number(value.get("timeout_s"))}
 
 
+def approval(value) -> dict | None:
+    """A request for approval with each field of its type; None when it is not one (no id, name or expiry)."""
+    if not isinstance(value, dict):
+        return None
+    fixed = {name: text_of(value.get(name) or "") for name in ("id", "call_id", "name", "arguments")}
+    for name in ("asked_at", "expires_at", "answered_at"):
+        fixed[name] = number(value.get(name))
+    for name in ("answer", "answered_by", "job_id"):
+        fixed[name] = _text_or_none(value.get(name)) or None
+    fixed["steps_before"] = count(value.get("steps_before")) or 0
+    return fixed if fixed["id"] and fixed["name"] and fixed["expires_at"] is not None else None
+
+
 def _config(value) -> dict | None:
     return value if isinstance(value, dict) else None
 
@@ -160,6 +173,7 @@ def doc(value) -> dict:
     fixed["current_step"] = current_step(value.get("current_step"))
     fixed["config"] = _config(value.get("config"))
     fixed["job_id"] = _text_or_none(value.get("job_id"))
+    fixed["approval"] = approval(value.get("approval"))
     attempt = value.get("attempt")
     fixed["attempt"] = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0 else 0
     for name in _TIMES:
@@ -207,7 +221,7 @@ def _unreadable_message(raw, why: str) -> dict:
                        f"{shorten(decoded(raw))})"}
 
 
-_STEP_TEXTS = ("detail", "arguments", "result", "unstreamed")
+_STEP_TEXTS = ("detail", "arguments", "result", "unstreamed", "answered_by")
 _STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls", "turns_not_sent", "partial_chars")
 _STEP_NUMBERS = ("started_at", "ended_at", "timeout_s", "remaining_s", "duration_s")
 
@@ -235,8 +249,9 @@ def step(raw, turn_id: str | None) -> dict:
     for name in _STEP_COUNTS:
         if name in value:
             fixed[name] = count(value[name])
-    if "kept_s" in value:
-        fixed["kept_s"] = number(value["kept_s"])
+    for name in ("kept_s", "deadline_at", "job_timeout_at"):  # where a step has them (approvals: the clocks)
+        if name in value:
+            fixed[name] = number(value[name])
     if "last_call" in value:
         fixed["last_call"] = value["last_call"] is True
     if "usage" in value:
