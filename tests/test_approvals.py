@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -265,7 +265,7 @@ def test_a_parked_turn_survives_a_restart_of_everything_and_can_still_be_answere
     assert "42" in tool_results(final).values()
 
 
-def test_a_worker_killed_right_after_approve_has_the_turn_resumed(private_redis, workers):
+def test_a_worker_killed_right_after_approve_has_the_turn_resumed(private_redis, workers):  # noqa: F811
     workers(2)
     store, queue = private_redis.store, private_redis.queue
     config = SLOW_CALL.with_changes(approve_tools=("calculator",))
