@@ -14,5 +14,5 @@ from agent.tools.running import MAX_OUTPUT_CHARS, ToolResult, run_tool
 for _built_in in BUILT_INS:
     tool(_built_in)
 
-__all__ = ["MAX_OUTPUT_CHARS", "REGISTRY", "Tool", "ToolError", "ToolResult", "make_tool", "needs_approval", "run_tool", "schemas",
-           "safe_to_repeat", "tool"]
+__all__ = ["MAX_OUTPUT_CHARS", "REGISTRY", "Tool", "ToolError", "ToolResult", "make_tool", "needs_approval",
+           "run_tool", "schemas", "safe_to_repeat", "tool"]
