@@ -171,6 +171,9 @@ def test_the_command_line_answers_once_and_says_when_there_is_nothing_to_answer(
         return subprocess.run([sys.executable, "-m", "agent", *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=60)
 
+    shown = cli("show", conversation_id)
+    assert shown.returncode == 0 and "[approval needed] calculator with" in shown.stdout
+    assert f"python -m agent approve {conversation_id}" in shown.stdout
     first = cli("approve", conversation_id)
     assert first.returncode == 0, first.stderr
     second = cli("deny", conversation_id)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from agent.cli.output_file import OutputRefused, write_whole
-from agent.contract import Role
+from agent.contract import Role, Status
 from agent.conversation import export
 from agent.conversation.listing import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.conversation.store import Store
@@ -129,6 +129,11 @@ def _show(state, title: str | None) -> None:
                 if message.get("content"):
                     _out(plain_text(message["content"]), escape=True)
         _out(f"[{(turn.summary or {}).get('status')}]", escape=True)
+    request = state.get("approval")
+    if state.get("status") == Status.AWAITING_APPROVAL and request and not request.get("answer"):
+        _out(f"[approval needed] {request['name']} with {request['arguments']}: `python -m agent approve "
+             f"{state['conversation_id']}` or `deny {state['conversation_id']}`, before {_when(request['expires_at'])}",
+             escape=True)
 
 
 def _out(text: str, *, escape: bool) -> None:
