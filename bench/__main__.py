@@ -23,7 +23,19 @@ from pathlib import Path
 import rq
 
 from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
-from bench import conversations, cost, first_screen, latency, load, page, report, resume, tracing_cost, worker_memory
+from bench import (
+    approvals,
+    conversations,
+    cost,
+    first_screen,
+    latency,
+    load,
+    page,
+    report,
+    resume,
+    tracing_cost,
+    worker_memory,
+)
 from bench.lab import Lab
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +72,9 @@ class Plan:
     resume_call_kills: int = 10  # workers SIGKILLed mid-call, one at a time: kill to resumed write
     resume_other_rounds: int = 2  # rounds of a mid-stream and a mid-tool kill side by side
     watch_seconds: int = 5  # seconds of TurnWatch sweeps (then of heartbeats) over 100 running turns
+    approvals_parked: int = 100  # turns parked on a request at once (and requests in the watch's cost)
+    approvals_runs: int = 20  # plain turns timed with nothing parked, then as many beside the parked ones
+    approvals_expiring: int = 20  # requests nobody answers, expiring 2-6 s after they were asked
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
@@ -111,6 +126,9 @@ QUICK = Plan(
     resume_call_kills=2,
     resume_other_rounds=1,
     watch_seconds=3,
+    approvals_parked=10,
+    approvals_runs=3,
+    approvals_expiring=3,
 )
 
 METHOD = {
@@ -185,6 +203,18 @@ METHOD = {
     "back to back, {pairs} pairs; on / off, median. watch_redis: 100 running turns fabricated (index, meta, live "
     "mark) on a Redis with no pool; TurnWatch.sweep once a second for {watch_seconds} s, then 100 heartbeat SETs "
     "a second for as long; INFO commandstats deltas (INFO left out) per second, per supervisor for the watch.",
+    "approvals": "Tools that ask a person first, on {approvals_workers} simple workers with their pool's watch (a "
+    "look every 1 s). start_beside_parked: plain one-call turns (demo@0~0) one at a time, enqueue to the job's "
+    "start (the state's enqueued_at to its started_at, RQ's stamp), {approvals_runs} with nothing parked (after 2 "
+    "warm-up turns), then {approvals_parked} turns that ask before the calculator (\"what is 6*7?\", "
+    "approve_tools=calculator, nobody answers for an hour) submitted at once, each confirmed awaiting_approval "
+    "with its job finished, workers holding a job sampled 10 times over a second, then {approvals_runs} plain "
+    "turns again; added_ms = beside - nothing parked, against the page's poll interval. expiry: "
+    "{approvals_expiring} such turns submitted at once (beside the parked ones) with approval timeouts spread "
+    "evenly over 2-6 s; from each request's expires_at to the ended_at of its expired approval step (the "
+    "watch's stamp when it expired it). watch_redis: {approvals_parked} requests in the index of parked turns, "
+    "none due, on a Redis with no pool; expire_due {approvals_looks} times, then TurnWatch.sweep (no running "
+    "turns) as often; INFO commandstats deltas (INFO left out) per look.",
     "deadline_accuracy": "Three-tool turns on {workers} simple workers with short clocks {clocks}; each turn's "
     "provider is random: 50% demo@U(0.05,1.5), 20% demo@U(1.5,4) (calls that outlive the cap or the "
     "deadline), 15% demo:hang, 15% demo:flaky@U(0.05,1). final write = the updated_at of the turn's last "
@@ -281,6 +311,9 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
             lab, call_kills=plan.resume_call_kills, other_rounds=plan.resume_other_rounds,
             watch_seconds=plan.watch_seconds, pairs=plan.overhead_pairs, latency_s=plan.latency_s, rng=rng,
             say=lambda message: progress(message, started))
+        results["approvals"] = approvals.approvals_figures(
+            lab, parked=plan.approvals_parked, runs=plan.approvals_runs, expiring=plan.approvals_expiring,
+            say=lambda message: progress(message, started))
         results["redis_version"] = lab.client.info("server")["redis_version"]
     finally:
         lab.close()
@@ -312,6 +345,8 @@ def judge(results: dict) -> dict:
             goals[name] = check(results)
     if results.get("resume"):
         goals |= resume.goals(results["resume"])
+    if results.get("approvals"):
+        goals |= approvals.goals(results["approvals"])
     return goals
 
 
@@ -356,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
                     clocks=json.dumps(plan.deadline_clocks), page_turns=plan.page_turns,
                     first_screen_opens=plan.first_screen_opens, resume_kills=plan.resume_call_kills,
                     resume_workers=resume.WORKERS, resume_rounds=plan.resume_other_rounds,
-                    watch_seconds=plan.watch_seconds)
+                    watch_seconds=plan.watch_seconds,
+                    approvals_parked=plan.approvals_parked, approvals_runs=plan.approvals_runs,
+                    approvals_expiring=plan.approvals_expiring, approvals_workers=approvals.WORKERS,
+                    approvals_looks=approvals.LOOKS)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -377,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy", "resume",
+             "approvals",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
              "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "goals", "default_worker_class",
              "first_step",

@@ -151,7 +151,31 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                         f"{figures['commands_per_s']:g}/s (" + ", ".join(
                             f"{k.upper()} {v:g}" for k, v in figures["by_command_per_s"].items())
                         + f"), {figures['redis_cpu_us_per_s']:g} us CPU/s", "", ""))
+    if results.get("approvals"):
+        out += _approval_rows(results["approvals"], goals)
     return out
+
+
+def _approval_rows(section: dict, goals: dict) -> list[tuple[str, str, str, str]]:
+    """Tools that ask first: a start beside parked turns, the expiry's lateness, the watch's look."""
+    starts, expiry, look = section["start_beside_parked"], section["expiry"], section["watch_redis"]
+    alone, beside, added = starts["start_ms_nothing_parked"], starts["start_ms_beside_parked"], starts["added_ms"]
+    late = expiry["after_expiry_s"]
+    return [
+        (f"enqueue->start of a turn, nothing parked / {starts['parked']} parked ({starts['workers']} workers)",
+         f"{_ms(alone)}; {_ms(beside)} (added p50 {_signed(added['p50'])}, p95 {_signed(added['p95'])} ms)",
+         f"added <= {starts['poll_interval_ms']} ms", _check(goals.get("approvals_start_added_p95"))),
+        (f"  workers holding a job while {starts['parked']} turns are parked", str(starts["busy_workers_while_parked"]),
+         "0", _check(goals.get("approvals_no_worker_held"))),
+        (f"request expired -> its step, p50 / p95 / max ({late['n']} requests)",
+         f"{late['p50']:g} / {late['p95']:g} / {late['max']:g} s", f"<= {expiry['goal_s']:g} s",
+         _check(goals.get("approvals_expiry_max"))),
+        (f"Redis commands per look of the watch, {look['parked']} parked, none due: expiry / whole look",
+         f"{look['expiry_look']['commands_per_look']:g} (" + ", ".join(
+             f"{k.upper()} {v:g}" for k, v in look["expiry_look"]["by_command_per_look"].items())
+         + f") / {look['whole_look']['commands_per_look']:g}, {look['expiry_look']['redis_cpu_us_per_look']:g} us CPU",
+         "", ""),
+    ]
 
 
 def table(results: dict) -> str:

@@ -23,6 +23,7 @@ KEYS = (
     "deadline_accuracy",
     "worker_memory",
     "resume",
+    "approvals",
 )
 
 
@@ -54,6 +55,11 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     watch = lost["watch_redis"]["watch_per_supervisor"]["by_command_per_s"]
     assert {"zrange", "hmget", "exists"} <= set(watch) and watch["hmget"] == watch["exists"]  # two pipelines a look
     assert "set" in lost["watch_redis"]["heartbeats"]["by_command_per_s"]
+    asks = results["approvals"]  # 10 parked, 3 plain turns either side, 3 requests that expire
+    assert asks["start_beside_parked"]["parked_in_index"] == 10
+    assert asks["start_beside_parked"]["busy_workers_while_parked"] == 0  # a parked turn holds no worker
+    assert asks["expiry"]["after_expiry_s"]["n"] == 3 and asks["expiry"]["turns_done"] == 3
+    assert asks["watch_redis"]["expiry_look"]["by_command_per_look"] == {"zrangebyscore": 1.0}  # none due: one read
     assert results["tracing_overhead"]["export_requests"] >= 1  # the traced turns' spans reached the collector
     assert "first_step_ratio" in run.stdout  # the table
     assert (tmp_path / "throughput.png").stat().st_size > 0
@@ -84,3 +90,26 @@ def test_the_page_figures_count_every_word_and_report_first_words_and_new_chats_
     assert figures["first_word_ms"]["n"] == 2 and figures["first_word_ms"]["min"] == 300
     assert figures["new_chat_word_ms"]["n"] == 3
     assert figures["new_chat_first_word_ms"] == {"n": 1, "p50": 500, "p95": 500, "min": 500, "max": 500}
+
+
+def test_the_approvals_figures_are_judged_and_reported():
+    from bench.approvals import goals
+    from bench.report import rows
+
+    def section(added_p95_ms, busy, late_max_s):
+        start_ms = {"p50": 3.0, "p95": 4.0}
+        starts = {"parked": 100, "workers": 2, "poll_interval_ms": 1000, "busy_workers_while_parked": busy,
+                  "start_ms_nothing_parked": start_ms, "start_ms_beside_parked": start_ms,
+                  "added_ms": {"p50": 0.0, "p95": added_p95_ms}}
+        late = {"n": 20, "p50": 0.5, "p95": 0.9, "min": 0.1, "max": late_max_s}
+        look = {"commands_per_look": 1.0, "by_command_per_look": {"zrangebyscore": 1.0}, "redis_cpu_us_per_look": 3}
+        return {"start_beside_parked": starts, "expiry": {"after_expiry_s": late, "goal_s": 2.0},
+                "watch_redis": {"parked": 100, "expiry_look": look, "whole_look": look}}
+
+    assert all(goals(section(12.0, 0, 1.1)).values())
+    assert goals(section(1200.0, 0, 1.1))["approvals_start_added_p95"] is False  # past one poll interval
+    assert goals(section(12.0, 1, 1.1))["approvals_no_worker_held"] is False
+    assert goals(section(12.0, 0, 2.3))["approvals_expiry_max"] is False
+    good = section(12.0, 0, 1.1)
+    table = rows({"approvals": good, "goals": goals(good)})
+    assert [r[3] for r in table] == ["ok", "ok", "ok", ""] and "ZRANGEBYSCORE 1" in table[-1][1]
