@@ -8,11 +8,11 @@ bounded by time and a stop), built_ins.py (the list of built-in tools, one modul
 from __future__ import annotations
 
 from agent.tools.built_ins import BUILT_INS
-from agent.tools.registry import REGISTRY, Tool, ToolError, make_tool, safe_to_repeat, schemas, tool
+from agent.tools.registry import REGISTRY, Tool, ToolError, make_tool, needs_approval, safe_to_repeat, schemas, tool
 from agent.tools.running import MAX_OUTPUT_CHARS, ToolResult, run_tool
 
 for _built_in in BUILT_INS:
     tool(_built_in)
 
-__all__ = ["MAX_OUTPUT_CHARS", "REGISTRY", "Tool", "ToolError", "ToolResult", "make_tool", "run_tool", "schemas",
-           "safe_to_repeat", "tool"]
+__all__ = ["MAX_OUTPUT_CHARS", "REGISTRY", "Tool", "ToolError", "ToolResult", "make_tool", "needs_approval",
+           "run_tool", "schemas", "safe_to_repeat", "tool"]
