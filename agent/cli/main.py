@@ -1,6 +1,7 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`. `list [--json]`, `show ID [--json]` and
-`export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py).
+`export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py); `tools [--json]`
+lists the tools the workers offer, and which ask a person first (agent/cli/tools.py).
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import redis
 
 from agent.cli import conversations as conversations_cli
+from agent.cli import tools as tools_cli
 from agent.cli.output import JsonLines, TextLines
 from agent.contract import State, Status
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreFull, TurnInFlight
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="offer only these tools, comma-separated (default: every tool the workers have)")
     ask.add_argument("message")
     conversations_cli.add_parsers(sub, _conversation_id)
+    tools_cli.add_parser(sub)
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
     _interrupted.clear()
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "tools", None) is not None:
         settings = replace(settings, turn=settings.turn.with_changes(tools=args.tools))
     try:
+        if args.command == tools_cli.COMMAND:
+            return tools_cli.run(args, settings)
         if args.command != "ask":
             return conversations_cli.run(args, settings)
         return ask_and_follow(settings, args.message, args.conversation, as_json=args.json)
