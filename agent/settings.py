@@ -18,6 +18,7 @@ from agent.providers import registry
 from agent.providers.spec import ProviderSpec
 from agent.runtime.embedded_redis import DEFAULT_MAXMEMORY_MB as DEFAULT_REDIS_MAXMEMORY_MB
 from agent.runtime.embedded_redis import DEFAULT_REDIS_WAIT_S
+from agent.tools.registry import TOOL_NAME
 
 DEFAULT_JOB_TIMEOUT_S = 120  # seconds; RQ enforces whole seconds
 DEFAULT_DEADLINE_MARGIN_S = 20.0  # seconds
@@ -27,6 +28,11 @@ DEFAULT_MIN_CALL_S = 5.0  # seconds
 DEFAULT_MAX_STEPS = 8  # model round-trips per turn
 DEFAULT_MAX_RESUMES = 2  # times a turn whose worker was lost is resumed on another (agent/turn/resume.py)
 DEFAULT_TOOL_TIMEOUT_CAP_S = 60.0  # seconds: the most one tool run gets, like a model call's cap
+APPROVE_TOOLS_VARIABLE = "AGENT_APPROVE_TOOLS"  # tools that ask a person first, as the model sees their names
+APPROVAL_TIMEOUT_VARIABLE = "AGENT_APPROVAL_TIMEOUT"
+DEFAULT_APPROVAL_TIMEOUT_S = 600.0  # seconds a request to approve a tool call waits before it expires
+# A parked turn holds its conversation's state (and a person's attention) until then: past a week it is forgotten.
+MAX_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0  # seconds
 # A person's conversations, not a polling key: kept this long after their last write (AGENT_STATE_TTL).
 DEFAULT_STATE_TTL_S = 30 * 24 * 3600  # seconds (30 days)
 SHOW_CONVERSATIONS_VARIABLE = "AGENT_SHOW_CONVERSATIONS"  # 0: the page lists no conversations (a shared page)
@@ -76,8 +82,10 @@ class TurnConfig:
     # The most of the conversation's history one model call is sent (bytes of JSON); oldest turns go first.
     max_history_sent_bytes: int = DEFAULT_MAX_HISTORY_SENT_BYTES
     max_resumes: int = DEFAULT_MAX_RESUMES  # a turn whose worker was lost goes on on another this many times
+    # Tools that ask a person first, besides those that say so themselves (agent/tools/registry.needs_approval),
+    # and how long a request waits for an answer before it expires.
     approve_tools: tuple[str, ...] = ()
-    approval_timeout_s: float = 600.0
+    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,6 +139,8 @@ class Settings:
             max_history_sent_bytes=_integer(env, "AGENT_MAX_HISTORY_SENT_BYTES", DEFAULT_MAX_HISTORY_SENT_BYTES,
                                             minimum=1000),
             max_resumes=_integer(env, "AGENT_MAX_RESUMES", DEFAULT_MAX_RESUMES, minimum=0),
+            approve_tools=tool_names(env, APPROVE_TOOLS_VARIABLE),
+            approval_timeout_s=_seconds(env, APPROVAL_TIMEOUT_VARIABLE, DEFAULT_APPROVAL_TIMEOUT_S),
         )
         validate_clocks(turn)
         mcp_start_timeout_s(env)  # used by the workers, refused here at start like the other durations
@@ -205,6 +215,9 @@ def validate_clocks(turn: TurnConfig) -> None:
         raise SettingsError("AGENT_MAX_STEPS", "must be at least 1")
     if turn.tool_timeout_cap_s <= 0:
         raise SettingsError("AGENT_TOOL_TIMEOUT_CAP", "must be more than 0")
+    if not 0 < turn.approval_timeout_s <= MAX_APPROVAL_TIMEOUT_S:
+        raise SettingsError(APPROVAL_TIMEOUT_VARIABLE, f"must be more than 0 and at most {MAX_APPROVAL_TIMEOUT_S:g} "
+                            f"seconds (7 days), not {turn.approval_timeout_s:g}")
 
 
 def state_ttl_s(env: Mapping[str, str], turn: TurnConfig) -> int:
@@ -247,6 +260,19 @@ def redis_wait_s(env: Mapping[str, str]) -> float:
     if value <= 0:
         raise SettingsError(REDIS_WAIT_VARIABLE, "must be more than 0")
     return value
+
+
+def tool_names(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Comma-separated tool names, as the model sees them (`calculator,time__get_current_time`), each once:
+    checked against the rule every provider applies to a tool name, so a typo is refused at start."""
+    names = [part.strip() for part in env.get(name, "").split(",") if part.strip()]
+    bad = next((n for n in names if not TOOL_NAME.match(n)), None)
+    if bad is not None:
+        raise SettingsError(name, f"must be tool names (letters, digits, '_' and '-', at most 64 characters) "
+                            f"separated by commas, not {bad[:80]!r}")
+    return tuple(dict.fromkeys(names))
+
+
 def redis_maxmemory_mb(env: Mapping[str, str] | None = None) -> int:
     """Megabytes the embedded Redis may hold; 0 = no limit."""
     return _integer(os.environ if env is None else env, REDIS_MAXMEMORY_VARIABLE, DEFAULT_REDIS_MAXMEMORY_MB,

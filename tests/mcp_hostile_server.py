@@ -1,8 +1,9 @@
 """A hostile MCP server over stdio, for tests: tools that hang, crash, fail, flood stdout (huge lines,
 junk, noise) or leave a child behind, a slow start,
-and (--oversized) more tools, longer descriptions and a bigger input schema than a model should get.
+and (--oversized) more tools, longer descriptions and a bigger input schema than a model should get;
+(--annotated) tools that say they destroy, or only read, for the tools that ask a person first.
 
-    python -m tests.mcp_hostile_server [--start-delay SECONDS] [--oversized] [--sleeper KIND]
+    python -m tests.mcp_hostile_server [--start-delay SECONDS] [--oversized] [--annotated] [--sleeper KIND]
         [--noise LINES] [--stderr-bytes BYTES]
 """
 
@@ -18,6 +19,7 @@ from typing import Annotated
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.types import ToolAnnotations
 from pydantic import Field
 
 HUGE_RESULT_CHARS = 2_000_000  # far beyond what a tool result may send to the model
@@ -178,10 +180,24 @@ def add_oversized_tools() -> None:
         server.add_tool(wordy, name=f"extra_{number}", description="One of many.")
 
 
+def add_annotated_tools() -> None:
+    """erase says it destroys (so it asks first); peek says it destroys and only reads (so it does not);
+    tidy says it is not destructive."""
+
+    def done() -> str:
+        return "done"
+
+    server.add_tool(done, name="erase", description="Erases.", annotations=ToolAnnotations(destructiveHint=True))
+    server.add_tool(done, name="peek", description="Looks.",
+                    annotations=ToolAnnotations(destructiveHint=True, readOnlyHint=True))
+    server.add_tool(done, name="tidy", description="Tidies.", annotations=ToolAnnotations(destructiveHint=False))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait before serving")
     parser.add_argument("--oversized", action="store_true", help="list tools past the limits on what a model gets")
+    parser.add_argument("--annotated", action="store_true", help="list tools annotated destructive or read-only")
     parser.add_argument("--sleeper", choices=SLEEPER_KINDS, action="append", default=[],
                         help="start `sleep 600` this way before serving (repeat for more)")
     parser.add_argument("--noise", type=int, default=0, help="lines of non-JSON to print to stdout before serving")
@@ -189,6 +205,8 @@ if __name__ == "__main__":
     options = parser.parse_args()
     if options.oversized:
         add_oversized_tools()
+    if options.annotated:
+        add_annotated_tools()
     for kind in options.sleeper:
         start_sleeper(kind)
     write_stdout(NOISE_LINE * options.noise)

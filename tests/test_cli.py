@@ -12,6 +12,9 @@ import time
 import pytest
 
 from agent.queue import MAX_MESSAGE_CHARS, BadMessage, clean_message, job_id_for, new_id
+from agent.tools.catalogue import CATALOGUE_KEY
+from harness.pools import wait_for_workers
+from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT
 
 CLI_TIMEOUT_S = 30  # seconds for any one CLI run
@@ -25,8 +28,11 @@ FAST_CLOCKS = {
 
 
 @pytest.fixture
-def cli_env(base_env, redis_url, pool):
-    """The session's Redis and workers (the pool), none started by the CLI itself."""
+def cli_env(base_env, redis_url, pool, redis_client):
+    """The session's Redis and workers (the pool), none started by the CLI itself; once its workers have
+    registered and published their tools, so that what a test counts or lists is not still arriving."""
+    wait_for_workers(pool, redis_client, 2)
+    wait_for(lambda: redis_client.exists(CATALOGUE_KEY), 30, "the workers' tool catalogue")
     return {**base_env, **FAST_CLOCKS, "AGENT_MODEL": FAST.model, "REDIS_URL": redis_url, "AGENT_WORKERS": "0"}
 
 
@@ -117,7 +123,7 @@ def test_a_bad_environment_value_is_refused_in_one_line_naming_the_variable(base
 
 
 @pytest.mark.parametrize("args", [(), ("ask",), ("ask", "--nope", "hi"), ("tell", "hi"),
-                                  ("ask", "--tools", "calc ulator", "hi")], ids=str)
+                                  ("ask", "--tools", "calc ulator", "hi"), ("tools", "--nope")], ids=str)
 def test_bad_usage_exits_2_with_one_line(base_env, args):
     result = cli(base_env, *args)
     assert result.returncode == 2
@@ -199,6 +205,30 @@ def test_tools_names_the_only_tools_the_turn_may_use(cli_env):
     final = _states(result.stdout)[-1]
     assert not [s for s in final["steps"] if s["kind"] == "tool"]  # the calculator was not offered
     assert "calculator" in final["history"][-1]["content"]  # the demo model says what it could not do
+
+
+def test_tools_lists_what_the_workers_published_marking_the_tools_that_ask_first(cli_env):
+    result = cli({**cli_env, "AGENT_APPROVE_TOOLS": "calculator,no_such_tool"}, "tools")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.decode().splitlines()}
+    assert rows["add_note"] == ["built-in", "asks", "first"]  # it says so itself
+    assert rows["calculator"] == ["built-in", "asks", "first"]  # AGENT_APPROVE_TOOLS names it
+    assert rows["wait"] == ["built-in"]
+    assert one_line(result.stderr) == "AGENT_APPROVE_TOOLS names tools no worker offers: no_such_tool"
+    as_json = cli(cli_env, "tools", "--json")
+    assert as_json.returncode == 0 and as_json.stderr == b""
+    listed = {row["name"]: row for row in map(json.loads, as_json.stdout.decode().splitlines())}
+    assert listed["add_note"]["needs_approval"] is True and listed["calculator"]["needs_approval"] is False
+    assert set(listed["wait"]) == {"name", "source", "description", "needs_approval"}
+
+
+def test_tools_before_any_worker_published_lists_the_built_ins_and_says_so(base_env, private_redis):
+    result = cli({**base_env, "REDIS_URL": private_redis.url, "AGENT_WORKERS": "0"}, "tools")
+    assert result.returncode == 0, result.stderr
+    assert "no worker has published its tools yet" in one_line(result.stderr)
+    names = [line.split()[0] for line in result.stdout.decode().splitlines()]
+    assert names == ["calculator", "current_time", "search_docs", "wait", "add_note"]
+    assert result.stdout.decode().splitlines()[-1].endswith("asks first")
 
 
 def test_a_turn_that_runs_out_of_time_exits_1(cli_env):

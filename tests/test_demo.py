@@ -141,6 +141,85 @@ def test_slow_tool_scenario_waits_long_first_then_answers():
     assert _call(second)[0] == "calculator"
 
 
+# --- notes: the tool that asks a person first ---
+
+NOTE_TOOLS = [*TOOLS, {"type": "function", "function": {"name": "add_note", "parameters": {"type": "object"}}}]
+DECLINED = "Error: not run: a person declined this tool call. Do not try it again; answer without it."
+EXPIRED = ("Error: not run: nobody answered the request to approve this tool call within 10 minutes, so it expired. "
+           "Nobody declined it. Answer without it, and say that it was not done.")
+
+
+def _calls(message: dict) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]]
+
+
+def _answered(text: str, results: list[str]) -> str:
+    """The final answer to a message whose one reply of calls got these results, in order."""
+    history = [{"role": "user", "content": text}]
+    reply = respond(history, NOTE_TOOLS, HEALTHY)
+    history.append(reply)
+    history += [{"role": "tool", "tool_call_id": c["id"], "content": r}
+                for c, r in zip(reply["tool_calls"], results, strict=True)]
+    final = respond(history, NOTE_TOOLS, HEALTHY)
+    assert "tool_calls" not in final
+    return final["content"]
+
+
+@pytest.mark.parametrize(("text", "note"), [
+    ("note: buy milk", "buy milk"),
+    ("Note that the demo went well", "the demo went well"),
+    ("add a note: ask Ana about the budget", "ask Ana about the budget"),
+    ("Take a note the deadline is Friday", "the deadline is Friday"),
+    ("remember to water the plants", "water the plants"),
+    ("Please remember that the margin is 20 s", "the margin is 20 s"),
+    ("note: buy 2-3 apples at 5 pm in Tokyo", "buy 2-3 apples at 5 pm in Tokyo"),  # no sum, no time: the note
+])  # fmt: skip
+def test_a_message_asking_for_a_note_calls_add_note_with_its_text(text, note):
+    assert _calls(respond([{"role": "user", "content": text}], NOTE_TOOLS, HEALTHY)) == [("add_note", {"text": note})]
+
+
+@pytest.mark.parametrize("text", ["Do you remember what I said?", "what are my notes?", "footnote: x", "note:",
+                                  "Notes on the deadline, please"])
+def test_a_message_that_asks_for_no_note_does_not_call_add_note(text):
+    message = respond([{"role": "user", "content": text}], NOTE_TOOLS, HEALTHY)
+    calls = _calls(message) if message.get("tool_calls") else []
+    assert "add_note" not in [name for name, _ in calls]
+
+
+def test_a_note_and_a_sum_come_in_one_reply_in_the_order_asked():
+    message = respond([{"role": "user", "content": "what is 2+3 and note: call Bob"}], NOTE_TOOLS, HEALTHY)
+    assert _calls(message) == [("calculator", {"expression": "2+3"}), ("add_note", {"text": "call Bob"})]
+    assert [c["id"] for c in message["tool_calls"]] == ["call_1", "call_2"]
+    first = respond([{"role": "user", "content": "Note: call Bob. What is 2+3?"}], NOTE_TOOLS, HEALTHY)
+    assert _calls(first) == [("add_note", {"text": "call Bob."}), ("calculator", {"expression": "2+3"})]
+
+
+def test_the_answer_says_the_note_was_added_with_the_tools_confirmation():
+    answer = _answered("what is 2+3 and note: call Bob", ["5", "Added note 3 to notes.txt."])
+    assert "**2+3 = 5**" in answer and "I added your note “call Bob”. Added note 3 to notes.txt." in answer
+
+
+@pytest.mark.parametrize(("result", "reason"), [
+    (DECLINED, "a person declined this tool call."),
+    (EXPIRED, "nobody answered the request to approve this tool call within 10 minutes, so it expired."),
+    ("Error: the notes file is full (1024 KiB): the note was not added", "the notes file is full (1024 KiB)"),
+])  # fmt: skip
+def test_a_note_declined_expired_or_failed_is_said_not_added_with_the_reason(result, reason):
+    answer = _answered("what is 2+3 and note: call Bob", ["5", result])
+    assert "**2+3 = 5**" in answer
+    assert f"I did not add the note “call Bob”: {reason}" in answer
+    assert "I added" not in answer
+
+
+def test_a_note_without_the_add_note_tool_is_named_as_not_done():
+    message = respond([{"role": "user", "content": "note: buy milk"}], TOOLS, HEALTHY)
+    assert "tool_calls" not in message and "`add_note` (text='buy milk')" in message["content"]
+
+
+def test_the_demo_says_it_can_take_notes():
+    assert "note: buy milk" in respond([{"role": "user", "content": "hello"}], NOTE_TOOLS, HEALTHY)["content"]
+
+
 def test_model_names_parse_into_scenarios_with_latency_and_writing_rate():
     assert parse_model_name("demo") == Scenario("healthy", DEFAULT_LATENCY_S, DEFAULT_STREAM_CPS)
     assert parse_model_name("demo@1.0") == Scenario("healthy", 1.0)
@@ -252,6 +331,15 @@ def test_a_streamed_tool_call_comes_as_openai_sends_one():
     assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"expression": "17*23"}
     assert action.then.interval_s == 0  # ~0: everything at once
     assert all("usage" not in c for c in chunks)  # not asked for
+
+
+def test_a_reply_of_two_calls_streams_each_under_its_own_index():
+    action = _post(DemoProvider(), {**_chat("demo@0~0", "what is 2+3 and note: call Bob", NOTE_TOOLS), "stream": True})
+    chunks = [json.loads(part.decode().removeprefix("data: ")) for part in action.then.parts[:-1]]
+    parts = [c for chunk in chunks for c in chunk["choices"][0]["delta"].get("tool_calls") or []]
+    by_index = {i: "".join(p["function"]["arguments"] for p in parts if p["index"] == i) for i in (0, 1)}
+    assert [p["function"]["name"] for p in parts if "id" in p] == ["calculator", "add_note"]
+    assert json.loads(by_index[1]) == {"text": "call Bob"}
 
 
 def test_bad_requests_get_openai_shaped_errors():

@@ -18,6 +18,8 @@ import uuid
 
 import psutil
 import pytest
+from mcp.types import Tool as ListedTool
+from mcp.types import ToolAnnotations
 from rq import Worker
 
 from agent.conversation.store import Store
@@ -25,7 +27,7 @@ from agent.hosting.pool import launch
 from agent.queue import get_queue, new_id, submit_turn
 from agent.runtime.connection import queue_client, state_client
 from agent.runtime.embedded_redis import EmbeddedRedis
-from agent.tools import REGISTRY, mcp_stdio, run_tool, schemas, sources
+from agent.tools import REGISTRY, mcp_stdio, needs_approval, run_tool, schemas, sources
 from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
 from agent.tools.mcp import (
     MAX_DESCRIPTION_CHARS,
@@ -34,6 +36,8 @@ from agent.tools.mcp import (
     McpConfigError,
     McpHub,
     ServerConfig,
+    offered_tool,
+    offered_tools,
     public_name,
     read_config,
 )
@@ -74,6 +78,9 @@ def test_tool_names_are_server_then_tool_within_the_providers_rule():
     ({"mcpServers": {"t": {"command": "x", "args": "-v"}}}, "args"),
     ({"mcpServers": {"t": {"command": "x", "env": {"K": 1}}}}, "env"),
     ({"mcpServers": {"t": {"url": "file:///etc/passwd"}}}, "url"),
+    ({"mcpServers": {"t": {"command": "x", "approve": "yes"}}}, "approve"),
+    ({"mcpServers": {"t": {"command": "x", "approve": None}}}, "approve"),
+    ({"mcpServers": {"t": {"command": "x", "approve": 1}}}, "approve"),
 ])  # fmt: skip
 def test_a_bad_config_is_refused_naming_the_file_and_the_problem(tmp_path, config, problem):
     path = tmp_path / "mcp.json"
@@ -81,6 +88,52 @@ def test_a_bad_config_is_refused_naming_the_file_and_the_problem(tmp_path, confi
     with pytest.raises(McpConfigError, match=problem) as caught:
         read_config(path)
     assert str(path) in str(caught.value)
+
+
+def test_a_servers_approve_is_read_from_its_entry_and_unset_by_default(tmp_path):
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"asks": {"command": "x", "approve": True},
+                                               "trusted": {"url": "http://127.0.0.1/mcp", "approve": False},
+                                               "plain": {"command": "x"}}}))
+    assert [(s.name, s.approve) for s in read_config(path)] == [("asks", True), ("trusted", False), ("plain", None)]
+
+
+def _listed(annotations: ToolAnnotations | None, name: str = "act") -> ListedTool:
+    return ListedTool(name=name, description="does something", inputSchema={"type": "object"},
+                      annotations=annotations)
+
+
+def _never_called(*args):
+    raise AssertionError("no call is made to build a tool")
+
+
+@pytest.mark.parametrize(("annotations", "asks"), [
+    (None, False),
+    (ToolAnnotations(), False),  # the spec's default of destructiveHint is not said outright: no question
+    (ToolAnnotations(destructiveHint=False), False),
+    (ToolAnnotations(readOnlyHint=True), False),
+    (ToolAnnotations(destructiveHint=True), True),
+    (ToolAnnotations(destructiveHint=True, idempotentHint=True), True),
+    (ToolAnnotations(destructiveHint=True, readOnlyHint=False), True),
+    (ToolAnnotations(destructiveHint=True, readOnlyHint=True), False),  # read-only wins: it changes nothing
+])  # fmt: skip
+def test_an_mcp_tool_asks_first_when_its_annotations_say_destructive_and_not_read_only(annotations, asks):
+    assert offered_tool("files", _listed(annotations), _never_called).needs_approval is asks
+
+
+@pytest.mark.parametrize("annotations", [None, ToolAnnotations(readOnlyHint=True),
+                                         ToolAnnotations(destructiveHint=True)])
+def test_a_servers_approve_decides_for_every_one_of_its_tools_whatever_they_say(annotations):
+    assert offered_tool("files", _listed(annotations), _never_called, approve=True).needs_approval is True
+    assert offered_tool("files", _listed(annotations), _never_called, approve=False).needs_approval is False
+
+
+def test_offered_tools_passes_the_servers_approve_on_to_each_tool():
+    listing = [_listed(None, "read"), _listed(ToolAnnotations(destructiveHint=True), "erase")]
+    asks = {t.name: t.needs_approval for t in offered_tools("files", listing, _never_called)[0]}
+    assert asks == {"files__read": False, "files__erase": True}
+    tools, _ = offered_tools("files", listing, _never_called, approve=True)
+    assert all(t.needs_approval for t in tools)
 
 
 def test_the_shipped_config_names_mcp_server_time():
@@ -93,7 +146,7 @@ def test_agent_tools_adds_the_typed_functions_a_module_lists(monkeypatch):
     try:
         loaded = sources.load({"AGENT_TOOLS": "tests.sample_tools", "AGENT_MCP_CONFIG": "off"})
         assert [s["name"] for s in loaded] == ["built-in", "tests.sample_tools"]
-        assert loaded[1]["tools"] == [{"name": "shout", "description": "Say it louder."}]
+        assert loaded[1]["tools"] == [{"name": "shout", "description": "Say it louder.", "needs_approval": False}]
         (offered,) = schemas(["shout"])
         assert offered["function"]["parameters"]["properties"]["style"]["enum"] == ["caps", "stars"]
         assert run_tool("shout", json.dumps({"text": "hi", "style": "stars"}), 5).output == "*hi*"
@@ -143,6 +196,26 @@ def test_an_mcp_source_whose_tool_name_is_taken_registers_none_of_its_tools(monk
         assert "hostile__hang" not in REGISTRY and REGISTRY["hostile__echo"] is taken
     finally:
         sources.close()
+
+
+def test_the_published_tools_say_which_ask_first_by_their_annotations_or_their_servers_approve(monkeypatch,
+                                                                                              tmp_path):
+    monkeypatch.setattr("agent.tools.sources._hubs", [])
+    config = tmp_path / "mcp.json"
+    annotated = {"command": sys.executable, "args": [HOSTILE, "--annotated"]}
+    config.write_text(json.dumps({"mcpServers": {"files": annotated, "asks": {**annotated, "approve": True},
+                                                 "trusted": {**annotated, "approve": False}}}))
+    try:
+        loaded = {s["name"]: s for s in sources.load({"AGENT_MCP_CONFIG": str(config)})}
+        assert [s["error"] for s in loaded.values()] == [None] * 4
+        asking = {name: sorted(t["name"] for t in s["tools"] if t["needs_approval"]) for name, s in loaded.items()}
+        assert asking["built-in"] == ["add_note"] and asking["files"] == ["files__erase"]
+        assert asking["trusted"] == [] and len(asking["asks"]) == len(loaded["asks"]["tools"]) > 10
+        assert needs_approval("files__erase") and not needs_approval("files__peek") and needs_approval("asks__peek")
+    finally:
+        sources.close()
+        for name in [n for n in REGISTRY if n.startswith(("files__", "asks__", "trusted__"))]:
+            REGISTRY.pop(name)
 
 
 def test_mcp_servers_are_not_started_for_a_worker_class_that_runs_jobs_elsewhere(tmp_path):
@@ -545,6 +618,8 @@ def test_workers_publish_their_tool_sources_without_commands_or_env_values(mcp_b
     sources = {s["name"]: s for s in read_catalogue(client)}
     assert set(sources) == {"built-in", "time", "hostile"}
     assert "time__get_current_time" in [t["name"] for t in sources["time"]["tools"]]
+    asking = [t["name"] for s in sources.values() for t in s["tools"] if t["needs_approval"]]
+    assert asking == ["add_note"]  # mcp-server-time and the hostile server annotate nothing destructive
     raw = client.get(CATALOGUE_KEY).decode()
     assert SECRET not in raw and "mcp-server-time" not in raw and HOSTILE not in raw
 

@@ -20,8 +20,9 @@ def _never_called(*args):
     raise AssertionError("no call is made to build a tool")
 
 
-def test_every_built_in_may_run_again():
-    assert REGISTRY and all(safe_to_repeat(name) for name, tool in REGISTRY.items() if tool.source == "built-in")
+def test_every_built_in_may_run_again_but_add_note_which_would_write_its_note_twice():
+    built_ins = [name for name, tool in REGISTRY.items() if tool.source == "built-in"]
+    assert [name for name in built_ins if not safe_to_repeat(name)] == ["add_note"]
 
 
 def test_an_unknown_tool_may_not_run_again():

@@ -1,13 +1,14 @@
 """Configuration: defaults, and one clear line naming the variable for every bad value."""
 
 import itertools
+import json
 import math
 
 import pytest
 
 from agent.deadline import LOST_GRACE_S
 from agent.hosts import host_allowed
-from agent.settings import Settings, SettingsError
+from agent.settings import Settings, SettingsError, TurnConfig
 
 
 def test_no_configuration_at_all_gives_the_documented_defaults():
@@ -26,6 +27,8 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
     assert s.show_conversations is True
     assert s.max_conversation_bytes == 8 * 1024 * 1024
     assert s.turn.max_history_sent_bytes == 500_000
+    assert s.turn.approve_tools == ()  # only the tools that say so themselves ask a person first
+    assert s.turn.approval_timeout_s == 600
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,15 @@ def test_no_configuration_at_all_gives_the_documented_defaults():
         ({"AGENT_MAX_CONVERSATION_BYTES": "-1"}, "AGENT_MAX_CONVERSATION_BYTES"),
         ({"AGENT_MAX_HISTORY_SENT_BYTES": "10"}, "AGENT_MAX_HISTORY_SENT_BYTES"),
         ({"AGENT_REDIS_MAXMEMORY_MB": "lots"}, "AGENT_REDIS_MAXMEMORY_MB"),
+        ({"AGENT_APPROVE_TOOLS": "calculator,send mail"}, "AGENT_APPROVE_TOOLS"),
+        ({"AGENT_APPROVE_TOOLS": "time.get_current_time"}, "AGENT_APPROVE_TOOLS"),
+        ({"AGENT_APPROVE_TOOLS": "x" * 65}, "AGENT_APPROVE_TOOLS"),
+        ({"AGENT_APPROVE_TOOLS": "calculator\nwait"}, "AGENT_APPROVE_TOOLS"),
+        ({"AGENT_APPROVAL_TIMEOUT": "0"}, "AGENT_APPROVAL_TIMEOUT"),
+        ({"AGENT_APPROVAL_TIMEOUT": "-1"}, "AGENT_APPROVAL_TIMEOUT"),
+        ({"AGENT_APPROVAL_TIMEOUT": "soon"}, "AGENT_APPROVAL_TIMEOUT"),
+        ({"AGENT_APPROVAL_TIMEOUT": "inf"}, "AGENT_APPROVAL_TIMEOUT"),
+        ({"AGENT_APPROVAL_TIMEOUT": str(8 * 24 * 3600)}, "AGENT_APPROVAL_TIMEOUT"),
     ],
 )
 def test_bad_value_is_refused_in_one_line_naming_the_variable(env, variable):
@@ -101,6 +113,25 @@ def test_a_local_openai_compatible_server_needs_no_key():
                            "AGENT_MODEL": "llama3.2"})
     assert s.turn.base_url == "http://localhost:11434/v1"
     assert s.turn.model == "llama3.2"
+
+
+def test_the_tools_that_ask_first_and_how_long_a_request_waits_are_read_and_kept_with_the_turn():
+    turn = Settings.from_env({"AGENT_APPROVE_TOOLS": " calculator, time__get_current_time,,calculator ",
+                              "AGENT_APPROVAL_TIMEOUT": "90.5"}).turn
+    assert turn.approve_tools == ("calculator", "time__get_current_time")  # each once, in order
+    assert turn.approval_timeout_s == 90.5
+    stored = json.loads(json.dumps(turn.to_dict()))  # as a job carries it: JSON has lists
+    assert stored["approve_tools"] == ["calculator", "time__get_current_time"]
+    assert TurnConfig.from_dict(stored) == turn
+    assert Settings.from_env({"AGENT_APPROVAL_TIMEOUT": str(7 * 24 * 3600)}).turn.approval_timeout_s == 604800
+
+
+def test_a_turn_stored_before_approvals_reads_with_none_asked():
+    stored = {key: value for key, value in TurnConfig().to_dict().items()
+              if key not in ("approve_tools", "approval_timeout_s")}
+    assert TurnConfig.from_dict(stored).approve_tools == ()
+    with pytest.raises(SettingsError, match="AGENT_APPROVAL_TIMEOUT"):
+        TurnConfig().with_changes(approval_timeout_s=0)
 
 
 def test_api_keys_are_not_part_of_the_turn_config():

@@ -9,14 +9,16 @@ import re
 import signal
 import threading
 import time
+from datetime import datetime
 from typing import Literal
 
 import pytest
 from rq.timeouts import JobTimeoutException
 
 from agent import tools
-from agent.tools import REGISTRY, ToolError, make_tool, run_tool, schemas
+from agent.tools import REGISTRY, ToolError, make_tool, needs_approval, run_tool, schemas
 from agent.tools import docs as docs_tool
+from agent.tools.notes import MAX_NOTE_CHARS, MAX_NOTES_BYTES, add_note, notes_path, read_notes
 from agent.tools.waiting import wait
 
 
@@ -505,3 +507,132 @@ def test_wait_refuses_seconds_out_of_range(seconds):
     result = run_tool("wait", args(seconds=seconds), 5)
     assert not result.ok
     assert "between 0 and 600" in result.output
+
+
+# --- tools that ask a person first ---
+
+
+def test_a_function_asks_first_only_when_it_says_needs_approval_true():
+    def send(text: str) -> str:
+        """Send a message.
+
+        Args:
+            text: what to send
+        """
+        return text
+
+    assert not make_tool(send, source="mypackage.tools").needs_approval
+    send.needs_approval = True
+    assert make_tool(send, source="mypackage.tools").needs_approval
+    send.needs_approval = "yes"  # only True itself counts
+    assert not make_tool(send, source="mypackage.tools").needs_approval
+
+
+def test_needs_approval_is_the_tools_own_word_or_the_turns_list():
+    assert needs_approval("add_note") and not needs_approval("calculator")
+    assert needs_approval("calculator", ("calculator", "time__get_current_time"))
+    assert needs_approval("calculator", frozenset({"calculator"}))
+    assert needs_approval("not_here__send", ("not_here__send",))  # a tool of a server this process lacks
+    assert not needs_approval("not_here__send")
+    assert [name for name, t in REGISTRY.items() if t.source == "built-in" and needs_approval(name)] == ["add_note"]
+
+
+# --- add_note ---
+
+
+@pytest.fixture
+def notes_dir(tmp_path, monkeypatch):
+    """A data directory of the test's own, not created yet: add_note makes it."""
+    folder = tmp_path / "data"
+    monkeypatch.setenv("AGENT_DATA_DIR", str(folder))
+    return folder
+
+
+def test_add_note_is_offered_last_asks_first_and_never_runs_twice():
+    assert [s["function"]["name"] for s in schemas()][:5] == [
+        "calculator", "current_time", "search_docs", "wait", "add_note"]
+    assert REGISTRY["add_note"].needs_approval and not REGISTRY["add_note"].repeatable
+    assert REGISTRY["add_note"].parameters["required"] == ["text"]
+
+
+def test_add_note_appends_one_timestamped_line_and_says_its_number(notes_dir):
+    first = run_tool("add_note", args(text="buy milk"), 5)
+    second = run_tool("add_note", args(text="call Bob"), 5)
+    assert first.ok and first.output == "Added note 1 to notes.txt."
+    assert second.output == "Added note 2 to notes.txt."
+    assert notes_path() == notes_dir / "notes.txt"
+    lines = notes_path().read_text(encoding="utf-8").splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["buy milk", "call Bob"]
+    stamp = lines[0].split(" ", 1)[0]  # UTC, to the second
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", stamp)
+    assert abs(time.time() - datetime.fromisoformat(stamp).timestamp()) < 60
+    assert read_notes() == lines
+
+
+def test_a_note_is_always_one_line_without_control_characters(notes_dir):
+    text = "line one\nline two\r\nthree\u2028four\x85five\x1e six\x1b[2J\x00 end"
+    assert run_tool("add_note", args(text=text), 5).ok
+    (line,) = read_notes()
+    assert line.split(" ", 1)[1] == "line one line two three four five six[2J end"
+    assert notes_path().read_bytes().count(b"\n") == 1
+
+
+def test_a_long_note_is_cut_and_the_confirmation_says_so(notes_dir):
+    result = run_tool("add_note", args(text="x" * 2000), 5)
+    assert result.ok and f"cut to its first {MAX_NOTE_CHARS} characters" in result.output
+    (line,) = read_notes()
+    assert len(line.split(" ", 1)[1]) == MAX_NOTE_CHARS and line.endswith("…")
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t\x00"])
+def test_an_empty_note_is_refused_and_nothing_is_written(notes_dir, text):
+    result = run_tool("add_note", args(text=text), 5)
+    assert not result.ok and "the note is empty" in result.output
+    assert not notes_path().exists()
+
+
+def test_a_full_notes_file_refuses_the_note_and_keeps_what_it_has(notes_dir):
+    notes_dir.mkdir()
+    notes_path().write_bytes(b"x" * (MAX_NOTES_BYTES - 10) + b"\n")
+    result = run_tool("add_note", args(text="one more"), 5)
+    assert not result.ok and "full" in result.output and "not added" in result.output
+    assert notes_path().stat().st_size == MAX_NOTES_BYTES - 9
+
+
+def test_a_last_line_without_its_end_is_not_joined_to_the_new_note(notes_dir):
+    notes_dir.mkdir()
+    notes_path().write_text("written by hand", encoding="utf-8")
+    assert run_tool("add_note", args(text="from the tool"), 5).output == "Added note 2 to notes.txt."
+    assert read_notes()[0] == "written by hand" and read_notes()[1].endswith(" from the tool")
+
+
+def test_notes_added_at_once_each_get_their_own_line_and_number(notes_dir):
+    results = [None] * 20
+
+    def note(index):
+        results[index] = run_tool("add_note", args(text=f"note {index}"), 10).output
+
+    threads = [threading.Thread(target=note, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    numbers = sorted(int(re.match(r"Added note (\d+) ", r).group(1)) for r in results)
+    assert numbers == list(range(1, 21))
+    assert sorted(line.split(" ", 1)[1] for line in read_notes(50)) == sorted(f"note {n}" for n in range(20))
+
+
+def test_read_notes_gives_the_last_ones_oldest_first(notes_dir):
+    assert read_notes() == []  # no notes file yet
+    for n in range(5):
+        add_note(f"note {n}")
+    assert [line.split(" ", 1)[1] for line in read_notes(2)] == ["note 3", "note 4"]
+    assert read_notes(0) == []
+
+
+def test_add_note_does_not_write_through_a_symbolic_link(notes_dir, tmp_path):
+    notes_dir.mkdir()
+    target = tmp_path / "elsewhere.txt"
+    notes_path().symlink_to(target)
+    assert not run_tool("add_note", args(text="buy milk"), 5).ok
+    assert not target.exists()

@@ -1,7 +1,8 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`. `list [--json]`, `show ID [--json]` and
 `export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py); `approve ID`
-and `deny ID` answer a parked turn's request for approval (agent/cli/approvals.py).
+and `deny ID` answer a parked turn's request for approval (agent/cli/approvals.py); `tools [--json]`
+lists the tools the workers offer, and which ask a person first (agent/cli/tools.py).
 
 Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or cancelled, or when
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
@@ -32,6 +33,7 @@ import redis
 
 from agent.cli import approvals as approvals_cli
 from agent.cli import conversations as conversations_cli
+from agent.cli import tools as tools_cli
 from agent.cli.output import JsonLines, TextLines
 from agent.contract import State, Status
 from agent.conversation.errors import ConversationFull, ConversationGone, StoreFull, TurnInFlight
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("message")
     conversations_cli.add_parsers(sub, _conversation_id)
     approvals_cli.add_parsers(sub, _conversation_id)
+    tools_cli.add_parser(sub)
     args = parser.parse_args(argv)
     # A SIGTERM (a supervisor, `timeout`) stops the CLI like Ctrl-C: its Redis and workers stop too.
     _interrupted.clear()
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in approvals_cli.COMMANDS:
             return approvals_cli.run(args, settings)
+        if args.command == tools_cli.COMMAND:
+            return tools_cli.run(args, settings)
         if args.command != "ask":
             return conversations_cli.run(args, settings)
         return ask_and_follow(settings, args.message, args.conversation, as_json=args.json)

@@ -2,6 +2,9 @@
 
 It reads the last user message, plans the tool calls it needs, and issues them ONE per response, so
 a question that needs two tools takes two round-trips and the page shows the steps landing one by one.
+A message that asks for a note ("note: buy milk") is the exception: the reply that calls add_note
+carries every call still to make, as a real model's parallel calls do, so the turn runs the others
+first and then asks a person before the note is written.
 """
 
 from __future__ import annotations
@@ -71,6 +74,19 @@ _DOCS_RE = re.compile(
 )
 _SLOW_RE = re.compile(r"\bslow\b|\bwait\s+(?:for\s+)?\d", re.IGNORECASE)
 _WAIT_SECONDS_RE = re.compile(r"\b(?:slow|wait)\s+(?:for\s+)?(\d+(?:\.\d+)?)", re.IGNORECASE)
+NOTE_TOOL = "add_note"  # the built-in that writes, so asks a person first
+# "note: ...", "take a note ...", "add a note: ...", and at the start of a sentence or after "and",
+# "note that ..." and "remember (to/that) ...". What follows, to the end of its sentence, is the note.
+_NOTE_RE = re.compile(
+    r"\bnote(?:\s+down)?\s*:"
+    r"|\b(?:add|make|take|write|jot)(?:\s+down)?\s+(?:(?:a|an|another|this)\s+)?note\b"
+    r"(?:\s*:|\s+(?:that|saying|of|about)\b)?"
+    r"|(?:^|(?<=[.;!?,\n])|\b(?:and|then|also|please)\b)\s*"
+    r"(?:note(?:\s+down)?(?:\s+that)?|remember(?:\s+(?:that|to))?)\b\s*:?",
+    re.IGNORECASE,
+)
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])|\n")  # "call Bob. What is 2+3?": the note is "call Bob."
+NOTE_QUOTE_CHARS = 80  # characters of a note the answer quotes; the tool step holds it whole
 
 # A run of arithmetic characters; it counts as an expression if a digit meets an operator meets a digit.
 _EXPR_RUN_RE = re.compile(r"[\d.+\-*/^%()\s]+")
@@ -81,7 +97,8 @@ CAPABILITIES = (
     "- do arithmetic with the calculator (try “what is 17*23?”)\n"
     "- tell the time in a city (“what time is it in Tokyo?”)\n"
     "- answer questions about this app from its docs (“how does the deadline work?”)\n"
-    "- be slow on purpose with the wait tool (“slow 5”)"
+    "- be slow on purpose with the wait tool (“slow 5”)\n"
+    "- add a note, once you approve it (“note: buy milk”)"
 )
 
 
@@ -105,12 +122,13 @@ def respond(messages: list[dict], tools: list[dict], scenario: Scenario) -> dict
     if scenario.name == "loop" and "calculator" in available:
         return _tool_call_message(next_id, "calculator", {"expression": LOOP_EXPRESSION})
 
-    plan = named_tool_calls(user_text, tools) or plan_calls(user_text, scenario)
+    plan = plan_calls(user_text, scenario, tools)
     # A call we cannot make (its tool is not offered) is not planned; it is mentioned in the answer instead.
     runnable = [c for c in plan if c.name in available]
     if available and len(calls_made) < len(runnable):
-        call = runnable[len(calls_made)]
-        return _tool_call_message(next_id, call.name, call.arguments)
+        pending = runnable[len(calls_made):]
+        batch = pending if any(c.name == NOTE_TOOL for c in pending) else pending[:1]
+        return _tool_calls_message(len(tool_results) + 1, batch)
 
     return {"role": "assistant", "content": _answer(calls_made, tool_results, _not_done(plan, calls_made))}
 
@@ -127,9 +145,44 @@ def _not_done(plan: list[PlannedCall], calls_made: list[dict]) -> list[PlannedCa
     return missing
 
 
-def plan_calls(text: str, scenario: Scenario) -> list[PlannedCall]:
-    """The tool calls a user message needs, in the order it asked for them."""
-    plan: list[PlannedCall] = []
+@dataclass(frozen=True)
+class Note:
+    """A note a message asks for: the text to write down, and the span of the message it takes."""
+
+    start: int
+    end: int
+    text: str
+
+    def call(self) -> PlannedCall:
+        return PlannedCall(NOTE_TOOL, {"text": self.text}, self.start)
+
+    def blanked(self, message: str) -> str:
+        """The message without the note, its length kept (positions stay), so that "note: buy 2-3 apples"
+        asks for no sum and "remember the deadline" for no docs."""
+        return message[: self.start] + " " * (self.end - self.start) + message[self.end :]
+
+
+def find_note(text: str) -> Note | None:
+    """The note a message asks to write down: what follows "note:", "take a note", "remember" ...,
+    to the end of its sentence (or line); None when it asks for none, or for an empty one."""
+    asked = _NOTE_RE.search(text)
+    if asked is None:
+        return None
+    ends = _SENTENCE_END_RE.search(text, asked.end())
+    end = ends.start() if ends else len(text)
+    note = " ".join(text[asked.end() : end].split()).lstrip(":,- ")
+    return Note(asked.start(), end, note) if note else None
+
+
+def plan_calls(text: str, scenario: Scenario, tools: list[dict] | None = None) -> list[PlannedCall]:
+    """The tool calls a user message needs, in the order it asked for them: a note, and a tool of another
+    source that it names, or the built-ins its words call for."""
+    note = find_note(text)
+    notes = [note.call()] if note else []
+    text = note.blanked(text) if note else text
+    if named := named_tool_calls(text, tools):
+        return sorted(notes + named, key=lambda c: c.position)
+    plan: list[PlannedCall] = notes
     if scenario.name == "slow-tool":
         plan.append(PlannedCall("wait", {"seconds": SLOW_TOOL_WAIT_S}, -1))
     for position, expression in find_expressions(text):
@@ -247,7 +300,20 @@ def _describe(name: str, arguments: dict, result: str) -> str:
     if name == "wait":
         seconds = arguments.get("seconds", "?")
         return f"The wait of {seconds} s failed: {result}" if failed else f"I waited {seconds} s as asked: {result}"
+    if name == NOTE_TOOL:
+        return note_answer(str(arguments.get("text", "")), result)
     return f"`{name}` failed: {result}" if failed else f"`{name}` returned: {result}"
+
+
+def note_answer(text: str, result: str) -> str:
+    """What became of a note: added (the tool's confirmation), or not, with the reason in brief: a person
+    declined it, nobody answered in time, or the tool failed."""
+    quoted = text if len(text) <= NOTE_QUOTE_CHARS else text[:NOTE_QUOTE_CHARS].rstrip() + " …"
+    if not result.startswith("Error:"):
+        return f"I added your note “{quoted}”. {result}"
+    reason = result.removeprefix("Error:").strip().removeprefix("not run:").strip()
+    reason = reason.split(". ", 1)[0].rstrip(".")  # its first sentence: "a person declined this tool call"
+    return f"I did not add the note “{quoted}”: {reason}."
 
 
 DOCS_ANSWER_CHARS = 600  # the reply quotes about this much of the best passage; the tool step holds them all
@@ -299,6 +365,13 @@ def _tool_call_message(call_id: str, name: str, arguments: dict) -> dict:
     function = {"name": name, "arguments": json.dumps(arguments)}
     call = {"id": call_id, "type": "function", "function": function}
     return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _tool_calls_message(first_number: int, calls: list[PlannedCall]) -> dict:
+    """One reply with these calls, numbered on from the results the turn already has."""
+    made = [_tool_call_message(f"call_{first_number + n}", c.name, c.arguments)["tool_calls"][0]
+            for n, c in enumerate(calls)]
+    return {"role": "assistant", "content": None, "tool_calls": made}
 
 
 def _tool_names(tools: list[dict] | None) -> set[str]:

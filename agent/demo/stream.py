@@ -33,6 +33,9 @@ def events(completion: dict, *, chars_per_s: float, include_usage: bool) -> tupl
     if chars_per_s > 0:
         chars_per_s = max(chars_per_s, len(text) / MAX_WRITING_S)
     piece_chars, interval_s = _pace(chars_per_s)
+    pieces = -(-len(text) // piece_chars)
+    if pieces * interval_s > MAX_WRITING_S:  # the last piece, rounded up, must not push it past the bound
+        interval_s = MAX_WRITING_S / pieces
     parts = [chunk({"role": "assistant", "content": ""})]
     parts += [chunk({"content": text[start:start + piece_chars]}) for start in range(0, len(text), piece_chars)]
     for index, call in enumerate(message.get("tool_calls") or []):

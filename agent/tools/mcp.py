@@ -5,7 +5,9 @@ a bounded time, on one event loop in a background thread that holds the sessions
 the process. Each server's tools are registered as `<server>__<tool>` with the server's own input
 schema. A call runs on that loop under min(tool cap, time left) (run_tool's timeout_s) and is
 cancelled when that runs out or the user stops the turn; an error result, a crash, a hang or a
-result too big for the model ends as a ToolError that says which server and why.
+result too big for the model ends as a ToolError that says which server and why. A tool annotated
+destructive (and not read-only) asks a person before it runs, unless its server's entry says
+`"approve": false` (never ask) or `"approve": true` (ask before every one of its tools).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class ServerConfig:
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets: never published or logged
     url: str | None = None
+    # Whether its tools ask a person first: None (unset) for those annotated destructive, True for all, False never.
+    approve: bool | None = None
 
     @property
     def transport(self) -> str:
@@ -104,7 +108,10 @@ def _server_config(path: Path, name: str, entry: object) -> ServerConfig:
         raise McpConfigError(f"{where}: \"command\" must be a program name or path")
     if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
         raise McpConfigError(f"{where}: \"url\" must start with http:// or https://")
-    return ServerConfig(name, command, tuple(args), dict(env), url)
+    approve = entry.get("approve")
+    if "approve" in entry and not isinstance(approve, bool):
+        raise McpConfigError(f"{where}: \"approve\" must be true (ask before every tool) or false (never ask)")
+    return ServerConfig(name, command, tuple(args), dict(env), url, approve)
 
 
 def resolve_command(command: str) -> str:
@@ -172,7 +179,7 @@ class McpHub:
         except Exception as exc:  # noqa: BLE001 - any start-up failure is this server's report, not the worker's
             report.error = f"did not start: {_reason(exc)}"
             return report
-        report.tools, problems = offered_tools(server.name, _unique(listing), self.call)
+        report.tools, problems = offered_tools(server.name, _unique(listing), self.call, approve=server.approve)
         report.error = "; ".join(problems) or None
         return report
 
@@ -263,7 +270,8 @@ class McpHub:
 HubCall = Callable[[str, str, dict, float, threading.Event | None], str]
 
 
-def offered_tools(server: str, listing: list, call: HubCall) -> tuple[list[Tool], list[str]]:
+def offered_tools(server: str, listing: list, call: HubCall, *,
+                  approve: bool | None = None) -> tuple[list[Tool], list[str]]:
     """The tools a server may offer the model, within the caps, and what was left out and why."""
     problems = []
     if len(listing) > MAX_TOOLS_PER_SERVER:
@@ -275,12 +283,13 @@ def offered_tools(server: str, listing: list, call: HubCall) -> tuple[list[Tool]
             problems.append(f"tool {listed_tool.name[:80]!r} left out: its input schema is {size:,} bytes, "
                             f"more than {MAX_SCHEMA_BYTES:,}")
         else:
-            tools.append(offered_tool(server, listed_tool, call))
+            tools.append(offered_tool(server, listed_tool, call, approve=approve))
     return tools, problems
 
 
-def offered_tool(server: str, listed, call: HubCall) -> Tool:
-    """A listed tool as the registry holds it: its public name, a bounded description, its schema."""
+def offered_tool(server: str, listed, call: HubCall, *, approve: bool | None = None) -> Tool:
+    """A listed tool as the registry holds it: its public name, a bounded description, its schema; whether
+    it asks first is the server's "approve" when its entry has one, else its own annotations."""
     def run(arguments: dict, *, timeout_s: float, stop: threading.Event | None = None) -> str:
         return call(server, listed.name, arguments, timeout_s, stop)
 
@@ -291,8 +300,18 @@ def offered_tool(server: str, listed, call: HubCall) -> Tool:
     hints = getattr(listed, "annotations", None)  # readOnlyHint, idempotentHint: read_only_hint, ... in the SDK
     repeatable = hints is not None and (getattr(hints, "read_only_hint", None) is True
                                         or getattr(hints, "idempotent_hint", None) is True)
+    asks = says_destructive(hints) if approve is None else approve
     return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=run,
-                arguments=None, takes_timeout=True, takes_stop=True, source=server, repeatable=repeatable)
+                arguments=None, takes_timeout=True, takes_stop=True, source=server, repeatable=repeatable,
+                needs_approval=asks)
+
+
+def says_destructive(hints) -> bool:
+    """A tool annotated destructiveHint: true and not readOnlyHint: true (the SDK's destructive_hint and
+    read_only_hint). Only a hint said outright counts: a tool without annotations does not ask first,
+    or every tool of a server that annotates nothing would ask."""
+    return (hints is not None and getattr(hints, "destructive_hint", None) is True
+            and getattr(hints, "read_only_hint", None) is not True)
 
 
 def checked_text(server: str, tool: str, result) -> str:

@@ -44,14 +44,12 @@ class Tool:
     takes_stop: bool = False
     source: str = BUILT_IN  # where it comes from: built-in, an AGENT_TOOLS module, an MCP server's name
     # Run again after its worker was lost mid-run (agent/turn/resume.py): only when that cannot do harm.
-    # The built-ins can; a function says so with `safe_to_repeat = True`; an MCP tool through its annotations.
+    # The built-ins can (unless one says `safe_to_repeat = False`); a function says so with `safe_to_repeat = True`;
+    # an MCP tool through its annotations.
     repeatable: bool = False
+    # Ask a person before it runs (the turn parks until an answer, agent/turn): a function says so with
+    # `needs_approval = True`; an MCP tool through its destructive annotation or its server's "approve".
     needs_approval: bool = False
-
-
-def needs_approval(name: str, approve_tools=()) -> bool:
-    tool = REGISTRY.get(name)
-    return name in approve_tools or (tool is not None and tool.needs_approval)
 
 
 REGISTRY: dict[str, Tool] = {}
@@ -61,6 +59,13 @@ def safe_to_repeat(name: str) -> bool:
     """Whether the tool may run again after a worker was lost while it ran (unknown tools may not)."""
     tool = REGISTRY.get(name)
     return tool is not None and tool.repeatable
+
+
+def needs_approval(name: str, approve_tools: tuple[str, ...] | frozenset = ()) -> bool:
+    """Whether a call of this tool waits for a person's answer first: the turn's AGENT_APPROVE_TOOLS name it,
+    or the tool says so itself (a name this process does not know asks only when listed)."""
+    tool = REGISTRY.get(name)
+    return name in approve_tools or (tool is not None and tool.needs_approval)
 
 
 def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
@@ -93,7 +98,8 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
         raise TypeError(f"tool {func.__name__}: its parameters have no JSON schema ({exc})") from None
     return Tool(name=func.__name__, description=description, parameters=parameters, func=func, arguments=model,
                 takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden, source=source,
-                repeatable=source == BUILT_IN or getattr(func, "safe_to_repeat", False) is True)
+                repeatable=getattr(func, "safe_to_repeat", source == BUILT_IN) is True,
+                needs_approval=getattr(func, "needs_approval", False) is True)
 
 
 def _check_hidden(tool_name: str, param: inspect.Parameter, annotation: object) -> None:

@@ -35,7 +35,7 @@ def load(env: Mapping[str, str] | None = None, *, jobs_in_process: bool = True) 
     Called once per worker process, before it takes jobs. MCP sessions live in this process, so
     they are started only when its jobs run here too (`jobs_in_process`: RQ's simple worker)."""
     env = os.environ if env is None else env
-    sources = [_source(BUILT_IN, "built-in", [t for t in REGISTRY.values() if t.source == BUILT_IN])]
+    sources = [built_in_source()]
     if module := env.get(TOOLS_VARIABLE, "").strip():
         sources.append(_python_source(module))
     for report in _start_mcp(env, jobs_in_process):
@@ -90,7 +90,14 @@ def _start_mcp(env: Mapping[str, str], jobs_in_process: bool) -> list[ServerRepo
     return hub.start(servers, timeout_s)
 
 
+def built_in_source() -> dict:
+    """The built-ins as a published source: what every process has, worker or not."""
+    return _source(BUILT_IN, "built-in", [t for t in REGISTRY.values() if t.source == BUILT_IN])
+
+
 def _source(name: str, kind: str, tools: list[Tool], error: str | None = None) -> dict:
-    """A source as the page shows it: names and descriptions only, never a command, env value or URL."""
-    listed = [{"name": t.name, "description": t.description[:300]} for t in tools]
+    """A source as the page shows it: names, descriptions and whether each asks a person first; never a
+    command, env value or URL."""
+    listed = [{"name": t.name, "description": t.description[:300], "needs_approval": t.needs_approval}
+              for t in tools]
     return {"name": name, "kind": kind, "tools": listed, "error": error}
