@@ -131,6 +131,8 @@ class Settings:
             max_history_sent_bytes=_integer(env, "AGENT_MAX_HISTORY_SENT_BYTES", DEFAULT_MAX_HISTORY_SENT_BYTES,
                                             minimum=1000),
             max_resumes=_integer(env, "AGENT_MAX_RESUMES", DEFAULT_MAX_RESUMES, minimum=0),
+            approve_tools=_names(env, "AGENT_APPROVE_TOOLS"),
+            approval_timeout_s=_seconds(env, "AGENT_APPROVAL_TIMEOUT", TurnConfig.approval_timeout_s),
         )
         validate_clocks(turn)
         mcp_start_timeout_s(env)  # used by the workers, refused here at start like the other durations
@@ -286,6 +288,11 @@ def _whole_seconds(env: Mapping[str, str], name: str, default: int) -> int:
     # RQ enforces the job timeout in whole seconds (14.9 becomes 14), so the deadline is
     # computed from the same whole number the queue will enforce.
     return math.floor(_seconds(env, name, default))
+
+
+def _names(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of names (tools, as the model sees them); blanks dropped."""
+    return tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
 
 
 def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
