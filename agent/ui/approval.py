@@ -5,7 +5,8 @@ The request is drawn by the full run, never by the follower: a button inside a f
 for its run to end (PITFALLS.md), while a full run's button cuts the follower short and acts at once. The
 state is the source of truth: every tab open on the conversation draws the same request, and a button
 names the request's id, so a stale one can never answer a newer request. The countdown runs in the
-browser (a few lines of script in an `st.iframe`, counting to the expiry; only two numbers are put in it): a parked turn costs the server nothing per second.
+browser (a few lines of script in an `st.iframe`, counting to the expiry; only two numbers are put in
+it): a parked turn costs the server nothing per second.
 """
 
 from __future__ import annotations

@@ -131,13 +131,17 @@ def follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, ph
     return None
 
 
-def bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live) -> None:
+def bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live | None) -> None:
     """A full run that found a turn in flight (it started it, or the page was reloaded) follows it once the
     whole page is drawn, so the first words, a step or the ending show at once rather than after the
     follower's first tick. It gives way to that tick (the follower takes over), to any click, and
-    to the turn's start or end (one more full run); it lasts at most two ticks."""
+    to the turn's start or end (one more full run); it lasts at most two ticks. A parked turn (no `live`
+    places: nothing of it moves) is waited on the same way, one blocking wait, until the follower's first
+    idle tick takes over: an answer from another tab, the command line or the expiry shows at once."""
+    phase = ui.phase_of(state)
+    ticks_s = (2 * settings.poll_interval_ms if phase == ui.LIVE else IDLE_TICK_MS + settings.poll_interval_ms) / 1000
     with _said_if_it_fails("followed"):
-        _hold(settings, be, cid, state, live, phase=ui.LIVE, limit_s=2 * settings.poll_interval_ms / 1000)
+        _hold(settings, be, cid, state, live, phase=phase, limit_s=ticks_s)
 
 
 @contextlib.contextmanager
@@ -178,8 +182,13 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
     _follow_component(settings, cid, in_flight=phase == ui.LIVE, following=following)
     live = None
     if phase == ui.PARKED:  # drawn once: nothing of a parked turn moves until it is answered
-        with st.empty().container():
+        # In the frame of a turn in flight, each of its places replaced at once: a run that holds (the bridge)
+        # would otherwise leave the running turn's status box on screen until it ends.
+        places = _live_places()
+        places.body.empty()
+        with places.status.container():
             approval.parked_status(state)
+        places.chart.empty()
     elif phase == ui.IDLE:
         st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
     else:

@@ -80,7 +80,7 @@ def page(settings: Settings, be: ui.Backend) -> None:
 
     _flash(session)
     _input_caption(phase, config, config_error)
-    if live is not None:  # everything is drawn: follow the turn from here until the follower takes over
+    if live is not None or phase == ui.PARKED:  # everything is drawn: follow the turn until the follower takes over
         follower.bridge(settings, be, cid, state, live)
 
 
