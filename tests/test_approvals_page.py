@@ -85,9 +85,8 @@ def test_deny_ends_the_turn_declined_and_says_so(store, queue):
 
 def test_an_expired_request_reads_as_nobody_answering_not_as_a_decline(store, queue):
     cid = ask(store, queue, "what is 6*7?", ASKS.with_changes(approval_timeout_s=1.0))
-    request = parked(store, cid)["approval"]
-    at = opened(cid)
-    assert has_button(at, f"approve-{request['id']}")
+    parked(store, cid)
+    at = opened(cid)  # parked, or (it waits on the request while drawn) already expired and going on
     wait_done(store, cid, timeout_s=15)  # the pool's watch expires it; no page acts
     at.run()
     page = texts(at)
