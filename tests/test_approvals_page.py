@@ -13,7 +13,7 @@ from agent.ui import render, timeline, tool_sources
 from agent.ui import state as ui
 from agent.ui.follower import IDLE_TICK_MS
 from tests.apptest_page import app, autorefreshes, texts
-from tests.conftest import FAST, ask, wait_done
+from tests.conftest import ask, wait_done
 from tests.test_app import app_env, assert_no_exception  # noqa: F401 - app_env: the page's environment
 from tests.test_approvals import ASKS, parked, tool_results
 
@@ -50,8 +50,7 @@ def test_a_parked_turn_shows_its_request_in_the_turn_and_costs_what_an_idle_page
     assert at.chat_input[0].disabled and at.button(key="stop")
     # Followed as an idle page is: one component at the idle cadence.
     assert [t["interval"] for t in autorefreshes(at)] == [IDLE_TICK_MS]
-    ui_state = store.read(cid)
-    assert ui.phase_of(ui_state) == ui.PARKED
+    assert ui.phase_of(store.read(cid)) == ui.PARKED
 
 
 def test_approve_runs_the_tool_and_the_turn_ends_with_its_result(store, queue):
@@ -170,4 +169,3 @@ def test_the_parked_status_never_claims_a_job_runs():
     assert ui.phase_of(state) == ui.PARKED
     assert ui.phase_of({**state, "status": Status.QUEUED}) == ui.LIVE
     assert ui.phase_of({**state, "done": True}) == ui.IDLE
-    assert FAST.approve_tools == ()
