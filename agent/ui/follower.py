@@ -30,7 +30,7 @@ from agent.conversation.turns import current_turn, live_text
 from agent.conversation.well_formed import UnreadableState, number
 from agent.conversation.words import STATUS_LABELS
 from agent.settings import Settings
-from agent.ui import render
+from agent.ui import approval, render
 from agent.ui import state as ui
 from agent.ui.callbacks import on_stop
 from agent.ui.guard import redis_down
@@ -83,7 +83,7 @@ def _until_moved(be: ui.Backend, state: dict, *, limit_s: float) -> None:
             if watch.error is not None:
                 raise watch.error
             if moved and _turn_moved(ui.poll(be.store, be.queue_connection, session, cid).state,
-                                     state["turn_id"], True):
+                                     state["turn_id"], ui.phase_of(state)):
                 st.rerun(scope="app")
     except redis.RedisError as exc:
         log.warning("redis failed while waiting for a turn to stop: %s", exc)
@@ -108,8 +108,12 @@ def _live_places() -> Live:
 
 
 @st.fragment
-def follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool) -> Live | None:
+def follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, phase: str) -> Live | None:
     """The turn in flight (or nothing, when the conversation is idle), kept up to date within this run.
+
+    `phase` is the conversation's as the full run saw it (ui.phase_of). A parked turn (a tool waits for
+    a person) is followed as an idle one is: drawn once by the full run, then one blocking wait on the
+    event stream, so the answer (from any tab, the command line, or the expiry) wakes it at once.
 
     In a full run it draws what the run read. Its streamlit-autorefresh component (one per
     conversation, so the browser keeps the same one) starts a fragment run after a full run; that run
@@ -121,19 +125,23 @@ def follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in
     An exception here is not caught by main(): it is said in a sentence, and the following goes on."""
     following: list[bool] = []  # the body appends once it has drawn the autorefresh component
     with _said_if_it_fails("drawn"):
-        return _follow_body(settings, be, cid, turn_id, in_flight, following)
+        return _follow_body(settings, be, cid, turn_id, phase, following)
     if not following:  # the body failed before its component: the page must keep ticking
         st_autorefresh(interval=settings.poll_interval_ms, key=f"follow-{cid}")
     return None
 
 
-def bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live) -> None:
+def bridge(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live | None) -> None:
     """A full run that found a turn in flight (it started it, or the page was reloaded) follows it once the
     whole page is drawn, so the first words, a step or the ending show at once rather than after the
     follower's first tick. It gives way to that tick (the follower takes over), to any click, and
-    to the turn's start or end (one more full run); it lasts at most two ticks."""
+    to the turn's start or end (one more full run); it lasts at most two ticks. A parked turn (no `live`
+    places: nothing of it moves) is waited on the same way, one blocking wait, until the follower's first
+    idle tick takes over: an answer from another tab, the command line or the expiry shows at once."""
+    phase = ui.phase_of(state)
+    ticks_s = (2 * settings.poll_interval_ms if phase == ui.LIVE else IDLE_TICK_MS + settings.poll_interval_ms) / 1000
     with _said_if_it_fails("followed"):
-        _hold(settings, be, cid, state, live, limit_s=2 * settings.poll_interval_ms / 1000)
+        _hold(settings, be, cid, state, live, phase=phase, limit_s=ticks_s)
 
 
 @contextlib.contextmanager
@@ -152,7 +160,7 @@ def _said_if_it_fails(what: str) -> Iterator[None]:
                    "looking for it.", icon="⚠️")
 
 
-def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, in_flight: bool,
+def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, phase: str,
                  following: list[bool]) -> Live | None:
     session = st.session_state
     if turn_id is None:
@@ -169,11 +177,19 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
             log.warning("redis failed during a poll: %s", exc)
             redis_down(exc)
             return None
-        if _turn_moved(state, turn_id, in_flight):
+        if _turn_moved(state, turn_id, phase):
             st.rerun(scope="app")
-    _follow_component(settings, cid, in_flight=in_flight, following=following)
+    _follow_component(settings, cid, in_flight=phase == ui.LIVE, following=following)
     live = None
-    if not in_flight:
+    if phase == ui.PARKED:  # drawn once: nothing of a parked turn moves until it is answered
+        # In the frame of a turn in flight, each of its places replaced at once: a run that holds (the bridge)
+        # would otherwise leave the running turn's status box on screen until it ends.
+        places = _live_places()
+        places.body.empty()
+        with places.status.container():
+            approval.parked_status(state)
+        places.chart.empty()
+    elif phase == ui.IDLE:
         st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
     else:
         live = _live_places()
@@ -181,7 +197,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         _draw_status(settings, be, live, state)
     if full_run:  # the run follows the turn in flight once it has drawn the rest of the page (bridge)
         return live
-    if _hold(settings, be, cid, state, live, limit_s=HOLD_S):
+    if _hold(settings, be, cid, state, live, phase=phase, limit_s=HOLD_S):
         st.rerun(scope="fragment")  # a fresh run: a fresh draw, a fresh watch
     return None
 
@@ -196,12 +212,14 @@ def _follow_component(settings: Settings, cid: str, *, in_flight: bool, followin
     following.append(True)
 
 
-def _turn_moved(state: dict | None, turn_id: str, in_flight: bool) -> bool:
-    """A turn started or ended since the full run: only a full run draws the page around it."""
-    return state is None or state["turn_id"] != turn_id or state["done"] == in_flight
+def _turn_moved(state: dict | None, turn_id: str, phase: str) -> bool:
+    """A turn started, parked, was answered or ended since the full run: only a full run draws the page
+    around it."""
+    return state is None or state["turn_id"] != turn_id or ui.phase_of(state) != phase
 
 
-def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live | None, *, limit_s: float) -> bool:
+def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live | None, *, phase: str,
+          limit_s: float) -> bool:
     """Follow the event stream for up to `limit_s` (then True): each write is drawn as it lands, and
     every SLICE_S the run gives way to whatever else waits. A click outside cuts it. Another fragment's
     rerun goes first: a fragment run asks to run again after it; a full run simply ends (the follower
@@ -224,7 +242,7 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live 
                 continue
             # No wait here: the watch already waited. Unchanged, this is the lost-worker check.
             fresh = ui.poll(be.store, be.queue_connection, session, cid).state
-            if _turn_moved(fresh, state["turn_id"], live is not None):
+            if _turn_moved(fresh, state["turn_id"], phase):
                 st.rerun(scope="app")
             if live is None:
                 state = fresh
@@ -289,6 +307,9 @@ def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) ->
 def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> None:
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
+    if state["status"] == Status.AWAITING_APPROVAL:  # no job runs: no bar, no queue place, no spinner
+        approval.parked_status(state)
+        return
     with st.container(border=True):
         if state["status"] == Status.QUEUED:
             info = ui.queue_info(be, state)

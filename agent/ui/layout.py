@@ -3,12 +3,14 @@ where the follower (agent/ui/follower.py) draws the turn in flight and Stop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import streamlit as st
 
 from agent.conversation.turns import TurnView, split_turns
 from agent.deadline import TOOL_CUT_SLACK_S
 from agent.settings import Settings
-from agent.ui import callbacks, follower, render, sidebar, tool_sources
+from agent.ui import approval, callbacks, follower, render, sidebar, tool_sources
 from agent.ui import conversations as conversations_ui
 from agent.ui import state as ui
 from agent.ui.guard import drawn_or_said
@@ -43,7 +45,8 @@ def page(settings: Settings, be: ui.Backend) -> None:
                                                 be.queue_connection, settings.state_ttl_s)
     cid = conversation.id
     state = result.state
-    in_flight = state is not None and not state["done"]
+    phase = ui.phase_of(state)  # a parked turn is in flight (Stop, no input) but drawn by this run
+    in_flight = phase != ui.IDLE
     _header(conversation, state)
     # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
     # in flight, then the rest of the page.
@@ -56,14 +59,14 @@ def page(settings: Settings, be: ui.Backend) -> None:
     # before it shows the turn; one that ends a turn empties the turn's frame before it turns it back on:
     # the page never shows a turn in flight with the input on.
     if in_flight:
-        _chat_input(settings, be, cid, in_flight, config)
+        _chat_input(settings, be, cid, phase, config)
     # Then the turn in flight (or, when it has ended, its frame emptied).
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[follower.HANDOFF_KEY] = state
     with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
-        live = follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, in_flight)
+        live = follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, phase)
     if not in_flight:
-        _chat_input(settings, be, cid, in_flight, config)
+        _chat_input(settings, be, cid, phase, config)
     _conversation_links(settings, be, top, cid, state)
     if result.lost:
         st.toast("The worker running this turn was lost; its ending has been written.", icon="🛑")
@@ -73,11 +76,11 @@ def page(settings: Settings, be: ui.Backend) -> None:
             _empty_chat(settings, be, cid)
         else:
             turns = split_turns(state)
-            _finished_turns(cid, turns[:-1] if in_flight else turns)
+            _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns, _request_drawer(be, cid, state))
 
     _flash(session)
-    _input_caption(in_flight, config, config_error)
-    if live is not None:  # everything is drawn: follow the turn from here until the follower takes over
+    _input_caption(phase, config, config_error)
+    if live is not None or phase == ui.PARKED:  # everything is drawn: follow the turn until the follower takes over
         follower.bridge(settings, be, cid, state, live)
 
 
@@ -102,7 +105,7 @@ def _sidebar(settings: Settings, be: ui.Backend):
     st.sidebar.divider()
     settings_box = sidebar.settings_box()
     config, config_error = sidebar.render_sidebar(settings.turn, settings_box)
-    tool_sources.render_tool_sources(be.store.redis, settings_box)
+    tool_sources.render_tool_sources(be.store.redis, settings_box, approve_tools=settings.turn.approve_tools)
     return top, config, config_error
 
 
@@ -114,18 +117,25 @@ def _conversation_links(settings: Settings, be: ui.Backend, top, cid: str, state
         st.query_params[ui.CID_PARAM] = cid  # the first message makes the chat a link: reload and tabs follow it
 
 
-def _chat_input(settings: Settings, be: ui.Backend, cid: str, in_flight: bool, config) -> None:
+INPUT_PLACEHOLDERS = {ui.IDLE: "Ask something that needs a tool…", ui.LIVE: "Wait for the reply, or press Stop…",
+                      ui.PARKED: "Answer the request above, or press Stop…"}
+
+
+def _chat_input(settings: Settings, be: ui.Backend, cid: str, phase: str, config) -> None:
     st.chat_input(
-        "Ask something that needs a tool…" if not in_flight else "Wait for the reply, or press Stop…",
+        INPUT_PLACEHOLDERS[phase],
         key=callbacks.INPUT_KEY,
-        disabled=in_flight or config is None,
+        disabled=phase != ui.IDLE or config is None,
         on_submit=callbacks.on_send,
         args=(settings, be, cid),
     )
 
 
-def _input_caption(in_flight: bool, config, config_error: str | None) -> None:
-    if in_flight:
+def _input_caption(phase: str, config, config_error: str | None) -> None:
+    if phase == ui.PARKED:
+        st.caption("✋ The input is off while the assistant waits for your answer: approve or deny the request "
+                   "above, or press **Stop** to end the turn.")
+    elif phase == ui.LIVE:
         st.caption("✋ The input is off while this reply is being written: one turn at a time. "
                    "Press **Stop** to end it early.")
     elif config is None:
@@ -138,16 +148,27 @@ def _empty_chat(settings: Settings, be: ui.Backend, cid: str) -> None:
         st.button(example, key=f"example-{index}", on_click=callbacks.send_text, args=(settings, be, cid, example))
 
 
-def _finished_turns(cid: str, turns: list[TurnView]) -> None:
+def _request_drawer(be: ui.Backend, cid: str, state: dict | None) -> Callable[[], None] | None:
+    """What draws a parked turn's request inside it (None when nothing waits for an answer)."""
+    request = approval.parked_request(state) if state is not None else None
+    if request is None:
+        return None
+    now = ui.now()
+    return lambda: approval.request_card(be, cid, request, now)
+
+
+def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None] | None = None) -> None:
     """Drawn once per full run. Past RECENT_TURNS, earlier turns wait behind a button, so a full run
-    (the one that ends each turn) costs the same at turn 30 and turn 300."""
+    (the one that ends each turn) costs the same at turn 30 and turn 300. A parked turn (the last) is
+    drawn here too, with its request (`request` draws it)."""
     hidden = 0 if st.session_state.get(callbacks.SHOW_ALL_KEY) == cid else max(0, len(turns) - render.RECENT_TURNS)
     if hidden:
         st.button(f"Show {hidden} earlier turn{'s' * (hidden != 1)}", key="show-earlier",
                   on_click=callbacks.show_all, args=(cid,))
     for index, turn in enumerate(turns[hidden:], start=hidden):
         with drawn_or_said(f"turn {index + 1}"):
-            render.render_turn(turn, latest=index == len(turns) - 1)
+            last = index == len(turns) - 1
+            render.render_turn(turn, latest=last, request=request if last else None)
 
 
 def new_chat_button() -> None:

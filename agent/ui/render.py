@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import streamlit as st
 
@@ -125,6 +126,8 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"↻ Waited {took} before {inert(step.get('name'))} ({detail or 'retry'})."
     if kind == Kind.RESUME:
         return f"🔁 Resume {step.get('attempt')}: {detail}; the gap lasted {took}."
+    if kind == Kind.APPROVAL:
+        return approval_caption(step)
     attempt = step.get("attempt") or 1
     name = f"Model call ({inert(step.get('name'))})" + (f", try {attempt}" if attempt > 1 else "")
     if step.get("unstreamed"):  # asked again plainly: why, in the words the turn recorded
@@ -144,6 +147,25 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
     return f"🧠 {name}: {took} of its {timeout} timeout{left_text}.{tokens}"
 
 
+APPROVAL_ICONS = {Outcome.APPROVED: "✅", Outcome.DENIED: "🚫", Outcome.EXPIRED: "⌛"}
+
+
+def approval_caption(step: Step) -> str:
+    """Who answered a request to run a tool, and how: an expiry reads as nobody answering, never as a
+    decline. The wait ran outside both jobs' clocks: no job ran while a person read."""
+    name, outcome = inert(step.get("name")), step.get("outcome")
+    took = _seconds(step.get("duration_s"))
+    by = inert(step.get("answered_by") or "")
+    icon = APPROVAL_ICONS.get(outcome, "✋")
+    if outcome == Outcome.EXPIRED:
+        return (f"{icon} Nobody answered the request to run **{name}** within {took}: it expired, so the tool "
+                "was not run (not declined). No job ran while it waited.")
+    verb = {Outcome.APPROVED: "Approved", Outcome.DENIED: "Declined"}.get(outcome, inert(outcome or "Answered"))
+    after = ("the tool ran in a new job, on a fresh set of clocks" if outcome == Outcome.APPROVED
+             else "the model was told a person declined it, and answered without it")
+    return f"{icon} {verb} {by}: **{name}**, after {took} of waiting (no job ran meanwhile); {after}."
+
+
 def step_tokens(step: Step) -> tuple[int | None, int | None]:
     """A model call's input and output tokens, as its provider reported them (None: not reported)."""
     usage = step.get("usage")
@@ -160,13 +182,14 @@ def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
     return "Tokens: " + ", ".join(parts)
 
 
-def render_turn(turn: TurnView, *, latest: bool):
+def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | None = None):
     """One turn: the user's message, then the assistant's steps as they landed, then the ending.
 
     The latest turn (and the one in flight) is drawn in full. An earlier one is drawn compact: its
     tool calls on one line, the reply and the ending, with the steps and charts behind a toggle, so
     a full run sends a few elements per earlier turn instead of dozens. A turn in flight ends with
-    the text being written, in a placeholder that is returned so the page can grow it alone."""
+    the text being written, in a placeholder that is returned so the page can grow it alone. A parked
+    turn's request for approval (`request` draws it) goes inside the turn, after the call that asked."""
     messages = turn.messages
     if messages and messages[0].get("role") == Role.USER:
         with st.chat_message(Role.USER):
@@ -179,6 +202,8 @@ def render_turn(turn: TurnView, *, latest: bool):
             _full_body(turn, messages, expanded=latest)
         else:
             _compact_body(turn, messages)
+        if request is not None:
+            request()
         if not turn.in_flight:
             return None
         slot = st.empty()
@@ -240,11 +265,16 @@ def _partial_text(step: Step) -> None:
 
 
 def tools_line(steps: list[Step]) -> str:
-    """Every tool run of a turn on one line, for a compact turn."""
-    return " · ".join(
-        f"{TOOL_ICONS.get(s['outcome'], '⚠️')} {inert(s['name'])}({inert(_short_arguments(s.get('arguments')))})"
-        for s in steps if s["kind"] == Kind.TOOL
-    )
+    """Every tool run (and every answer to a request to run one) of a turn on one line, for a compact turn."""
+    return " · ".join(_tool_item(s) for s in steps if s["kind"] in (Kind.TOOL, Kind.APPROVAL))
+
+
+def _tool_item(step: Step) -> str:
+    if step["kind"] == Kind.APPROVAL:
+        words = {Outcome.APPROVED: "approved", Outcome.DENIED: "declined", Outcome.EXPIRED: "expired"}
+        return f"{APPROVAL_ICONS.get(step['outcome'], '✋')} {inert(step['name'])} {words.get(step['outcome'], '')}"
+    icon = TOOL_ICONS.get(step["outcome"], "⚠️")
+    return f"{icon} {inert(step['name'])}({inert(_short_arguments(step.get('arguments')))})"
 
 
 def _compact_body(turn: TurnView, messages: list[dict]) -> None:
@@ -317,6 +347,11 @@ def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:
         killed = (summary.get("error") or {}).get("kind") == ErrorKind.JOB_TIMEOUT
         verb = "killed it" if killed else "would have killed it"
         sentences.append(f"The queue {verb} at {_seconds(kill - started)}.")
+    waits = [s for s in steps if s["kind"] == Kind.APPROVAL]
+    if waits:  # the clocks above are the last job's: the turn ran in one job more than it waited
+        waited = sum(number(s.get("duration_s")) or 0.0 for s in waits)
+        sentences.append(f"Before it, the turn waited **{_seconds(waited)}** for a person's answer, outside any job's "
+                         f"clocks, in {len(waits) + 1} jobs in all.")
     calls = sum(1 for s in steps if s["kind"] == Kind.MODEL)
     # Refused or never-run calls are recorded as one step each batch, not as tool runs.
     not_runs = (Outcome.REFUSED, Outcome.SKIPPED)

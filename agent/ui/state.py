@@ -162,10 +162,23 @@ def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait
     else:
         state, changed = _read(store, session, cid), True
     lost = False
-    if state is not None and not state["done"] and (not changed or cached is None):
+    # A parked turn has no job to lose (it waits for a person): no check, so it costs what an idle page does.
+    if state is not None and phase_of(state) == LIVE and (not changed or cached is None):
         if lost_worker_check(store, queue_connection, cid, state):
             state, changed, lost = _read(store, session, cid), True, True
     return Poll(state, changed, lost)
+
+
+IDLE, PARKED, LIVE = "idle", "parked", "live"  # where the conversation's latest turn is, for the page
+
+
+def phase_of(state: State | None) -> str:
+    """The page follows a conversation in one of three ways: idle (nothing in flight, or no state), parked
+    (a tool waits for a person's answer: no job runs, so the page waits like an idle one, drawn once) or
+    live (a job runs or is queued: the page follows each write)."""
+    if state is None or state["done"]:
+        return IDLE
+    return PARKED if state["status"] == Status.AWAITING_APPROVAL else LIVE
 
 
 def _read(store: Store, session, cid: str) -> State | None:

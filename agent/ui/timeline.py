@@ -8,7 +8,7 @@ from __future__ import annotations
 from agent.contract import Kind, Outcome, Step, TurnSummary
 
 KIND_LABELS = {Kind.MODEL: "model call", Kind.TOOL: "tool run", Kind.RETRY: "retry wait", Kind.SKIP: "skipped call",
-               Kind.RESUME: "worker lost, resumed"}
+               Kind.RESUME: "worker lost, resumed", Kind.APPROVAL: "waiting for a person"}
 TIMEOUT_LABEL = "timeout it was given"
 RUNNING_LABEL = "running now"
 COLOURS = {  # colour-blind friendly, and failures stand out
@@ -17,6 +17,7 @@ COLOURS = {  # colour-blind friendly, and failures stand out
     "retry wait": "#B279A2",
     "skipped call": "#9D755D",
     "worker lost, resumed": "#BAB0AC",
+    "waiting for a person": "#EECA3B",
     "timed out": "#E45756",
     "failed": "#F58518",
     RUNNING_LABEL: "#72B7B2",
@@ -30,6 +31,8 @@ CHART_SUBTITLE = [
     "The turn stops itself at its deadline (orange line); the queue kills the job at the job timeout (red line).",
     "The shaded margin between them is kept free, so the turn can always write how it ended.",
 ]
+APPROVAL_SUBTITLE = ("The wait for a person's answer ran outside both jobs' clocks: the job that asked had "
+                     "ended, and the next one started on a fresh set of clocks (job 1's, then job 2's, ...).")
 
 
 def _what(step: Step) -> str:
@@ -51,15 +54,39 @@ def _label(number: int, step: Step) -> str:
         Kind.RETRY: f"wait before {name}",
         Kind.SKIP: "call skipped",
         Kind.RESUME: f"worker lost: resume {step.get('attempt')}",
+        Kind.APPROVAL: f"asks first: {name} ({step.get('outcome')})",
     }
     return f"{number}. {labels.get(kind, name or kind)}"
 
 
+def parked_jobs(steps: list[Step]) -> list[Step]:
+    """The answers to requests for approval: each ended one job's clocks (it parked the turn) and the
+    next job started a fresh set, so a turn with n of them ran in n + 1 jobs."""
+    return [s for s in steps if s.get("kind") == Kind.APPROVAL]
+
+
+def origin(summary: TurnSummary, steps: list[Step]) -> float | None:
+    """When the turn's first job started: the summary's start, unless a request for approval moved it to
+    a later job; then the first job's start, from its job timeout (start + job timeout) as its answer
+    recorded it, or its first step."""
+    parked = parked_jobs(steps)
+    if not parked:
+        return summary.get("started_at")
+    job_timeout_s = (summary.get("config") or {}).get("job_timeout_s")
+    first_kill = parked[0].get("job_timeout_at")
+    if first_kill and isinstance(job_timeout_s, int | float):
+        return first_kill - job_timeout_s
+    starts = [s["started_at"] for s in steps if s.get("started_at")] + [summary.get("started_at")]
+    return min((t for t in starts if t), default=None)
+
+
 def horizon_s(summary: TurnSummary, steps: list[Step], now: float | None = None) -> float:
-    """The x range: up to the job timeout, or further if something ran past it."""
-    t0 = summary.get("started_at") or 0.0
+    """The x range: up to the (last) job timeout, or further if something ran past it."""
+    t0 = origin(summary, steps) or 0.0
     ends = [s.get("ended_at") or t0 for s in steps]
-    candidates = [summary.get("job_timeout_at"), summary.get("deadline_at"), summary.get("ended_at"), now, *ends]
+    clocks = [s.get(name) for s in parked_jobs(steps) for name in ("deadline_at", "job_timeout_at")]
+    candidates = [summary.get("job_timeout_at"), summary.get("deadline_at"), summary.get("ended_at"), now, *ends,
+                  *clocks]
     span = max((c - t0 for c in candidates if c), default=1.0)
     return max(span, 1.0)
 
@@ -67,7 +94,7 @@ def horizon_s(summary: TurnSummary, steps: list[Step], now: float | None = None)
 def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None = None,
                   current: dict | None = None) -> list[dict]:
     """Two rows per step (the timeout it got, and what it took), in seconds since the turn started."""
-    t0 = summary.get("started_at")
+    t0 = origin(summary, steps)
     if not t0:
         return []
     horizon = horizon_s(summary, steps, now)
@@ -97,17 +124,22 @@ def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None 
     return rows
 
 
-def clock_rules(summary: TurnSummary) -> list[dict]:
-    t0 = summary.get("started_at")
+def clock_rules(summary: TurnSummary, steps: list[Step] = ()) -> list[dict]:
+    """Each job's deadline and job timeout: one job's, or, when the turn waited for a person, the clocks of
+    each job that parked it (from its answer's step) and then the current job's (the summary's)."""
+    t0 = origin(summary, list(steps))
     if not t0:
         return []
+    jobs = [*parked_jobs(list(steps)), summary]
     rules = []
-    if summary.get("deadline_at"):
-        rules.append({"at_s": round(summary["deadline_at"] - t0, 3), "clock": "deadline",
-                      "y_px": 2, "colour": "#D67500"})
-    if summary.get("job_timeout_at"):
-        rules.append({"at_s": round(summary["job_timeout_at"] - t0, 3), "clock": "job timeout",
-                      "y_px": 17, "colour": "#C0392B"})
+    for number, clocks in enumerate(jobs, start=1):
+        suffix = f" (job {number})" if len(jobs) > 1 else ""
+        if clocks.get("deadline_at"):
+            rules.append({"at_s": round(clocks["deadline_at"] - t0, 3), "clock": "deadline" + suffix,
+                          "y_px": 2, "colour": "#D67500", "job": number})
+        if clocks.get("job_timeout_at"):
+            rules.append({"at_s": round(clocks["job_timeout_at"] - t0, 3), "clock": "job timeout" + suffix,
+                          "y_px": 17, "colour": "#C0392B", "job": number})
     return rules
 
 
@@ -119,8 +151,8 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
     rows = timeline_rows(steps, summary, now=now, current=current)
     if not rows:
         return None
-    t0 = summary["started_at"]
-    rules = clock_rules(summary)
+    t0 = origin(summary, steps)
+    rules = clock_rules(summary, steps)
     if zoom:
         last = max(r["start_s"] + r["took_s"] for r in rows)
         domain_end = max(last * 1.15, 0.05)
@@ -128,7 +160,8 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         domain_end = horizon_s(summary, steps, now) * 1.03
     x_scale = {"domain": [0, domain_end], "nice": False}
     order = [r["step"] for r in rows if r["layer"] == "step"]
-    bar_encoding = _bar_encoding(rows, order, x_scale)
+    parked = bool(parked_jobs(steps))
+    bar_encoding = _bar_encoding(rows, order, x_scale, parked)
     timeouts = [r for r in rows if r["layer"] == "timeout"]
     timeout_mark = {"type": "bar", "size": 20, "opacity": 0.8, "clip": True}
     layers = [_layer(timeouts, timeout_mark, bar_encoding)] if timeouts else []
@@ -144,7 +177,8 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
         "layer": layers,
         "height": 220 + 36 * len(order),
-        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE, "anchor": "start", "subtitleColor": "#555"},
+        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE + [APPROVAL_SUBTITLE] * parked, "anchor": "start",
+                  "subtitleColor": "#555"},
     }
 
 
@@ -156,7 +190,7 @@ def _at_x(field: str, x_scale: dict) -> dict:
     return {"field": field, "type": "quantitative", "scale": x_scale}
 
 
-def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict) -> dict:
+def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, parked: bool = False) -> dict:
     """One bar per row, on its step's line, coloured by what it was (the legend lists only those present)."""
     present = {r["what"] for r in rows}
     legend_domain = [k for k in COLOURS if k in present]
@@ -174,7 +208,8 @@ def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict) -> dict:
         {"field": "timeout_s", "type": "quantitative", "title": "timeout (s)", "format": ".1f"},
         {"field": "detail", "type": "nominal", "title": "detail"},
     ]
-    x = {"field": "start_s", "type": "quantitative", "scale": x_scale, "title": "seconds since the job started"}
+    since = "the first job started" if parked else "the job started"
+    x = {"field": "start_s", "type": "quantitative", "scale": x_scale, "title": f"seconds since {since}"}
     return {"x": x, "x2": {"field": "end_s"}, "y": y, "color": colour, "tooltip": tooltip}
 
 
@@ -182,9 +217,10 @@ def _clock_layers(rules: list[dict], x_scale: dict, bars: list[dict]) -> list[di
     """The bars with the clocks: the margin between deadline and job timeout shaded behind them, a
     dashed line and a label at each clock in front."""
     layers = list(bars)
-    if len(rules) == 2:
-        layers.insert(0, _layer([{"from": rules[0]["at_s"], "to": rules[1]["at_s"]}],
-                                {"type": "rect", "color": "#F2A65A", "opacity": 0.13, "clip": True},
+    margins = [{"from": a["at_s"], "to": b["at_s"]} for a, b in zip(rules, rules[1:], strict=False)
+               if a["job"] == b["job"] and a["clock"].startswith("deadline") and b["clock"].startswith("job timeout")]
+    if margins:  # each job's margin, shaded behind the bars
+        layers.insert(0, _layer(margins, {"type": "rect", "color": "#F2A65A", "opacity": 0.13, "clip": True},
                                 {"x": _at_x("from", x_scale), "x2": {"field": "to"}}))
     for rule in rules:
         layers.append(_layer([rule], {"type": "rule", "strokeDash": [6, 3], "strokeWidth": 2, "clip": True,

@@ -23,9 +23,24 @@ def chosen(session) -> tuple[str, ...] | None:
     return tuple(picked)
 
 
-def render_tool_sources(client: redis.Redis, sb=None) -> None:
+ASKS_MARK = "✋"  # a tool that asks a person before it runs
+
+
+def asks_first(tool: dict, approve_tools: tuple[str, ...] = ()) -> bool:
+    """A tool asks a person first when its source marks it so (the catalogue's `needs_approval`, absent
+    from older catalogues) or when the settings name it (AGENT_APPROVE_TOOLS)."""
+    return tool.get("needs_approval") is True or tool.get("name") in approve_tools
+
+
+def tool_help(tool: dict, approve_tools: tuple[str, ...] = ()) -> str:
+    """One tool in its source's help text; what the server says of it is untrusted, shown inert."""
+    mark = f" {ASKS_MARK} (asks first: runs only once you approve it)" if asks_first(tool, approve_tools) else ""
+    return f"{inert(tool['name'])}{mark}: {inert(tool.get('description'))}"
+
+
+def render_tool_sources(client: redis.Redis, sb=None, *, approve_tools: tuple[str, ...] = ()) -> None:
     """List each tool source with its tools (or why it has none), and a choice of tools for the next turn,
-    into `sb` (the sidebar's settings, or the sidebar itself)."""
+    into `sb` (the sidebar's settings, or the sidebar itself). A tool that asks a person first is marked."""
     sb = st.sidebar if sb is None else sb
     sb.subheader("Tools")
     try:
@@ -35,12 +50,15 @@ def render_tool_sources(client: redis.Redis, sb=None) -> None:
     if not sources:
         sb.caption("The workers have not listed their tools yet.")
         return
-    names = []
+    names, asking = [], set()
     for source in sources:  # what a server says (descriptions, errors) is untrusted text: shown inert
         tools = [t for t in source.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
         names.extend(t["name"] for t in tools)
-        sb.caption(f"**{inert(source.get('name'))}** ({inert(source.get('kind'))}): {len(tools)} tool(s)",
-                   help="\n\n".join(f"{inert(t['name'])}: {inert(t.get('description'))}" for t in tools) or None)
+        asking.update(t["name"] for t in tools if asks_first(t, approve_tools))
+        asks = sum(asks_first(t, approve_tools) for t in tools)
+        sb.caption(f"**{inert(source.get('name'))}** ({inert(source.get('kind'))}): {len(tools)} tool(s)"
+                   + (f", {asks} {ASKS_MARK} ask{'s' * (asks == 1)} first" if asks else ""),
+                   help="\n\n".join(tool_help(t, approve_tools) for t in tools) or None)
         if source.get("error"):
             sb.warning(f"{inert(source.get('name'))}: {inert(source['error'])}", icon="🧰")
     session = st.session_state
@@ -50,4 +68,6 @@ def render_tool_sources(client: redis.Redis, sb=None) -> None:
         session[CHOSEN_KEY] = kept + [n for n in names if n not in previous and n not in kept]
         session[OFFERED_KEY] = names
     sb.multiselect("Tools the next message may use", names, key=CHOSEN_KEY,
-                   help="Names only: each worker runs tools from its own config file (mcp.json, AGENT_TOOLS).")
+                   format_func=lambda name: f"{name} {ASKS_MARK}" if name in asking else name,
+                   help="Names only: each worker runs tools from its own config file (mcp.json, AGENT_TOOLS). "
+                        f"{ASKS_MARK} marks a tool that asks you first.")
