@@ -210,6 +210,7 @@ def asking_cli(env: dict, message: str) -> tuple[subprocess.Popen, str, list[str
         line = proc.stderr.readline()
         assert line, f"ask ended before asking: {lines} {proc.poll()}"
         lines.append(line)
+    lines.append(proc.stderr.readline())  # how to answer it
     return proc, lines[0].split("conversation ", 1)[1].split(",", 1)[0], lines
 
 
