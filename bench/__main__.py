@@ -25,6 +25,7 @@ import rq
 from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from bench import (
     approvals,
+    approve_click,
     conversations,
     cost,
     first_screen,
@@ -72,6 +73,7 @@ class Plan:
     resume_call_kills: int = 10  # workers SIGKILLed mid-call, one at a time: kill to resumed write
     resume_other_rounds: int = 2  # rounds of a mid-stream and a mid-tool kill side by side
     watch_seconds: int = 5  # seconds of TurnWatch sweeps (then of heartbeats) over 100 running turns
+    approve_click_runs: int = approve_click.RUNS  # Approve clicks timed in Chromium, idle and beside 2 hogs
     approvals_parked: int = 100  # turns parked on a request at once (and requests in the watch's cost)
     approvals_runs: int = 20  # plain turns timed with nothing parked, then as many beside the parked ones
     approvals_expiring: int = 20  # requests nobody answers, expiring 2-6 s after they were asked
@@ -127,6 +129,7 @@ QUICK = Plan(
     resume_other_rounds=1,
     watch_seconds=3,
     approvals_parked=10,
+    approve_click_runs=0,  # the browser test covers the click; its timing is the full run's
     approvals_runs=3,
     approvals_expiring=3,
 )
@@ -231,6 +234,11 @@ def run_page(plan: Plan, started: float, results: dict) -> dict:
         say = lambda message: progress(message, started)  # noqa: E731
         section = page.page_cost(plan.page_lengths, plan.page_turns, plan.page_hogs, Path(tmp), say,
                                  stops=plan.page_stops, new_chats=plan.page_new_chats)
+        if section is not None and plan.approve_click_runs:
+            say("approvals: from Approve clicked to the tool's step on screen, idle and beside 2 CPU hogs")
+            results["approve_click"] = {f"hogs_{hogs}": approve_click.measure(plan.approve_click_runs, hogs,
+                                                                              Path(tmp) / f"approve-{hogs}")
+                                        for hogs in (0, 2)}
         if section is not None:
             results["first_screen"] = first_screen.first_screen(plan.first_screen_sizes, plan.first_screen_opens,
                                                                 Path(tmp), say)
@@ -347,6 +355,8 @@ def judge(results: dict) -> dict:
         goals |= resume.goals(results["resume"])
     if results.get("approvals"):
         goals |= approvals.goals(results["approvals"])
+    if results.get("approve_click"):
+        goals["approve_click_p95_idle"] = results["approve_click"]["hogs_0"]["met"]
     return goals
 
 
@@ -417,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy", "resume",
              "approvals",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
-             "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "goals", "default_worker_class",
+             "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "approve_click", "goals",
+             "default_worker_class",
              "first_step",
              "queue_overhead", "method", "meta")
     ordered = {k: results[k] for k in order if k in results}
