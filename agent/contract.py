@@ -10,8 +10,11 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a tool's name as the model sees it: what every provider accepts
 
 
 class Status(StrEnum):

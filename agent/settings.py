@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
+from agent.contract import TOOL_NAME
 from agent.conversation.store import DEFAULT_MAX_CONVERSATION_BYTES
 from agent.deadline import LOST_GRACE_S
 from agent.hosts import host_name
@@ -18,7 +19,6 @@ from agent.providers import registry
 from agent.providers.spec import ProviderSpec
 from agent.runtime.embedded_redis import DEFAULT_MAXMEMORY_MB as DEFAULT_REDIS_MAXMEMORY_MB
 from agent.runtime.embedded_redis import DEFAULT_REDIS_WAIT_S
-from agent.tools.registry import TOOL_NAME
 
 DEFAULT_JOB_TIMEOUT_S = 120  # seconds; RQ enforces whole seconds
 DEFAULT_DEADLINE_MARGIN_S = 20.0  # seconds

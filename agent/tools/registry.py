@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import pydantic
 
 from agent import bounded_json
+from agent.contract import TOOL_NAME  # noqa: F401 - what every provider accepts as a tool name
 from agent.text.surrogates import scrub_json
 
 TIMEOUT_PARAMETER = "timeout_s"  # filled by run_tool with the time the run may take, never shown to the model
 STOP_PARAMETER = "stop"  # filled by run_tool with an Event set when the user stops the turn; never shown
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what every provider accepts as a tool name
 BUILT_IN = "built-in"  # the source name of the tools this package ships
 _BARE_CONTAINERS = (list, dict, set, frozenset, tuple)  # their items' type says what the model must send
 

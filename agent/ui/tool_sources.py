@@ -10,6 +10,7 @@ import streamlit as st
 
 from agent.text.markdown import inert
 from agent.tools.catalogue import read_catalogue
+from agent.tools.notes import notes_path, read_notes
 
 CHOSEN_KEY = "sb_tools"  # the multiselect's session key: the tool names chosen
 OFFERED_KEY = "sb_tools_offered"  # every tool name the catalogue listed when the sidebar was drawn
@@ -71,3 +72,18 @@ def render_tool_sources(client: redis.Redis, sb=None, *, approve_tools: tuple[st
                    format_func=lambda name: f"{name} {ASKS_MARK}" if name in asking else name,
                    help="Names only: each worker runs tools from its own config file (mcp.json, AGENT_TOOLS). "
                         f"{ASKS_MARK} marks a tool that asks you first.")
+
+
+def render_notes(sb=None) -> None:
+    """The demo's add_note file, under the settings: the visible effect of a tool a person approved. Nothing
+    is drawn until a note exists (the notes of this machine's data directory, where its workers write)."""
+    try:
+        notes = read_notes()
+    except OSError:
+        return
+    if not notes:
+        return
+    sb = st.sidebar if sb is None else sb
+    sb.caption(f"📝 **Notes** (`add_note`, {len(notes)} latest, in `{notes_path().name}`)",
+               help="Each line was written by the add_note tool after a person approved it.")
+    sb.code("\n".join(notes), language=None, wrap_lines=True)
