@@ -17,7 +17,7 @@ import json
 import redis
 import streamlit as st
 
-from agent.contract import Approval, Outcome, Status
+from agent.contract import TOOL_NAME, Approval, Outcome, Status
 from agent.conversation.well_formed import number
 from agent.conversation.words import STATUS_LABELS
 from agent.text.markdown import inert
@@ -62,9 +62,9 @@ def on_answer(be: ui.Backend, cid: str, request_id: str, decision: str) -> None:
 def request_card(be: ui.Backend, cid: str, request: Approval, now: float) -> None:
     """The request, where the tool call is: the tool, its arguments (untrusted: a code block shows them
     inert), when it expires (the time in words, and a countdown in the browser), and the two buttons."""
-    name = inert(request.get("name") or "a tool")
+    name = tool_name_markdown(request.get("name"))
     with st.container(border=True, key=f"approval-{request['id']}"):
-        st.markdown(f"**✋ The assistant wants to run `{name}`.** It asks you first: nothing runs until you "
+        st.markdown(f"**✋ The assistant wants to run {name}.** It asks you first: nothing runs until you "
                     "answer.")
         st.caption("With these arguments:")
         st.code(_pretty(request.get("arguments")), language="json", wrap_lines=True)
@@ -107,12 +107,20 @@ def _pretty(arguments) -> str:
         return arguments
 
 
+def tool_name_markdown(name) -> str:
+    """A tool's name as a code span when it is one a provider accepts (nothing in it a code span would
+    show escaped); anything else a stored state holds, as inert text."""
+    if isinstance(name, str) and TOOL_NAME.match(name):
+        return f"`{name}`"
+    return inert(name or "a tool")
+
+
 def parked_status(state: dict) -> None:
     """The status panel of a parked turn: no spinner, no budget bar, no queue place: no job runs."""
     request = state.get("approval") or {}
-    name = inert(request.get("name") or "a tool")
+    name = tool_name_markdown(request.get("name"))
     with st.container(border=True):
-        st.markdown(f"**{STATUS_LABELS[Status.AWAITING_APPROVAL]}** to run `{name}`")
+        st.markdown(f"**{STATUS_LABELS[Status.AWAITING_APPROVAL]}** to run {name}")
         st.caption("No job is running: the worker that asked was freed, and no clock of the turn runs while you "
                    "decide. Once you answer, the turn goes on in a new job with a fresh set of clocks.")
 

@@ -24,6 +24,7 @@ COLOURS = {  # colour-blind friendly, and failures stand out
     TIMEOUT_LABEL: "#D3D8DE",
 }
 MIN_BAR_FRACTION = 0.006  # of the x range: a 3 ms step still shows as a sliver
+LABEL_ROWS_PX = 32  # the height of one job's row of clock labels, above the bars
 VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"  # the version Streamlit draws
 CHART_TITLE = "How this turn used its time"
 CHART_SUBTITLE = [
@@ -134,12 +135,13 @@ def clock_rules(summary: TurnSummary, steps: list[Step] = ()) -> list[dict]:
     rules = []
     for number, clocks in enumerate(jobs, start=1):
         suffix = f" (job {number})" if len(jobs) > 1 else ""
+        row_px = LABEL_ROWS_PX * (number - 1)  # each job's labels a row of their own: close clocks stay legible
         if clocks.get("deadline_at"):
             rules.append({"at_s": round(clocks["deadline_at"] - t0, 3), "clock": "deadline" + suffix,
-                          "y_px": 2, "colour": "#D67500", "job": number})
+                          "y_px": 2 + row_px, "colour": "#D67500", "job": number})
         if clocks.get("job_timeout_at"):
             rules.append({"at_s": round(clocks["job_timeout_at"] - t0, 3), "clock": "job timeout" + suffix,
-                          "y_px": 17, "colour": "#C0392B", "job": number})
+                          "y_px": 17 + row_px, "colour": "#C0392B", "job": number})
     return rules
 
 
@@ -160,8 +162,9 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         domain_end = horizon_s(summary, steps, now) * 1.03
     x_scale = {"domain": [0, domain_end], "nice": False}
     order = [r["step"] for r in rows if r["layer"] == "step"]
-    parked = bool(parked_jobs(steps))
-    bar_encoding = _bar_encoding(rows, order, x_scale, parked)
+    jobs = len(parked_jobs(steps)) + 1
+    parked = jobs > 1
+    bar_encoding = _bar_encoding(rows, order, x_scale, jobs)
     timeouts = [r for r in rows if r["layer"] == "timeout"]
     timeout_mark = {"type": "bar", "size": 20, "opacity": 0.8, "clip": True}
     layers = [_layer(timeouts, timeout_mark, bar_encoding)] if timeouts else []
@@ -176,7 +179,7 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         "$schema": VEGA_LITE_SCHEMA,
         "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
         "layer": layers,
-        "height": 220 + 36 * len(order),
+        "height": 220 + 36 * len(order) + LABEL_ROWS_PX * (jobs - 1),
         "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE + [APPROVAL_SUBTITLE] * parked, "anchor": "start",
                   "subtitleColor": "#555"},
     }
@@ -190,16 +193,16 @@ def _at_x(field: str, x_scale: dict) -> dict:
     return {"field": field, "type": "quantitative", "scale": x_scale}
 
 
-def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, parked: bool = False) -> dict:
+def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, jobs: int = 1) -> dict:
     """One bar per row, on its step's line, coloured by what it was (the legend lists only those present)."""
     present = {r["what"] for r in rows}
     legend_domain = [k for k in COLOURS if k in present]
     colour = {"field": "what", "type": "nominal", "title": None,
               "scale": {"domain": legend_domain, "range": [COLOURS[k] for k in legend_domain]},
               "legend": {"orient": "bottom", "columns": 5, "symbolType": "square"}}
-    # The outer padding leaves a free band at the top for the clocks' labels.
+    # The outer padding leaves a free band at the top for the clocks' labels: a row of them per job.
     y = {"field": "step", "type": "nominal", "sort": order, "title": None,
-         "axis": {"labelLimit": 220, "ticks": False}, "scale": {"paddingInner": 0.25, "paddingOuter": 0.9}}
+         "axis": {"labelLimit": 220, "ticks": False}, "scale": {"paddingInner": 0.25, "paddingOuter": 0.9 * jobs}}
     tooltip = [
         {"field": "step", "type": "nominal", "title": "step"},
         {"field": "what", "type": "nominal", "title": "kind"},
@@ -208,7 +211,7 @@ def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, parked: boo
         {"field": "timeout_s", "type": "quantitative", "title": "timeout (s)", "format": ".1f"},
         {"field": "detail", "type": "nominal", "title": "detail"},
     ]
-    since = "the first job started" if parked else "the job started"
+    since = "the first job started" if jobs > 1 else "the job started"
     x = {"field": "start_s", "type": "quantitative", "scale": x_scale, "title": f"seconds since {since}"}
     return {"x": x, "x2": {"field": "end_s"}, "y": y, "color": colour, "tooltip": tooltip}
 
