@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import rq
@@ -38,101 +38,9 @@ from bench import (
     worker_memory,
 )
 from bench.lab import Lab
+from bench.plans import FULL, QUICK, Plan
 
 HERE = Path(__file__).resolve().parent
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How much of everything to run. FULL keeps `make bench` under 10 minutes on 2 cores."""
-
-    latency_s: float  # per model call, for the first-step, overhead and throughput turns
-    poll_interval_s: float  # the plain poll's interval and the event-driven wait's bound
-    history_samples: int
-    observe_conversations: int
-    observe_duration_s: float
-    classes: tuple[str, ...]
-    dispatch_turns: int
-    overhead_pairs: int  # for the default class; the others get `overhead_pairs_other`
-    overhead_pairs_other: int
-    first_step_repeats: int
-    throughput: tuple[tuple[str, int, int], ...]  # (worker class, workers, turns)
-    deadline_turns: int
-    deadline_workers: int
-    deadline_clocks: dict = field(default_factory=lambda: dict(load.DEADLINE_CLOCKS))
-    page_lengths: tuple[int, ...] = (1, 10, 30, 100)  # turns in the conversation
-    page_turns: int = 6  # measured turns per length and condition
-    page_hogs: tuple[int, ...] = (0, 2)  # CPU hogs per condition: an idle machine, then a busy one
-    page_stops: int = 6  # Stop clicks per condition
-    page_new_chats: int = page.NEW_CHATS  # replies timed in a new chat per condition
-    first_screen_sizes: tuple[int, ...] = first_screen.SIZES  # conversations stored when the first screen is timed
-    first_screen_opens: int = first_screen.OPENS  # warm opens of each app per size
-    list_sizes: tuple = conversations.LIST_SIZES  # conversations in the index when the sidebar's page is listed
-    memory_turns: tuple = conversations.TURN_COUNTS  # (turns per conversation, conversations measured)
-    worker_memory_with_mcp_json: bool = True  # also measure a worker holding the project's MCP server
-    resume_call_kills: int = 10  # workers SIGKILLed mid-call, one at a time: kill to resumed write
-    resume_other_rounds: int = 2  # rounds of a mid-stream and a mid-tool kill side by side
-    watch_seconds: int = 5  # seconds of TurnWatch sweeps (then of heartbeats) over 100 running turns
-    approve_click_runs: int = approve_click.RUNS  # Approve clicks timed in Chromium, idle and beside 2 hogs
-    approvals_parked: int = 100  # turns parked on a request at once (and requests in the watch's cost)
-    approvals_runs: int = 20  # plain turns timed with nothing parked, then as many beside the parked ones
-    approvals_expiring: int = 20  # requests nobody answers, expiring 2-6 s after they were asked
-
-
-# Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
-# 1 worker runs 25 turns (25 s), not 100 (100 s). turns/s is a rate either way; p95 latency grows
-# with the queue, so each row says how many turns it ran. Fork workers: a shorter line for contrast.
-FULL = Plan(
-    latency_s=1.0,
-    poll_interval_s=1.0,  # AGENT_POLL_INTERVAL_MS's default
-    history_samples=50,
-    observe_conversations=6,
-    observe_duration_s=15.0,
-    classes=("fork", "spawn", "simple"),
-    dispatch_turns=30,
-    overhead_pairs=5,
-    overhead_pairs_other=3,
-    first_step_repeats=3,
-    throughput=tuple(("simple", n, min(100, 25 * n)) for n in (1, 2, 4, 8, 16))
-    + tuple(("fork", n, min(50, 10 * n)) for n in (1, 2, 4, 8, 16)),
-    deadline_turns=200,
-    deadline_workers=16,
-)
-
-QUICK = Plan(
-    latency_s=0.2,
-    poll_interval_s=0.2,
-    history_samples=5,
-    observe_conversations=2,
-    observe_duration_s=1.0,
-    classes=("simple",),
-    dispatch_turns=3,
-    overhead_pairs=1,
-    overhead_pairs_other=1,
-    list_sizes=(20, 200),
-    memory_turns=((1, 5), (10, 2)),
-    worker_memory_with_mcp_json=False,
-    first_step_repeats=1,
-    throughput=(("simple", 1, 2), ("simple", 2, 4)),
-    deadline_turns=4,
-    deadline_workers=2,
-    deadline_clocks=dict(job_timeout_s=2, deadline_margin_s=1.0, call_timeout_cap_s=0.5, connect_timeout_s=0.5,
-                         min_call_s=0.2, max_steps=8),
-    page_lengths=(1, 3),
-    page_turns=1,
-    page_hogs=(0,),
-    page_stops=1,
-    page_new_chats=1,
-    first_screen_sizes=(20,),
-    first_screen_opens=1,
-    resume_call_kills=2,
-    resume_other_rounds=1,
-    watch_seconds=3,
-    approvals_parked=10,
-    approve_click_runs=0,  # the browser test covers the click; its timing is the full run's
-    approvals_runs=3,
-    approvals_expiring=3,
-)
 
 METHOD = {
     "first_step_ratio": "The three-tool turn (calculator, current_time, search_docs; 4 model calls at {latency} s) "

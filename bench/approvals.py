@@ -28,6 +28,7 @@ from agent.queue import job_status, new_id
 from agent.settings import DEFAULT_POLL_INTERVAL_MS, TurnConfig
 from agent.turn.approvals import expire_due
 from bench.lab import ONE_CALL_MESSAGE, Lab, PoolProcess, submit
+from bench.plans import FULL, QUICK
 from bench.resume import _commands, _read_when
 from harness.processes import alive
 from harness.stats import summary
@@ -189,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # so the finally below stops what was started
-
-    from bench.__main__ import FULL, QUICK  # the bench's plans: one source for the numbers
 
     plan = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, on_sigterm)

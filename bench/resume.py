@@ -28,6 +28,7 @@ from agent.queue import new_id
 from agent.settings import TurnConfig
 from agent.turn import heartbeat
 from bench.lab import Lab, PoolProcess, submit
+from bench.plans import FULL, QUICK
 from bench.tracing_cost import _turn_s
 from harness.processes import alive
 from harness.stats import summary
@@ -239,8 +240,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # so the finally below stops what was started
-
-    from bench.__main__ import FULL, QUICK  # the bench's plans: one source for the numbers
 
     plan = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, on_sigterm)
