@@ -237,15 +237,8 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
         turn.add_event("resumed", {**clocks, "agent.resume.attempt": step.get("attempt") or 0,
                                    "agent.resume.gap_s": round((ended - started) / 1e9, 3)}, timestamp=ended)
         return
-    if kind == Kind.APPROVAL:  # the wait for a person, between two jobs' clocks: approved, denied or expired
-        span = tracer.start_span(f"await_approval {step.get('name')}", context=context, start_time=started)
-        span.set_attributes(_exportable({"gen_ai.tool.name": str(step.get("name")),
-                                         "gen_ai.tool.call.id": step.get("call_id"),
-                                         "agent.approval.answer": str(outcome),
-                                         "agent.approval.answered_by": step.get("answered_by")}))
-        turn.add_event(f"approval_{outcome}", {"gen_ai.tool.name": str(step.get("name"))}, timestamp=ended)
-        span.set_status(SpanStatus(StatusCode.OK))
-        span.end(end_time=ended)
+    if kind == Kind.APPROVAL:
+        _approval_span(tracer, turn, context, step)
         return
     if kind == Kind.MODEL:
         model = config.get("model") or str(step.get("name"))
@@ -287,6 +280,23 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
     else:
         span.set_attribute("error.type", str(outcome))
         span.set_status(SpanStatus(StatusCode.ERROR, _cut(step.get("detail")) if content else str(outcome)))
+    span.end(end_time=ended)
+
+
+def _approval_span(tracer, turn, context, step: dict) -> None:
+    """The wait for a person, between two jobs' clocks: approved, denied or expired (not an error)."""
+    from opentelemetry.trace import Status as SpanStatus
+    from opentelemetry.trace import StatusCode
+
+    outcome, ended = step.get("outcome"), _ns(step.get("ended_at"))
+    span = tracer.start_span(f"await_approval {step.get('name')}", context=context,
+                             start_time=_ns(step.get("started_at")))
+    span.set_attributes(_exportable({"gen_ai.tool.name": str(step.get("name")),
+                                     "gen_ai.tool.call.id": step.get("call_id"),
+                                     "agent.approval.answer": str(outcome),
+                                     "agent.approval.answered_by": step.get("answered_by")}))
+    turn.add_event(f"approval_{outcome}", {"gen_ai.tool.name": str(step.get("name"))}, timestamp=ended)
+    span.set_status(SpanStatus(StatusCode.OK))
     span.end(end_time=ended)
 
 
