@@ -169,3 +169,36 @@ def test_the_parked_status_never_claims_a_job_runs():
     assert ui.phase_of(state) == ui.PARKED
     assert ui.phase_of({**state, "status": Status.QUEUED}) == ui.LIVE
     assert ui.phase_of({**state, "done": True}) == ui.IDLE
+
+
+HOSTILE_REQUESTS = [
+    "text",  # like every value that is not a request (None, 5, [], {}, {"id": "x"}): it reads as none
+    {"id": 5, "name": ["a"], "expires_at": "soon", "arguments": {"a": 1}},
+    {"id": "x`y", "name": "a`](javascript:alert(1))", "expires_at": 1e300, "arguments": "<script>alert(1)</script>",
+     "asked_at": -1, "answer": None},
+    {"id": "x", "name": "**bold**\n# heading", "expires_at": float("nan"), "arguments": "```\n" * 50},
+    {"id": "x", "name": "calculator", "expires_at": 1.0, "arguments": "{}", "answer": "maybe", "answered_by": 7},
+]
+
+
+@pytest.mark.parametrize("stored", HOSTILE_REQUESTS, ids=range(len(HOSTILE_REQUESTS)))
+def test_a_parked_turn_with_a_request_of_any_shape_is_drawn_and_can_be_stopped(store, queue, stored):
+    import json
+
+    from agent.conversation.keys import Keys
+
+    cid = ask(store, queue, "what is 6*7?", ASKS)
+    parked(store, cid)
+    meta = Keys.of(cid).meta
+    doc = json.loads(store.redis.hget(meta, "doc"))
+    doc["approval"] = stored
+    store.redis.hset(meta, "doc", json.dumps(doc, allow_nan=True))
+    store.redis.hincrby(meta, "version", 1)
+    at = opened(cid)
+    page = texts(at)
+    assert "Waiting for your approval" in page, page[-1500:]
+    assert "javascript:" not in "".join(str(m.value) for m in at.markdown)
+    at.button(key="stop").click().run()
+    assert_no_exception(at)
+    final = store.read(cid)
+    assert final["done"] and final["status"] == Status.CANCELLED
