@@ -171,6 +171,8 @@ def test_the_command_line_answers_once_and_says_when_there_is_nothing_to_answer(
         return subprocess.run([sys.executable, "-m", "agent", *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=60)
 
+    listed = [line for line in cli("list", "--limit", "1000").stdout.splitlines() if conversation_id in line]
+    assert listed and "[awaiting approval]" in listed[0], listed
     shown = cli("show", conversation_id)
     assert shown.returncode == 0 and "[approval needed] calculator with" in shown.stdout
     assert f"python -m agent approve {conversation_id}" in shown.stdout
@@ -332,3 +334,16 @@ def test_a_stored_request_of_the_wrong_shape_reads_as_none_or_with_each_field_of
         assert isinstance(read["expires_at"], float | int) and read["answer"] in (None, "3")
     else:
         assert not (isinstance(stored, dict) and stored.get("name") == "t")
+
+
+def test_the_list_marks_a_parked_conversation_as_waiting_for_a_person():
+    from agent.conversation.listing import ConversationInfo, _row
+    from agent.ui.conversations import AWAITING_MARK, IN_FLIGHT_MARK, row_label
+
+    parked_row = _row("c1", b"note it", 1.0, b"1", b"0", b"a1b2")
+    running_row = _row("c2", b"sum", 1.0, b"1", b"0", None)
+    ended_row = _row("c3", b"done", 1.0, b"1", b"1", b"stale")  # an ended turn waits for nobody
+    assert parked_row.awaiting_approval and parked_row.in_flight
+    assert not running_row.awaiting_approval and not ended_row.awaiting_approval and not ended_row.in_flight
+    assert row_label(parked_row).startswith(AWAITING_MARK) and row_label(running_row).startswith(IN_FLIGHT_MARK)
+    assert isinstance(parked_row, ConversationInfo)

@@ -105,7 +105,7 @@ def _list(store: Store, args) -> int:
         if args.json:
             _out(json.dumps(row.to_dict(), ensure_ascii=False), escape=True)
         else:
-            flight = " [in flight]" if row.in_flight else ""
+            flight = " [awaiting approval]" if row.awaiting_approval else " [in flight]" if row.in_flight else ""
             _out(f"{row.conversation_id}  {_when(row.updated_at)}  {row.turns} turn{'s' * (row.turns != 1)}"
                  f"{flight}  {row.title}", escape=True)
     if not args.json and not listing.conversations:

@@ -13,7 +13,8 @@ import redis
 from agent.conversation.keys import INDEX_KEY, Keys
 from agent.conversation.well_formed import decoded
 
-SUMMARY_FIELDS = ("title", "turns", "done")  # of the meta hash, for one row of the list
+# Of the meta hash, for one row of the list: `approval` is there while a turn waits for a person's answer.
+SUMMARY_FIELDS = ("title", "turns", "done", "approval")
 
 
 class ConversationIndex:

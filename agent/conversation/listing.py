@@ -32,7 +32,8 @@ class ConversationInfo:
     title: str
     updated_at: float  # epoch seconds of the last write
     turns: int
-    in_flight: bool  # a turn is queued or running
+    in_flight: bool  # a turn is queued or running, or waits for a person's answer
+    awaiting_approval: bool = False  # its turn is parked on a request for approval
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,11 +75,11 @@ def _page(store: Store, start: int, count: int) -> tuple[list[ConversationInfo],
         if isinstance(meta, Exception):
             infos.append(ConversationInfo(decoded(member), UNREADABLE_TITLE, float(score), 0, False))
             continue
-        title, turns, done = meta
+        title, turns, done, approval = meta
         if done is None:  # its keys expired: the entry goes too
             gone.append(member)
             continue
-        infos.append(_row(decoded(member), title, float(score), turns, done))
+        infos.append(_row(decoded(member), title, float(score), turns, done, approval))
     store.index.drop(gone)
     return infos, len(entries)
 
@@ -100,22 +101,24 @@ def sweep_expired(store: Store, now: float | None = None) -> int:
 def info(store: Store, conversation_id: str) -> ConversationInfo | None:
     """One conversation's row, or None when it does not exist."""
     try:
-        title, turns, done = store.index.summary(conversation_id)
+        title, turns, done, approval = store.index.summary(conversation_id)
     except redis.ResponseError:  # keys of the wrong kind: the page says it cannot be read
         return ConversationInfo(conversation_id, UNREADABLE_TITLE, 0.0, 0, False)
     if done is None:
         return None
     score = store.index.score(conversation_id)
-    return _row(conversation_id, title, float(score or 0), turns, done)
+    return _row(conversation_id, title, float(score or 0), turns, done, approval)
 
 
-def _row(conversation_id: str, title, score: float, turns, done) -> ConversationInfo:
+def _row(conversation_id: str, title, score: float, turns, done, approval=None) -> ConversationInfo:
     """A row from what the meta hash holds, whatever it holds (a hand-written hash may hold anything)."""
     try:
         count = max(0, int(turns or 0))
     except (TypeError, ValueError):
         count = 0
-    return ConversationInfo(conversation_id, decoded(title or b""), score, count, done != b"1")
+    in_flight = done != b"1"
+    return ConversationInfo(conversation_id, decoded(title or b""), score, count, in_flight,
+                            awaiting_approval=in_flight and bool(approval))
 
 
 UNREADABLE_TITLE = "(cannot be read)"

@@ -24,6 +24,7 @@ FILTER_KEY = "conv_filter"
 RENAME_KEY = "conv_rename"
 CONFIRM_DELETE_KEY = "conv_confirm_delete"  # the id whose deletion is waiting for a confirmation
 IN_FLIGHT_MARK = "⏳"
+AWAITING_MARK = "✋"  # a turn parked on a request for approval: it waits for a person, not a worker
 
 
 def render_conversations(sb, store: Store, cid: str, *, exists: bool, show_list: bool) -> None:
@@ -55,7 +56,7 @@ def render_conversations(sb, store: Store, cid: str, *, exists: bool, show_list:
 
 def row_label(row: ConversationInfo) -> str:
     """A list row: the marker of a turn in flight, the title (inert), when, how many turns."""
-    mark = f"{IN_FLIGHT_MARK} " if row.in_flight else ""
+    mark = f"{AWAITING_MARK} " if row.awaiting_approval else f"{IN_FLIGHT_MARK} " if row.in_flight else ""
     turns = f"{row.turns} turn{'s' * (row.turns != 1)}"
     return f"{mark}{inert(row.title) or 'Untitled'} · {when(row.updated_at)} · {turns}"
 
