@@ -256,6 +256,7 @@ class State(TypedDict):
     attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
     live: Live | None  # the text being written now; None between model calls and once the turn ends
     approval: Approval | None  # the turn's latest request for approval: pending while status is awaiting_approval
+    owner: str | None  # the id of the signed-in person whose conversation it is; None in the local playground
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).

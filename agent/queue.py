@@ -9,6 +9,7 @@ here unpickles: importing this module makes RQ's default serializer JSON (agent/
 from __future__ import annotations
 
 import copy
+import re
 import time
 import uuid
 
@@ -17,6 +18,7 @@ from rq import Queue, Worker
 from rq.callbacks import Callback
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
+from rq.rate_limit import RateLimit
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -44,6 +46,9 @@ class UnsafeJobError(Exception):
     """A job named a function this project does not run."""
 
 
+SHARE_KEY_PREFIX = "agent-person-"
+SHARE_KEY_RE = re.compile(re.escape(SHARE_KEY_PREFIX) + r"p[0-9a-f]{20}")  # share_key's, and nothing else
+MAX_SHARE = 256  # the most of one person's turns queued or running at once that a loaded job may ask for
 NEUTRAL_JOB_FIELDS = {  # what a loaded job holds, whatever its payload asked for
     "webhooks": [],
     "retries_left": None,
@@ -51,8 +56,6 @@ NEUTRAL_JOB_FIELDS = {  # what a loaded job holds, whatever its payload asked fo
     "enqueue_at_front_on_retry": False,
     "repeats_left": None,
     "repeat_intervals": None,
-    "rate_limit_key": None,
-    "rate_limit_concurrency": None,
     "_dependency_ids": [],
     "allow_dependency_failures": None,
     "_success_callback_name": None,
@@ -65,8 +68,8 @@ NEUTRAL_JOB_FIELDS = {  # what a loaded job holds, whatever its payload asked fo
 class SafeJob(Job):
     """A job as this project writes it, whatever else its payload in Redis says.
 
-    Our jobs use no webhooks, retries, repeats, rate limits, dependencies, success or stopped
-    callbacks, and one failure callback with its own timeout. A forged payload can ask for each of
+    Our jobs use no webhooks, retries, repeats, dependencies, success or stopped callbacks, one
+    failure callback with its own timeout, and only the rate limit of a person's share (share_key). A forged payload can ask for each of
     them, and each makes a worker connect somewhere (a webhook carries the traceback, with the
     payload's headers, to any URL), wait (a webhook's timeout against a silent listener), or run
     again (retries, repeats): all are dropped when a job is loaded, before a worker acts on it."""
@@ -77,6 +80,9 @@ class SafeJob(Job):
             setattr(self, name, copy.copy(value))
         if self._failure_callback_name != FAILURE_CALLBACK:
             self._failure_callback_name = None
+        if not (SHARE_KEY_RE.fullmatch(self.rate_limit_key or "")
+                and 1 <= (self.rate_limit_concurrency or 0) <= MAX_SHARE):
+            self.rate_limit_key, self.rate_limit_concurrency = None, None
         self._failure_callback_timeout = FAILURE_CALLBACK_TIMEOUT_S
 
     def send_webhooks(self, status, *, exc_string=None) -> None:
@@ -172,6 +178,7 @@ def submit_turn(
     *,
     turn_id: str | None = None,
     must_exist: bool = False,
+    share: int = 0,
 ) -> str:
     """Append the user's message, mark the turn queued, and enqueue it. Returns the turn id.
 
@@ -191,13 +198,20 @@ def submit_turn(
     # enqueued twice is harmless: only the first to claim the turn runs it.
     if new or not SafeJob.exists(job_id, connection=queue.connection):
         enqueue_turn(queue, conversation_id, turn_id, job_id, job_timeout_s=config.job_timeout_s,
-                     wait_s=queue_wait_s(store.ttl_s))
+                     wait_s=queue_wait_s(store.ttl_s),
+                     rate_limit=RateLimit(share_key(store.person), share) if store.person and share > 0 else None)
     return turn_id
 
 
+def share_key(person_id: str) -> str:
+    """The RateLimit key of a signed-in person's turns."""
+    return f"{SHARE_KEY_PREFIX}{person_id}"
+
+
 def enqueue_turn(queue: Queue, conversation_id: str, turn_id: str, job_id: str, *, job_timeout_s: int, wait_s: int,
-                 at_front: bool = False) -> None:
-    """Enqueue the job that runs a turn (ids only): its first run, or its resume (agent/turn/resume.py)."""
+                 at_front: bool = False, rate_limit: RateLimit | None = None) -> None:
+    """Enqueue the job that runs a turn (ids only, never who asked): its first run (`rate_limit`: a person's
+    share of the workers), or its resume or continuation (agent/turn/resume.py, approvals.py: at the front)."""
     queue.enqueue(
         JOB_FUNCTION,
         conversation_id,
@@ -210,6 +224,7 @@ def enqueue_turn(queue: Queue, conversation_id: str, turn_id: str, job_id: str, 
         on_failure=Callback(FAILURE_CALLBACK, timeout=FAILURE_CALLBACK_TIMEOUT_S),
         description=f"agent turn {turn_id}",
         at_front=at_front,
+        **({"rate_limit": rate_limit} if rate_limit is not None else {}),
     )
 
 

@@ -28,6 +28,9 @@ DEFAULT_MIN_CALL_S = 5.0  # seconds
 DEFAULT_MAX_STEPS = 8  # model round-trips per turn
 DEFAULT_MAX_RESUMES = 2  # times a turn whose worker was lost is resumed on another (agent/turn/resume.py)
 DEFAULT_TOOL_TIMEOUT_CAP_S = 60.0  # seconds: the most one tool run gets, like a model call's cap
+ADMINS_VARIABLE = "AGENT_ADMINS"  # emails of signed-in people who may read (not change) everyone's conversations
+MAX_TURNS_PER_USER_VARIABLE = "AGENT_MAX_TURNS_PER_USER"  # a signed-in person's turns in flight at most
+DEFAULT_MAX_TURNS_PER_USER = 2
 APPROVE_TOOLS_VARIABLE = "AGENT_APPROVE_TOOLS"  # tools that ask a person first, as the model sees their names
 APPROVAL_TIMEOUT_VARIABLE = "AGENT_APPROVAL_TIMEOUT"
 DEFAULT_APPROVAL_TIMEOUT_S = 600.0  # seconds a request to approve a tool call waits before it expires
@@ -116,6 +119,8 @@ class Settings:
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S
     show_conversations: bool = True
     max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES
+    admins: frozenset[str] = frozenset()  # emails (lower-cased) of signed-in people who may read every conversation
+    max_turns_per_user: int = DEFAULT_MAX_TURNS_PER_USER  # a signed-in person's turns in flight at most
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, bound_address: str | None = None) -> Settings:
@@ -161,6 +166,8 @@ class Settings:
             show_conversations=_switch(env, SHOW_CONVERSATIONS_VARIABLE, default=True),
             max_conversation_bytes=_integer(env, MAX_CONVERSATION_BYTES_VARIABLE, DEFAULT_MAX_CONVERSATION_BYTES,
                                             minimum=0),
+            admins=admins(env),
+            max_turns_per_user=_integer(env, MAX_TURNS_PER_USER_VARIABLE, DEFAULT_MAX_TURNS_PER_USER, minimum=1),
         )
 
 
@@ -343,6 +350,19 @@ def allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[st
                                 f"must be host names or IP addresses separated by commas, not {raw.strip()!r}")
         hosts.append(name)
     return tuple(dict.fromkeys(hosts))
+
+
+def admins(env: Mapping[str, str]) -> frozenset[str]:
+    """AGENT_ADMINS: the emails (comma-separated, any case) of the people who may read every conversation."""
+    emails = set()
+    for raw in env.get(ADMINS_VARIABLE, "").split(","):
+        email = raw.strip().casefold()
+        if not email:
+            continue
+        if "@" not in email or any(ch.isspace() for ch in email):
+            raise SettingsError(ADMINS_VARIABLE, f"must be email addresses separated by commas, not {raw.strip()!r}")
+        emails.add(email)
+    return frozenset(emails)
 
 
 def settings_for_command() -> Settings | None:

@@ -189,6 +189,7 @@ def export_turn(tracer, state: State, turn_id: str) -> None:
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": AGENT_NAME,
         "gen_ai.conversation.id": state.get("conversation_id"),
+        "agent.owner.id": state.get("owner"),  # a signed-in person's id (a digest), never their email
         "gen_ai.provider.name": config.get("provider"),
         "gen_ai.request.model": config.get("model"),
         "agent.turn.id": turn_id,
@@ -294,10 +295,17 @@ def _approval_span(tracer, turn, context, step: dict) -> None:
     span.set_attributes(_exportable({"gen_ai.tool.name": str(step.get("name")),
                                      "gen_ai.tool.call.id": step.get("call_id"),
                                      "agent.approval.answer": str(outcome),
-                                     "agent.approval.answered_by": step.get("answered_by")}))
+                                     "agent.approval.answered_by": _answered_where(step.get("answered_by"))}))
     turn.add_event(f"approval_{outcome}", {"gen_ai.tool.name": str(step.get("name"))}, timestamp=ended)
     span.set_status(SpanStatus(StatusCode.OK))
     span.end(end_time=ended)
+
+
+def _answered_where(by) -> str | None:
+    """Where an answer came from, without who gave it: a signed-in person's name (or email) stays out of traces."""
+    if not isinstance(by, str):
+        return None
+    return "on the page" if by.endswith("on the page") else by
 
 
 def _finish_reasons(step: dict) -> list[str] | None:

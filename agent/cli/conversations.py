@@ -1,4 +1,5 @@
-"""`python -m agent list [--json]`, `show ID [--json]` and `export ID [--format md|json] [--output FILE]`.
+"""`python -m agent list [--json] [--owner WHO]`, `show ID [--json] [--owner WHO]` and
+`export ID [--format md|json] [--output FILE]`.
 
 They read what the page and `ask` stored, through the same Redis (the embedded one is started,
 without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage, an id that names no
@@ -6,6 +7,9 @@ conversation, or an export that --output or stdout cannot take (one line on stde
 messages are untrusted text: on a terminal, what it would act on is printed as an escape; an export
 to a file is written as the export made it (agent/cli/output_file.py: whole or not at all, never through
 a symbolic link).
+
+The command line is the machine's operator (it holds the Redis password): it reads every conversation.
+`--owner` (an email someone signed in with, or a person's id) narrows `list` and `show` to one person's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from agent.cli.output_file import OutputRefused, write_whole
 from agent.contract import Role, Status
-from agent.conversation import export
+from agent.conversation import export, people
 from agent.conversation.listing import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.conversation.store import Store
 from agent.conversation.turns import split_turns
@@ -36,13 +40,18 @@ def add_parsers(sub, conversation_id_type) -> None:
     listing.add_argument("--json", action="store_true", help="one JSON object a line, one per conversation")
     listing.add_argument("--limit", type=_limit, default=DEFAULT_PAGE, help=f"how many (default {DEFAULT_PAGE})")
     listing.add_argument("--filter", default=None, help="only those whose title contains this text")
+    listing.add_argument("--owner", default=None, help=OWNER_HELP)
     show = sub.add_parser("show", help="one conversation, as text (or its stored state with --json)")
     show.add_argument("conversation", type=conversation_id_type)
     show.add_argument("--json", action="store_true", help="the stored state object")
+    show.add_argument("--owner", default=None, help=OWNER_HELP)
     exporting = sub.add_parser("export", help="one conversation as a Markdown or JSON file")
     exporting.add_argument("conversation", type=conversation_id_type)
     exporting.add_argument("--format", choices=export.FORMATS, default="md", help="md (the default) or json")
     exporting.add_argument("--output", type=Path, default=None, help="write to this file (default: stdout)")
+
+
+OWNER_HELP = "only a signed-in person's: the email they signed in with, or their id"
 
 
 def _limit(value: str) -> int:
@@ -57,10 +66,20 @@ def _limit(value: str) -> int:
 
 def run(args, settings: Settings) -> int:
     store = services.ensure(settings, workers=0).store(settings)
+    owner = getattr(args, "owner", None)
+    if owner is not None:
+        person_id = people.find(store.redis, owner)
+        if person_id is None:
+            print(terminal_safe(f"error: nobody has signed in as {owner[:80]!r}"), file=sys.stderr)
+            return EXIT_USAGE
+        store = store.for_person(person_id)
     if args.command == "list":
         return _list(store, args)
     state = store.read(args.conversation)
     if state is None:
+        if owner is not None:
+            print(terminal_safe(f"error: {owner[:80]} has no conversation {args.conversation}"), file=sys.stderr)
+            return EXIT_USAGE
         how = "was deleted" if store.was_deleted(args.conversation) else (
             f"was not found (conversations are kept for {retention_words(settings.state_ttl_s)} after their last "
             "message)")
@@ -72,7 +91,7 @@ def run(args, settings: Settings) -> int:
         if args.json:
             _out(json.dumps(state, ensure_ascii=False), escape=True)
         else:
-            _show(state, title)
+            _show(state, title, people.describe(store.redis, state.get("owner")))
         return EXIT_OK
     text = export.to_json(state) if args.format == "json" else export.to_markdown(state, title)
     try:
@@ -113,8 +132,10 @@ def _list(store: Store, args) -> int:
     return EXIT_OK
 
 
-def _show(state, title: str | None) -> None:
+def _show(state, title: str | None, owner: str | None = None) -> None:
     _out(f"# {title or state['conversation_id']}  ({state['conversation_id']})", escape=True)
+    if owner:
+        _out(f"owner: {owner}", escape=True)
     for turn in split_turns(state):
         for message in turn.messages:
             role = message.get("role")

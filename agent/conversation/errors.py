@@ -7,7 +7,11 @@
         ├── TurnInFlight      the conversation still has a turn in flight
         ├── ConversationGone  the conversation expired or was deleted meanwhile
         ├── ConversationFull  the conversation holds the most one conversation keeps
+        ├── TooManyTurns      the signed-in person has AGENT_MAX_TURNS_PER_USER turns in flight already
         └── StoreFull         Redis is close to its memory limit
+
+A conversation that belongs to someone else is refused as one that does not exist (ConversationGone
+with `found` false): the refusal says nothing about whether it exists.
 
 Pure: no I/O, no imports from the rest of the project, so the read rule (agent/conversation/well_formed.py) can
 raise UnreadableState without importing the store.
@@ -53,13 +57,25 @@ class TurnInFlight(MessageRefused):
 
 
 class ConversationGone(MessageRefused):
-    """A message meant for an existing conversation found none: it expired or was deleted."""
+    """A message meant for an existing conversation found none: it expired or was deleted, or (`found`
+    false) it is not one the sender may write to, which is said exactly as a conversation never there."""
 
-    def __init__(self, conversation_id: str, deleted: bool):
-        how = "was deleted" if deleted else "has expired"
+    def __init__(self, conversation_id: str, deleted: bool, *, found: bool = True):
+        how = "was not found" if not found else "was deleted" if deleted else "has expired"
         super().__init__(f"this conversation {how}, so your message was not sent")
         self.conversation_id = conversation_id
-        self.deleted = deleted
+        self.deleted = deleted and found
+
+
+class TooManyTurns(MessageRefused):
+    """The signed-in person already has as many turns in flight as one person may (AGENT_MAX_TURNS_PER_USER)."""
+
+    def __init__(self, limit: int):
+        turns = "turn" if limit == 1 else "turns"
+        super().__init__(
+            f"you already have {limit} {turns} in flight, the most one person may have at a time "
+            "(AGENT_MAX_TURNS_PER_USER), so that everyone gets a worker: send it again when one of them has ended")
+        self.limit = limit
 
 
 class StoreFull(MessageRefused):

@@ -18,26 +18,28 @@ SUMMARY_FIELDS = ("title", "turns", "done", "approval")
 
 
 class ConversationIndex:
-    """The index and the list's summaries, on one client."""
+    """An index and the list's summaries, on one client: every conversation's (INDEX_KEY), or one signed-in
+    person's (keys.person_conversations)."""
 
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, key: str = INDEX_KEY):
         self.client = client
+        self.key = key
 
     def count(self) -> int:
         """Entries in the index, those not yet swept included."""
-        return int(self.client.zcard(INDEX_KEY))
+        return int(self.client.zcard(self.key))
 
     def recent(self, start: int, count: int) -> list[tuple[bytes, float]]:
         """(member, last write) from the `start`-th most recent on, at most `count` of them."""
-        return self.client.zrevrange(INDEX_KEY, start, start + count - 1, withscores=True)
+        return self.client.zrevrange(self.key, start, start + count - 1, withscores=True)
 
     def written_before(self, cutoff: float, limit: int) -> list[bytes]:
         """Up to `limit` members last written before `cutoff` (epoch seconds), oldest first."""
-        return self.client.zrangebyscore(INDEX_KEY, "-inf", cutoff, start=0, num=limit)
+        return self.client.zrangebyscore(self.key, "-inf", cutoff, start=0, num=limit)
 
     def score(self, conversation_id: str) -> float | None:
         """The conversation's last write (epoch seconds), or None when it has no entry."""
-        return self.client.zscore(INDEX_KEY, conversation_id)
+        return self.client.zscore(self.key, conversation_id)
 
     def summaries(self, members: list[bytes]) -> list:
         """Each member's (title, turns, done) in one round-trip; where its keys are of the wrong kind, the
@@ -61,4 +63,4 @@ class ConversationIndex:
     def drop(self, members: list[bytes]) -> None:
         """Remove entries whose conversations are gone."""
         if members:
-            self.client.zrem(INDEX_KEY, *members)
+            self.client.zrem(self.key, *members)

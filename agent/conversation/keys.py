@@ -3,7 +3,9 @@
 Per conversation (all its keys share one TTL, refreshed on every write):
 
     agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields), owner (the id
-                             of the job that may write the turn), attempt (0, then 1, 2... per resume)
+                             of the job that may write the turn), attempt (0, then 1, 2... per resume),
+                             owned_by (the id of the signed-in person who started it; absent in the
+                             local playground and for the operator's conversations)
     agent:conv:{id}:history  list: one JSON message per item, append-only
     agent:conv:{id}:steps    list: one JSON step per item, append-only
     agent:conv:{id}:turns    list: one JSON summary per ended turn
@@ -32,6 +34,15 @@ Beside the conversations:
                              scored by when the request expires: what the pool's supervisors look at to
                              expire it (agent/turn/approvals.py), never a key scan; the meta hash's
                              `approval` field holds the pending request's id, so an answer is taken once
+    agent:person:{person}:conversations
+                             sorted set: the conversations a signed-in person owns, scored by when they
+                             last wrote in them (sent, renamed): that person's list, never a key scan
+    agent:person:{person}:turns
+                             sorted set: the person's turns in flight (`{conversation} {turn}`), scored by
+                             when each began: what AGENT_MAX_TURNS_PER_USER is checked against
+    agent:person:{person}    hash: who the person is (issuer, subject, name, email), written at sign-in,
+                             for the operator's `--owner`
+    agent:people:by-email    hash: an email, lower-cased, to the id of the person who last signed in with it
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
@@ -53,6 +64,7 @@ RUNNING_KEY = f"{KEY_PREFIX}turns:running"
 APPROVALS_KEY = f"{KEY_PREFIX}approvals:pending"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PEOPLE_BY_EMAIL_KEY = f"{KEY_PREFIX}people:by-email"
 
 
 def is_conversation_id(value) -> bool:
@@ -105,3 +117,15 @@ def job_off_queue_since(job_id: str) -> str:
 
 def turn_alive(turn_id: str) -> str:
     return f"{KEY_PREFIX}turn:{turn_id}:alive"
+
+
+def person_conversations(person_id: str) -> str:
+    return f"{KEY_PREFIX}person:{person_id}:conversations"
+
+
+def person_turns(person_id: str) -> str:
+    return f"{KEY_PREFIX}person:{person_id}:turns"
+
+
+def person_record(person_id: str) -> str:
+    return f"{KEY_PREFIX}person:{person_id}"

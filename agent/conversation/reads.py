@@ -18,10 +18,17 @@ from agent.conversation.keys import Keys, gone_events
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
 
 
-def version(client: redis.Redis, conversation_id: str) -> int | None:
-    """The cheap poll: one HGET. UnreadableState when what is stored is not a version."""
+def version(client: redis.Redis, conversation_id: str, *, owned_by: str | None = None) -> int | None:
+    """The cheap poll: one HGET. UnreadableState when what is stored is not a version.
+
+    `owned_by` (a person's id): None as well when the conversation is not theirs, in the same one read."""
     with readable(conversation_id):
-        raw = client.hget(Keys.of(conversation_id).meta, "version")
+        if owned_by is None:
+            raw = client.hget(Keys.of(conversation_id).meta, "version")
+        else:
+            raw, owner = client.hmget(Keys.of(conversation_id).meta, "version", "owned_by")
+            if owner is None or owner.decode(errors="replace") != owned_by:
+                return None
     return well_formed.version(conversation_id, raw) if raw is not None else None
 
 
@@ -175,4 +182,6 @@ def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: 
         state["job_id"] = well_formed.decoded(owner)
     if attempt and well_formed.decoded(attempt).isdigit():
         state["attempt"] = int(well_formed.decoded(attempt))
+    owned_by = meta.get(b"owned_by", meta.get("owned_by"))
+    state["owner"] = well_formed.decoded(owned_by) if owned_by else None
     return state

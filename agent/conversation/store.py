@@ -11,6 +11,12 @@ flags goes through it, and it composes the parts that do the work:
     flags.py    who runs a turn, Stop asked, a queued job seen missing from its queue (store.flags)
     errors.py   what it refuses, under one root: StoreRefused
 
+A store bound to a signed-in person (`for_person`) is that person's door: it reads only their
+conversations (an admin's reads all), answers for anyone else's as for one that does not exist, writes
+only theirs (each write script checks `owned_by` in the same step as the write), lists from their own
+index, and refuses a new turn past their share of turns in flight. An unbound store (the local playground,
+the CLI, the workers) reads and writes every conversation, as the machine's operator does.
+
 The live text is append-only while the same text (same seq) continues, so a reader that has its
 first N bytes fetches only the rest (GETRANGE from N). The publish that appends the completed
 message, or records the cut call's step, clears it in the same script; `live_ended` in meta is the
@@ -21,13 +27,15 @@ A poll that finds no change is one HGET of `version`; a publish appends only wha
 
 from __future__ import annotations
 
+import copy
+
 import redis
 
 from agent.contract import Message, State, Step, TurnDoc, TurnSummary
 from agent.conversation import reads
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
-from agent.conversation.keys import Keys
+from agent.conversation.keys import INDEX_KEY, Keys, person_conversations
 from agent.conversation.room import Room
 from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
 
@@ -45,32 +53,57 @@ class Store:
         self.redis = client
         self.ttl_s = ttl_s  # a turn's job may lengthen it for the writes it makes
         self.max_conversation_bytes = max_conversation_bytes  # 0: no cap
-        self.index = ConversationIndex(client)
+        self.index = ConversationIndex(client, INDEX_KEY)
         self.flags = Flags(client)
         self.room = Room(client)
         self._writes = Writes(client)  # its scripts registered once, on this client
+        self.person = ""  # the signed-in person this store is the door of; "": everyone's (see for_person)
+        self.sees_all = True  # reads every conversation (unbound, or an admin)
+        self.max_turns = 0  # the person's turns in flight at most (0: any number)
+
+    def for_person(self, person_id: str, *, admin: bool = False, max_turns: int = 0) -> Store:
+        """This store as the door of one signed-in person: their conversations only (an `admin` reads, and
+        lists, everyone's, and still writes only their own), at most `max_turns` of their turns in flight."""
+        bound = copy.copy(self)  # the client and its registered scripts are shared
+        bound.person, bound.sees_all, bound.max_turns = person_id, admin, max_turns
+        if not admin:
+            bound.index = ConversationIndex(self.redis, person_conversations(person_id))
+        return bound
+
+    def visible(self, state: State | None) -> State | None:
+        """The state when this store's person may read it, else None (as if it did not exist)."""
+        if state is None or self.sees_all or state.get("owner") == self.person:
+            return state
+        return None
+
+    def owns(self, state: State | None) -> bool:
+        """Whether this store's person may write to the conversation (the operator may write any)."""
+        return state is not None and (not self.person or state.get("owner") == self.person)
 
     # -- readers (reads.py) ------------------------------------------------------------------
 
     def version(self, conversation_id: str) -> int | None:
         """The cheap poll: one small read. UnreadableState when what is stored is not a version."""
-        return reads.version(self.redis, conversation_id)
+        if self.sees_all:
+            return reads.version(self.redis, conversation_id)
+        return reads.version(self.redis, conversation_id, owned_by=self.person)
 
     def wait_version(self, conversation_id: str, seen: int | None, timeout_ms: int) -> int | None:
         """Block until the version is past `seen` (or the timeout, at most MAX_BLOCK_MS), then return it."""
-        return reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
+        reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
+        return self.version(conversation_id)
 
     def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""
-        return reads.read(self.redis, conversation_id)
+        return self.visible(reads.read(self.redis, conversation_id))
 
     def read_since(self, conversation_id: str, known: State | None) -> State | None:
         """The whole state object, fetching only what was appended since `known` (an earlier read)."""
-        return reads.read_since(self.redis, conversation_id, known)
+        return self.visible(reads.read_since(self.redis, conversation_id, known))
 
     def read_meta(self, conversation_id: str) -> State | None:
         """The small fields only (no history, steps or live text)."""
-        return reads.read_meta(self.redis, conversation_id)
+        return self.visible(reads.read_meta(self.redis, conversation_id))
 
     def live_seq(self, conversation_id: str) -> int:
         """The seq of the conversation's latest live text (0: none yet in this turn)."""
@@ -104,7 +137,8 @@ class Store:
         """
         self.check_room()
         return self._writes.begin_turn(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
-                                       must_exist=must_exist, max_bytes=self.max_conversation_bytes)
+                                       must_exist=must_exist, max_bytes=self.max_conversation_bytes,
+                                       person=self.person, max_turns=self.max_turns)
 
     def check_room(self) -> None:
         """Raise StoreFull when Redis has a memory limit and is past NEW_TURNS_UP_TO of it."""
@@ -124,7 +158,7 @@ class Store:
         return self._writes.publish(conversation_id, turn_id, doc, ttl_s=self.ttl_s, done=done,
                                     new_messages=new_messages, new_steps=new_steps,
                                     expected_history_len=expected_history_len, summary=summary, end_live=end_live,
-                                    owner=owner)
+                                    owner=owner, person=self.person)
 
     def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *,
                    from_bytes: int | None = None, owner: str = "") -> str:
@@ -150,23 +184,25 @@ class Store:
                new_owner: str, ttl_s: int) -> tuple[str, int]:
         """Answer a parked turn's request once; the job `new_owner` continues it (see Writes.answer)."""
         return self._writes.answer(conversation_id, turn_id, request_id, doc, step, new_owner=new_owner,
-                                   ttl_s=max(ttl_s, self.ttl_s))
+                                   ttl_s=max(ttl_s, self.ttl_s), person=self.person)
 
     def delete(self, conversation_id: str) -> bool:
         """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
         refused (GONE), so its job ends without a word. False when there was nothing to delete."""
+        if self.person and not self.owns(self.read_meta(conversation_id)):
+            return False
         turn_id = self._writes.turn_in_flight(conversation_id)
         if turn_id is not None:
-            self.request_cancel(turn_id, DELETED_MARKER_TTL_S)
-        return self._writes.delete(conversation_id)
+            self.flags.request_cancel(turn_id, DELETED_MARKER_TTL_S)
+        return self._writes.delete(conversation_id, self.person)
 
     def was_deleted(self, conversation_id: str) -> bool:
         """True when the conversation was deleted (recently), rather than expired or never there."""
-        return self._writes.was_deleted(conversation_id)
+        return self._writes.was_deleted(conversation_id, self.person)
 
     def rename(self, conversation_id: str, title: str) -> bool:
         """Give a conversation a new title (cleaned and cut like any title); False when it does not exist."""
-        return self._writes.rename(conversation_id, title)
+        return self._writes.rename(conversation_id, title, self.person)
 
     # -- per-turn flags (flags.py) -----------------------------------------------------------
 
@@ -174,7 +210,12 @@ class Store:
         """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
         return self.flags.claim_turn(turn_id, job_id, ttl_s)
 
-    def request_cancel(self, turn_id: str, ttl_s: int) -> None:
+    def request_cancel(self, turn_id: str, ttl_s: int, conversation_id: str = "") -> None:
+        """Ask the turn to stop; a person's store asks only for a turn of a conversation of theirs."""
+        if self.person:
+            state = self.read_meta(conversation_id) if conversation_id else None
+            if not self.owns(state) or state["turn_id"] != turn_id:
+                return
         self.flags.request_cancel(turn_id, ttl_s)
 
     def cancel_requested(self, turn_id: str) -> bool:

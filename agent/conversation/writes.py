@@ -15,8 +15,25 @@ from typing import TypedDict
 import redis
 
 from agent.contract import Message, Step, TurnDoc, TurnSummary
-from agent.conversation.errors import ConversationFull, ConversationGone, StoreError, TurnInFlight, UnreadableState
-from agent.conversation.keys import APPROVALS_KEY, INDEX_KEY, RUNNING_KEY, Keys, deleted_marker, gone_events, turn_alive
+from agent.conversation.errors import (
+    ConversationFull,
+    ConversationGone,
+    StoreError,
+    TooManyTurns,
+    TurnInFlight,
+    UnreadableState,
+)
+from agent.conversation.keys import (
+    APPROVALS_KEY,
+    INDEX_KEY,
+    RUNNING_KEY,
+    Keys,
+    deleted_marker,
+    gone_events,
+    person_conversations,
+    person_turns,
+    turn_alive,
+)
 from agent.conversation.lua import Scripts
 from agent.conversation.reads import readable
 from agent.text.surrogates import scrub
@@ -51,39 +68,67 @@ class Writes:
         self.scripts = Scripts.register(client)
 
     def begin_turn(self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *,
-                   ttl_s: int, must_exist: bool, max_bytes: int) -> tuple[bool, int]:
-        """Append the user's message and mark the turn queued (see Store.begin_turn). Returns (new, version)."""
+                   ttl_s: int, must_exist: bool, max_bytes: int, person: str = "",
+                   max_turns: int = 0) -> tuple[bool, int]:
+        """Append the user's message and mark the turn queued (see Store.begin_turn). Returns (new, version).
+
+        `person` (a signed-in person's id): only a conversation of theirs, or a new one they then own, and at
+        most `max_turns` (0: any number) of their turns in flight."""
         keys = Keys.of(conversation_id)
         now = time.time()
         doc = {**doc, "updated_at": now}
+        person_keys = [person_conversations(person), person_turns(person)] if person else []
         with readable(conversation_id):
             outcome, value = self.scripts.begin(
-                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live],
+                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live,
+                      *person_keys],
                 args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s, conversation_id, repr(now),
                       make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes,
-                      doc.get("job_id") or ""],
+                      doc.get("job_id") or "", person, max_turns, *(self._ended_turns(person) if person else ())],
             )
         outcome, value = _text(outcome), _text(value)
+        if outcome == "theirs":
+            raise ConversationGone(conversation_id, False, found=False)
+        if outcome == "many":
+            raise TooManyTurns(int(value))
         if outcome == "busy":
             raise TurnInFlight(conversation_id, value)
         if outcome == "unreadable":
             raise UnreadableState(conversation_id, "its version is not a whole number")
         if outcome == "gone":
-            raise ConversationGone(conversation_id, self.was_deleted(conversation_id))
+            raise ConversationGone(conversation_id, self.was_deleted(conversation_id, person))
         if outcome == "full":
             raise ConversationFull(conversation_id, int(value), max_bytes)
         return outcome == "ok", int(value)
 
+    def _ended_turns(self, person: str) -> list[bytes]:
+        """The members of the person's turns in flight (`{conversation} {turn}`) whose turn has ended since: its
+        conversation is gone, has moved on to another turn, or says done. A turn that ended never comes back,
+        so the begin script may drop them even if more has happened meanwhile."""
+        members = self.client.zrange(person_turns(person), 0, -1)
+        if not members:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.hmget(Keys.of(_text(member).partition(" ")[0]).meta, "turn_id", "done")
+            metas = pipe.execute(raise_on_error=False)
+        ended = []
+        for member, meta in zip(members, metas, strict=True):
+            turn = _text(member).partition(" ")[2]
+            if isinstance(meta, Exception) or meta[0] is None or _text(meta[0]) != turn or meta[1] == b"1":
+                ended.append(member)
+        return ended
+
     def publish(self, conversation_id: str, turn_id: str, doc: TurnDoc, *, ttl_s: int, done: bool,
                 new_messages: list[Message], new_steps: list[Step], expected_history_len: int,
-                summary: TurnSummary | None, end_live: int, owner: str = "") -> int:
+                summary: TurnSummary | None, end_live: int, owner: str = "", person: str = "") -> int:
         """One atomic write of a turn (see Store.publish). Returns the new version; StoreError when refused."""
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
         args = [
             turn_id, expected_history_len, _dumps(doc), "1" if done else "0", ttl_s, len(new_messages),
             len(new_steps), _dumps(summary) if summary else "", conversation_id, repr(doc["updated_at"]), end_live,
-            owner, *(_dumps(m) for m in new_messages),
+            owner, person, *(_dumps(m) for m in new_messages),
             *(_dumps(s) for s in new_steps),
         ]
         try:
@@ -132,7 +177,7 @@ class Writes:
             raise _refusal(exc) from exc
 
     def answer(self, conversation_id: str, turn_id: str, request_id: str, doc: TurnDoc, step: Step, *,
-               new_owner: str, ttl_s: int) -> tuple[str, int]:
+               new_owner: str, ttl_s: int, person: str = "") -> tuple[str, int]:
         """Answer the pending request `request_id`, once (scripts/answer.lua): ("ok", version), or ("taken",
         0) when that request is not the one waiting, ("ended", 0) or ("gone", 0)."""
         keys = Keys.of(conversation_id)
@@ -140,7 +185,7 @@ class Writes:
         outcome, version = self.scripts.answer(
             keys=[keys.meta, keys.steps, keys.events, APPROVALS_KEY, INDEX_KEY, keys.history, keys.turns, keys.live],
             args=[turn_id, request_id, _dumps(doc), _dumps(step), new_owner, conversation_id,
-                  repr(doc["updated_at"]), ttl_s])
+                  repr(doc["updated_at"]), ttl_s, person])
         return _text(outcome), int(version)
 
     def turn_in_flight(self, conversation_id: str) -> str | None:
@@ -148,19 +193,26 @@ class Writes:
         turn_id, done = self.client.hmget(Keys.of(conversation_id).meta, "turn_id", "done")
         return _text(turn_id) if turn_id is not None and done != b"1" else None
 
-    def delete(self, conversation_id: str) -> bool:
-        """Delete the conversation's keys and index entry, and leave the deleted marker; False if none existed."""
+    def delete(self, conversation_id: str, person: str = "") -> bool:
+        """Delete the conversation's keys and index entry, and leave the deleted marker; False if none existed
+        (or, `person` given, none of theirs)."""
         keys = Keys.of(conversation_id)
         existed = self.scripts.delete(
-            keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id), gone_events(conversation_id), APPROVALS_KEY],
-            args=[conversation_id, DELETED_MARKER_TTL_S, GONE_EVENT_TTL_S])
+            keys=[*keys.all, INDEX_KEY, deleted_marker(conversation_id), gone_events(conversation_id), APPROVALS_KEY,
+                  *([person_conversations(person)] if person else [])],
+            args=[conversation_id, DELETED_MARKER_TTL_S, GONE_EVENT_TTL_S, person])
         return int(existed) > 0
 
-    def was_deleted(self, conversation_id: str) -> bool:
-        return bool(self.client.exists(deleted_marker(conversation_id)))
+    def was_deleted(self, conversation_id: str, person: str = "") -> bool:
+        """Whether the conversation was deleted (recently); `person` given, only if they deleted it."""
+        if not person:
+            return bool(self.client.exists(deleted_marker(conversation_id)))
+        return _text(self.client.get(deleted_marker(conversation_id))) == person
 
-    def rename(self, conversation_id: str, title: str) -> bool:
-        return bool(self.scripts.rename(keys=[Keys.of(conversation_id).meta], args=[make_title(title)]))
+    def rename(self, conversation_id: str, title: str, person: str = "") -> bool:
+        return bool(self.scripts.rename(
+            keys=[Keys.of(conversation_id).meta, *([person_conversations(person)] if person else [])],
+            args=[make_title(title), person, conversation_id, repr(time.time())]))
 
 
 def _refusal(exc: redis.ResponseError) -> Exception:

@@ -50,7 +50,8 @@ def on_answer(be: ui.Backend, cid: str, request_id: str, decision: str) -> None:
     session = st.session_state
     session.pop(ui.FLASH_KEY, None)
     try:
-        answered = approvals.answer(be.store, be.queue, cid, decision, approvals.BY_PAGE, request_id=request_id)
+        by = f"by {be.person.name} on the page" if be.person is not None else approvals.BY_PAGE
+        answered = approvals.answer(be.store, be.queue, cid, decision, by, request_id=request_id)
     except redis.RedisError as exc:
         session[ui.FLASH_KEY] = ("error", f"The answer was not recorded: Redis is not answering "
                                           f"({type(exc).__name__}). Try again.", None)

@@ -27,11 +27,11 @@ IN_FLIGHT_MARK = "⏳"
 AWAITING_MARK = "✋"  # a turn parked on a request for approval: it waits for a person, not a worker
 
 
-def render_conversations(sb, store: Store, cid: str, *, exists: bool, show_list: bool) -> None:
-    """Into `sb` (a sidebar container): this conversation's controls (once it has a message), then the
-    list (unless hidden)."""
+def render_conversations(sb, store: Store, cid: str, *, exists: bool, show_list: bool, mine: bool = True) -> None:
+    """Into `sb` (a sidebar container): this conversation's controls (once it has a message; downloads only,
+    unless it is `mine`), then the list (unless hidden)."""
     if exists:
-        _this_conversation(sb, store, cid)
+        _this_conversation(sb, store, cid, mine)
     if not show_list:
         return
     sb.subheader("Conversations")
@@ -72,7 +72,7 @@ def when(epoch_s: float, now: float | None = None) -> str:
     return moment.strftime("%Y-%m-%d")
 
 
-def _this_conversation(sb, store: Store, cid: str) -> None:
+def _this_conversation(sb, store: Store, cid: str, mine: bool = True) -> None:
     row = info(store, cid)
     if row is None:
         return
@@ -84,6 +84,8 @@ def _this_conversation(sb, store: Store, cid: str) -> None:
         st.download_button("Download as JSON", data=functools.partial(_export, store, cid, "json"),
                            file_name=f"{cid}.json", mime="application/json", on_click="ignore", key="download-json",
                            icon="⬇️", width="stretch", help="The stored state: steps and clocks included")
+        if not mine:
+            return
         st.text_input("New title", key=RENAME_KEY, max_chars=200, placeholder="A new title…")
         st.button("Rename", key="rename", on_click=_rename, args=(store, cid), width="stretch")
         if st.session_state.get(CONFIRM_DELETE_KEY) != cid:
@@ -119,9 +121,13 @@ def _open(cid: str) -> None:
 
 def _rename(store: Store, cid: str) -> None:
     title = (st.session_state.get(RENAME_KEY) or "").strip()
-    if title and store.rename(cid, title):
+    if not title:
+        return
+    if store.rename(cid, title):
         st.session_state[RENAME_KEY] = ""
         st.toast("Renamed.", icon="🗂️")
+    else:  # expired, deleted, or not this person's: told alike
+        st.toast("Not renamed: this conversation was not found.", icon="🔎")
 
 
 def _ask_delete(cid: str) -> None:

@@ -325,6 +325,10 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> N
                                 text=f"{waited:.0f} s since it was sent, of the {timeout} s job timeout")
             elif info.job_status == "started":
                 st.markdown(f"**{STATUS_LABELS['running']}** · a worker has picked this turn up")
+            elif info.job_status == "rate_limited":
+                st.markdown(f"**{STATUS_LABELS['queued']}** behind your own turns: one person's turns take at most "
+                            f"{be.share} worker{'s' * (be.share != 1)} at a time, so that everyone gets theirs. "
+                            "It joins the queue as soon as one of yours ends.")
             else:
                 place = f"place **{info.position}** in the queue" if info.position else "about to start"
                 st.markdown(f"**{STATUS_LABELS['queued']}**: {place} · **{info.workers}** worker"

@@ -10,7 +10,7 @@ import streamlit as st
 from agent.conversation.turns import TurnView, split_turns
 from agent.deadline import TOOL_CUT_SLACK_S
 from agent.settings import Settings
-from agent.ui import approval, callbacks, follower, render, sidebar, tool_sources
+from agent.ui import approval, callbacks, follower, render, sidebar, signin, tool_sources
 from agent.ui import conversations as conversations_ui
 from agent.ui import state as ui
 from agent.ui.guard import drawn_or_said
@@ -47,11 +47,13 @@ def page(settings: Settings, be: ui.Backend) -> None:
     state = result.state
     phase = ui.phase_of(state)  # a parked turn is in flight (Stop, no input) but drawn by this run
     in_flight = phase != ui.IDLE
+    # An admin reading someone else's conversation: shown as it is, with nothing that would change it.
+    read_only = state is not None and not be.store.owns(state)
     _header(conversation, state)
     # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
     # in flight, then the rest of the page.
     turns_box, live_box, stop_box = st.container(), st.container(), st.container()
-    if in_flight:
+    if in_flight and not read_only:
         with stop_box:
             follower.stop_control(settings, be, state)
     top, config, config_error = _sidebar(settings, be)
@@ -59,15 +61,15 @@ def page(settings: Settings, be: ui.Backend) -> None:
     # before it shows the turn; one that ends a turn empties the turn's frame before it turns it back on:
     # the page never shows a turn in flight with the input on.
     if in_flight:
-        _chat_input(settings, be, cid, phase, config)
+        _chat_input(settings, be, cid, phase, config, read_only)
     # Then the turn in flight (or, when it has ended, its frame emptied).
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[follower.HANDOFF_KEY] = state
     with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
         live = follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, phase)
     if not in_flight:
-        _chat_input(settings, be, cid, phase, config)
-    _conversation_links(settings, be, top, cid, state)
+        _chat_input(settings, be, cid, phase, config, read_only)
+    _conversation_links(settings, be, top, cid, state, read_only)
     if result.lost:
         st.toast("The worker running this turn was lost; its ending has been written.", icon="🛑")
 
@@ -76,10 +78,11 @@ def page(settings: Settings, be: ui.Backend) -> None:
             _empty_chat(settings, be, cid)
         else:
             turns = split_turns(state)
-            _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns, _request_drawer(be, cid, state))
+            _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns,
+                            None if read_only else _request_drawer(be, cid, state))
 
     _flash(session)
-    _input_caption(phase, config, config_error)
+    _input_caption(phase, config, config_error, read_only)
     if live is not None or phase == ui.PARKED:  # everything is drawn: follow the turn until the follower takes over
         follower.bridge(settings, be, cid, state, live)
 
@@ -110,10 +113,13 @@ def _sidebar(settings: Settings, be: ui.Backend):
     return top, config, config_error
 
 
-def _conversation_links(settings: Settings, be: ui.Backend, top, cid: str, state: dict | None) -> None:
+def _conversation_links(settings: Settings, be: ui.Backend, top, cid: str, state: dict | None,
+                        read_only: bool = False) -> None:
+    if be.person is not None:
+        signin.account(top, be.person)
     top.button("🗨️ New chat", on_click=callbacks.new_chat, width="stretch")
     conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
-                                          show_list=settings.show_conversations)
+                                          show_list=settings.show_conversations, mine=not read_only)
     if state is not None and st.query_params.get(ui.CID_PARAM) != cid:
         st.query_params[ui.CID_PARAM] = cid  # the first message makes the chat a link: reload and tabs follow it
 
@@ -122,18 +128,21 @@ INPUT_PLACEHOLDERS = {ui.IDLE: "Ask something that needs a tool…", ui.LIVE: "W
                       ui.PARKED: "Answer the request above, or press Stop…"}
 
 
-def _chat_input(settings: Settings, be: ui.Backend, cid: str, phase: str, config) -> None:
+def _chat_input(settings: Settings, be: ui.Backend, cid: str, phase: str, config, read_only: bool = False) -> None:
     st.chat_input(
-        INPUT_PLACEHOLDERS[phase],
+        "Read-only: someone else's conversation" if read_only else INPUT_PLACEHOLDERS[phase],
         key=callbacks.INPUT_KEY,
-        disabled=phase != ui.IDLE or config is None,
+        disabled=phase != ui.IDLE or config is None or read_only,
         on_submit=callbacks.on_send,
         args=(settings, be, cid),
     )
 
 
-def _input_caption(phase: str, config, config_error: str | None) -> None:
-    if phase == ui.PARKED:
+def _input_caption(phase: str, config, config_error: str | None, read_only: bool = False) -> None:
+    if read_only:
+        st.caption("👁️ Read-only: this conversation belongs to someone else. As an admin you can read it, "
+                   "download it and watch it, but not write to it, stop it, answer it, rename it or delete it.")
+    elif phase == ui.PARKED:
         st.caption("✋ The input is off while the assistant waits for your answer: approve or deny the request "
                    "above, or press **Stop** to end the turn.")
     elif phase == ui.LIVE:

@@ -23,7 +23,7 @@ from agent.settings import (
     SettingsError,
     allowed_hosts,
 )
-from agent.ui import layout
+from agent.ui import layout, signin
 from agent.ui import state as ui
 from agent.ui.guard import redis_down
 
@@ -59,7 +59,13 @@ def main() -> None:
         _fatal("The page could not start its services", str(exc),
                "Check REDIS_URL (or unset it to use the embedded Redis), then reload this page.")
         return
+    person = signin.signed_in(settings)
+    if person is False:  # the sign-in page was drawn instead
+        return
     try:
+        if person is not None:
+            signin.remember_once(be.store.redis, person)
+            be = be.for_person(person, settings)
         layout.page(settings, be)
     except redis.RedisError as exc:
         log.warning("redis failed during a page run: %s", exc)

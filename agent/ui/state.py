@@ -7,7 +7,7 @@ its version moved), sending, stopping, the queue, and the never-stuck check.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from rq import Queue
@@ -17,6 +17,7 @@ from agent.conversation.endings import Ending, write_ending
 from agent.conversation.errors import MessageRefused
 from agent.conversation.keys import is_conversation_id
 from agent.conversation.listing import retention_words
+from agent.conversation.people import Person
 from agent.conversation.store import Store
 from agent.conversation.well_formed import UnreadableState
 from agent.hosting import services
@@ -31,7 +32,7 @@ from agent.queue import (
     running_workers,
     submit_turn,
 )
-from agent.settings import Settings, TurnConfig
+from agent.settings import DEFAULT_WORKERS, Settings, TurnConfig
 from agent.text.markdown import inert
 
 CID_PARAM = "c"  # the URL's query parameter that holds the conversation id
@@ -50,6 +51,13 @@ class Backend:
     store: Store
     queue_connection: redis.Redis
     queue: Queue
+    person: Person | None = None  # who is signed in (None: the local playground, no sign-in)
+    share: int = 0  # the most of the person's turns queued or running at once (0: no limit; see submit_turn)
+
+    def for_person(self, person: Person, settings: Settings) -> Backend:
+        """This backend as one signed-in person's: their store is the door to their conversations only."""
+        store = self.store.for_person(person.id, admin=person.admin, max_turns=settings.max_turns_per_user)
+        return replace(self, store=store, person=person, share=settings.workers or DEFAULT_WORKERS)
 
 
 def connect(settings: Settings) -> Backend:
@@ -207,7 +215,7 @@ def _live_key(state: State) -> tuple | None:
 
 
 def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,
-         config_error: str | None = None) -> str | None:
+         config_error: str | None = None, share: int = 0) -> str | None:
     """Enqueue a turn; on refusal, leave a message (and the unsent text) for the next run."""
     session.pop(FLASH_KEY, None)
     if config is None:
@@ -217,7 +225,7 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     # expired or was deleted meanwhile, the message is refused and kept on screen.
     seen = (session.get(VIEW_KEY) or {}).get("cid") == cid
     try:
-        turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen)
+        turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share)
     except BadMessage as exc:
         session[FLASH_KEY] = ("error", str(exc), text)
         return None
@@ -231,7 +239,9 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
 def stop(store: Store, session, state: State, ttl_s: int, queue_connection: redis.Redis | None = None) -> None:
     """Ask the worker to stop at its next check; a turn still waiting in the queue ends at once."""
     turn_id = state["turn_id"]
-    store.request_cancel(turn_id, ttl_s)
+    if not store.owns(state):  # read-only (an admin's look at someone else's): the store would refuse it too
+        return
+    store.request_cancel(turn_id, ttl_s, state["conversation_id"])
     session[STOPPING_KEY] = turn_id
     if state["status"] == Status.AWAITING_APPROVAL:  # parked: no job runs to see the stop, so it ends here
         request = state.get("approval") or {}

@@ -1,15 +1,21 @@
 -- Begin a turn: append the user's message and mark the turn queued; one turn at a time.
--- KEYS: meta, history, turns, steps, events, index, live
+-- KEYS: meta, history, turns, steps, events, index, live; for a signed-in person, also their conversations
+-- (the person's index) and their turns in flight
 -- ARGV: turn_id, message, doc, ttl, conversation_id, updated_at, title, must_exist ('1' or '0'), max_bytes (0: no cap),
--- owner (the id of the job that will run the turn)
+-- owner (the id of the job that will run the turn), person (the signed-in person's id; '' for the local playground
+-- and the operator), the most turns the person may have in flight (0: no cap), then the members of the person's
+-- turns in flight that have ended since (the caller looked: a turn that ended never comes back)
 -- Returns {outcome, value}, and writes nothing unless the outcome is 'ok' (value: the version):
 -- 'same' (this turn began already: a double submit), 'busy' (value: the turn in flight), 'full' (value: the
--- conversation's bytes), 'gone' (must_exist, and it expired or was deleted), 'unreadable' (a version not a number).
+-- conversation's bytes), 'gone' (must_exist, and it expired or was deleted), 'unreadable' (a version not a number),
+-- 'theirs' (it belongs to someone else, or to nobody signed in: told as not found), 'many' (value: the cap).
 local meta, history, turns, steps, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local conversation_id, updated_at, title = ARGV[5], ARGV[6], ARGV[7]
 local must_exist, max_bytes, owner = ARGV[8] == '1', tonumber(ARGV[9]), ARGV[10]
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version', 'bytes')
+local person, max_turns = ARGV[11], tonumber(ARGV[12])
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version', 'bytes', 'owned_by')
+if person ~= '' and redis.call('EXISTS', meta) == 1 and current[5] ~= person then return {'theirs', ''} end
 -- A version that is not a whole number would fail HINCRBY below, after the message was appended.
 if current[3] and not string.match(current[3], '^%d+$') then return {'unreadable', ''} end
 if current[1] then
@@ -18,6 +24,14 @@ if current[1] then
   if max_bytes > 0 and tonumber(current[4] or '0') >= max_bytes then return {'full', current[4]} end
 elseif must_exist then
   return {'gone', ''}
+end
+if person ~= '' then
+  for i = 13, #ARGV do redis.call('ZREM', KEYS[9], ARGV[i]) end
+  if max_turns > 0 and redis.call('ZCARD', KEYS[9]) >= max_turns then return {'many', tostring(max_turns)} end
+  redis.call('ZADD', KEYS[9], updated_at, conversation_id .. ' ' .. turn_id)
+  redis.call('EXPIRE', KEYS[9], ttl)
+  redis.call('HSETNX', meta, 'owned_by', person)
+  redis.call('ZADD', KEYS[8], updated_at, conversation_id)
 end
 redis.call('RPUSH', history, message)
 local version = redis.call('HINCRBY', meta, 'version', 1)

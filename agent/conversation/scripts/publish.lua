@@ -6,16 +6,19 @@
 -- parked turns: an ending ends a parked turn's request too)
 -- ARGV: turn_id, expected history length (-1: any), doc, done ('1' or '0'), ttl, number of messages, number
 -- of steps, turn summary ('' for none), conversation_id, updated_at, end_live (a live text's seq, 0: none),
--- owner (the writing job's id; '' for a front end, which may end any job's turn), then the messages,
--- then the steps. Returns the new version.
+-- owner (the writing job's id; '' for a front end, which may end any job's turn), person (a signed-in person's
+-- front end: only a conversation of theirs; '' for jobs, the local playground and the operator), then the
+-- messages, then the steps. Returns the new version.
 local meta, history, steps, turns, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local running = KEYS[8]
 local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
 local summary, conversation_id, updated_at, end_live = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
-local owner = ARGV[12]
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'owner')
-if not current[1] then return redis.error_reply('GONE the conversation has expired or was deleted') end
+local owner, person = ARGV[12], ARGV[13]
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'owner', 'owned_by')
+if not current[1] or (person ~= '' and current[4] ~= person) then
+  return redis.error_reply('GONE the conversation has expired or was deleted')
+end
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
 if owner ~= '' and current[3] and current[3] ~= owner then
@@ -24,7 +27,7 @@ end
 if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
   return redis.error_reply('CONFLICT the history moved')
 end
-local i, added = 13, #summary
+local i, added = 14, #summary
 for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
 for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
 if summary ~= '' then redis.call('RPUSH', turns, summary) end

@@ -1,0 +1,85 @@
+"""Who owns a conversation: a signed-in person, known by their provider's issuer and subject.
+
+A person's id is a digest of the two (never the email): it names their Redis keys, is stored as each of
+their conversations' `owned_by`, and is what a trace carries. What the page shows of them (their name,
+else their email) and what the operator types to find them (`--owner EMAIL`) is kept beside it, written
+at sign-in, so that the CLI can find a person's conversations by email.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+
+from agent.conversation.keys import PEOPLE_BY_EMAIL_KEY, person_record
+from agent.conversation.well_formed import decoded
+
+PERSON_ID_CHARS = 20  # hex digits of the digest: 80 bits, no collision among any number of people a demo has
+
+
+@dataclass(frozen=True)
+class Person:
+    """A signed-in person."""
+
+    id: str
+    issuer: str
+    subject: str
+    name: str  # what the page shows: their name, else their email, else their subject
+    email: str  # lower-cased; "" when the provider gave none
+    admin: bool = False  # may read everyone's conversations (AGENT_ADMINS)
+
+
+def person_id(issuer: str, subject: str) -> str:
+    """The stable id of the person `subject` at provider `issuer` ("p" and 20 hex digits)."""
+    digest = hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()
+    return "p" + digest[:PERSON_ID_CHARS]
+
+
+def from_claims(claims: Mapping, admins: frozenset[str] = frozenset()) -> Person | None:
+    """The person an OpenID Connect sign-in's claims name, or None without an issuer and a subject."""
+    issuer, subject = _claim(claims, "iss"), _claim(claims, "sub")
+    if not issuer or not subject:
+        return None
+    email = _claim(claims, "email").casefold()
+    name = _claim(claims, "name") or email or subject
+    return Person(person_id(issuer, subject), issuer, subject, name[:80], email, admin=bool(email) and email in admins)
+
+
+def _claim(claims: Mapping, name: str) -> str:
+    value = claims.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def remember(client: redis.Redis, person: Person) -> None:
+    """Keep who the person is, for the operator's `--owner EMAIL` (one round-trip, at sign-in)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hset(person_record(person.id), mapping={
+            "issuer": person.issuer, "subject": person.subject, "name": person.name, "email": person.email,
+            "seen_at": repr(time.time())})
+        if person.email:
+            pipe.hset(PEOPLE_BY_EMAIL_KEY, person.email, person.id)
+        pipe.execute()
+
+
+def find(client: redis.Redis, owner: str) -> str | None:
+    """The id of the person `owner` names: an email someone signed in with, or a person's id itself."""
+    owner = owner.strip()
+    if "@" in owner:
+        found = client.hget(PEOPLE_BY_EMAIL_KEY, owner.casefold())
+        return decoded(found) if found else None
+    return owner if client.exists(person_record(owner)) else None
+
+
+def describe(client: redis.Redis, person: str | None) -> str | None:
+    """A person's id as the operator reads it: "Name <email> (id)", or the id alone once their record is gone."""
+    if not person:
+        return None
+    name, email = client.hmget(person_record(person), "name", "email")
+    who = decoded(name or b"")
+    if email:
+        who = f"{who} <{decoded(email)}>" if who else decoded(email)
+    return f"{who} ({person})" if who else person

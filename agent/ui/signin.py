@@ -1,0 +1,82 @@
+"""Sign-in, when the page's secrets have an `[auth]` section: the page asks for it before anything else,
+and the signed-in person's store (Store.for_person) is the door to their own conversations only.
+
+Without the section, the local playground: no sign-in, one implicit owner, everything as before. With it,
+Streamlit's own `st.login` / `st.user` / `st.logout` do the OpenID Connect flow and keep the identity in a
+cookie signed with the section's `cookie_secret`: a cookie that is stale, or not signed with it, reads as
+signed out. Who the person is comes from their provider's issuer and subject (agent/conversation/people.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import streamlit as st
+
+from agent.conversation import people
+from agent.settings import Settings
+from agent.text.markdown import inert
+
+AUTH_SECTION = "auth"
+REMEMBERED_KEY = "agent_person_remembered"  # the person id this session has written the record of
+# A provider's settings in the section (or in one of its [auth.NAME] tables): how one is told from the rest.
+PROVIDER_FIELDS = ("client_id", "server_metadata_url")
+
+
+def providers() -> list[str] | None:
+    """None without an `[auth]` section (the local playground); else the named providers ([auth.NAME]),
+    or [""] when the section itself names the one provider."""
+    try:
+        section = st.secrets.get(AUTH_SECTION)
+    except FileNotFoundError:  # no secrets file at all
+        return None
+    if not isinstance(section, Mapping):
+        return None
+    named = [name for name, value in section.items() if isinstance(value, Mapping)
+             and any(field in value for field in PROVIDER_FIELDS)]
+    return named or [""]
+
+
+def signed_in(settings: Settings) -> people.Person | None | bool:
+    """Who may use the page in this run: None in the local playground (no sign-in), the signed-in person,
+    or False once the sign-in page has been drawn instead (nothing else is drawn in this run)."""
+    offered = providers()
+    if offered is None:
+        return None
+    user = st.user
+    if not user.is_logged_in:
+        sign_in_page(offered)
+        return False
+    person = people.from_claims(user.to_dict(), settings.admins)
+    if person is None:  # a provider that names no subject cannot own anything
+        st.title("⏱️ Agent demo")
+        st.error("The sign-in did not say who you are (no issuer and subject in its identity token), so this "
+                 "page cannot keep your conversations apart from anyone else's. Sign in with another account.",
+                 icon="🛑")
+        st.button("Sign out", on_click=st.logout)
+        return False
+    return person
+
+
+def remember_once(client, person: people.Person) -> None:
+    """Keep who the person is for the operator's `--owner EMAIL`, once per session."""
+    if st.session_state.get(REMEMBERED_KEY) != person.id:
+        people.remember(client, person)
+        st.session_state[REMEMBERED_KEY] = person.id
+
+
+def sign_in_page(offered: list[str]) -> None:
+    st.title("⏱️ An agent that always finishes")
+    st.markdown("This demo is shared: **sign in** to chat. Your conversations are yours alone; nobody else "
+                "signed in here can list, open or change them.")
+    for name in offered:
+        label = f"Sign in with {name}" if name else "Sign in"
+        st.button(label, key=f"sign-in-{name or 'default'}", type="primary", icon="🔑",
+                  on_click=st.login, args=(name,) if name else ())
+
+
+def account(sb, person: people.Person) -> None:
+    """Into `sb` (a sidebar container): who is signed in, and Sign out."""
+    role = " · can read everyone's conversations" if person.admin else ""
+    sb.caption(f"Signed in as **{inert(person.name)}**{role}")
+    sb.button("Sign out", key="sign-out", icon="🚪", on_click=st.logout, width="stretch")
