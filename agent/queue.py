@@ -68,10 +68,10 @@ NEUTRAL_JOB_FIELDS = {  # what a loaded job holds, whatever its payload asked fo
 class SafeJob(Job):
     """A job as this project writes it, whatever else its payload in Redis says.
 
-    Our jobs use no webhooks, retries, repeats, dependencies, success or stopped callbacks, one
-    failure callback with its own timeout, and only the rate limit of a person's share (share_key). A forged payload can ask for each of
-    them, and each makes a worker connect somewhere (a webhook carries the traceback, with the
-    payload's headers, to any URL), wait (a webhook's timeout against a silent listener), or run
+    Our jobs use no webhooks, retries, repeats, dependencies, success or stopped callbacks; one failure
+    callback with its own timeout; and no rate limit but a person's share (share_key). A forged payload
+    can ask for each of them, and each makes a worker connect somewhere (a webhook carries the traceback,
+    with the payload's headers, to any URL), wait (a webhook's timeout against a silent listener), or run
     again (retries, repeats): all are dropped when a job is loaded, before a worker acts on it."""
 
     def restore(self, raw_data) -> None:
