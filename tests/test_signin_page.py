@@ -1,0 +1,100 @@
+"""Sign-in on the page (AppTest, the session's real Redis and pool): with an `[auth]` section the page asks for
+sign-in before anything else; a signed-in person lists, opens and changes only their own conversations; a
+link to someone else's says not found; an admin reads everyone's, read-only; a person past their share of
+turns in flight is refused with a sentence, the text kept. (The OpenID Connect flow itself, in Chromium:
+tests/test_browser_signin.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.conversation import people
+from agent.conversation.listing import list_conversations
+from agent.queue import new_id, submit_turn
+from tests.apptest_page import app, texts
+from tests.conftest import wait_done
+from tests.test_app import app_env, assert_no_exception  # noqa: F401 - app_env: the page's environment
+from tests.test_signin import ISSUER, SLOW, door, person
+
+pytestmark = pytest.mark.usefixtures("pool")
+
+AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "x" * 32, "client_id": "demo",
+        "client_secret": "demo", "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration"}
+
+
+def signed(who: people.Person | None, cid: str | None = None, auth: dict | None = None):
+    """The page with sign-in configured, as `who` (None: signed out)."""
+    at = app(cid)
+    at.secrets["auth"] = auth or AUTH
+    at.user = {"is_logged_in": False} if who is None else {
+        "is_logged_in": True, "iss": ISSUER, "sub": who.subject, "email": who.email, "name": who.name}
+    at.run()
+    assert_no_exception(at)
+    return at
+
+
+def test_signed_out_the_page_asks_for_sign_in_and_shows_nothing_else(store, queue):
+    at = signed(None)
+    assert [b.label for b in at.button] == ["Sign in"]
+    assert not at.chat_input and not at.sidebar.button, "no chat and no list before sign-in"
+    assert "sign in" in texts(at).lower()
+    two = signed(None, auth={**AUTH, "google": {"client_id": "a", "client_secret": "b", "server_metadata_url": "u"},
+                             "okta": {"client_id": "c", "client_secret": "d", "server_metadata_url": "v"}})
+    assert [b.label for b in two.button] == ["Sign in with google", "Sign in with okta"]
+
+
+def test_a_signed_in_person_sends_and_lists_only_their_own(store, queue):
+    alice, bob = person("page-alice", "pa@example.org"), person("page-bob", "pb@example.org")
+    at = signed(alice)
+    assert "Signed in as **pa@example.org**" in texts(at) and at.sidebar.button(key="sign-out")
+    at.chat_input[0].set_value("What is 17*23?").run()
+    cid = at.query_params["c"][0] if isinstance(at.query_params["c"], list) else at.query_params["c"]
+    final = wait_done(store, cid)
+    assert final["owner"] == alice.id
+    assert people.find(store.redis, "PA@example.org") == alice.id  # remembered for the operator's --owner
+    at.run()
+    assert any(b.key == f"conv-{cid}" for b in at.sidebar.button)
+
+    as_bob = signed(bob)
+    assert not any(b.key == f"conv-{cid}" for b in as_bob.sidebar.button)
+    link = signed(bob, cid)
+    page = texts(link)
+    assert "was not found" in page and "17*23" not in page and "391" not in page, page[-1500:]
+    assert not link.chat_input[0].disabled  # a new chat of Bob's, not Alice's
+    assert list_conversations(door(store, bob)).conversations == []
+
+
+def test_an_admin_reads_someone_elses_conversation_read_only(store, queue, monkeypatch):
+    monkeypatch.setenv("AGENT_ADMINS", "boss@example.org")
+    alice, boss = person("page-alice-2", "pa2@example.org"), person("boss", "boss@example.org")
+    cid = new_id()
+    submit_turn(door(store, alice), queue, cid, "What is 6*7?", SLOW)
+    wait_done(store, cid, timeout_s=30)
+    at = signed(boss, cid)
+    page = texts(at)
+    assert "42" in page and "Read-only" in page and "can read everyone's conversations" in page, page[-1500:]
+    assert at.chat_input[0].disabled
+    keys = {b.key for b in at.sidebar.button}
+    assert f"conv-{cid}" in keys and "rename" not in keys and "delete" not in keys
+    assert store.read(cid)["owner"] == alice.id
+
+
+def test_past_the_share_of_turns_in_flight_the_message_is_refused_and_kept(store, queue, monkeypatch):
+    monkeypatch.setenv("AGENT_MAX_TURNS_PER_USER", "1")
+    carol = person("page-carol", "pc@example.org")
+    busy = new_id()
+    submit_turn(door(store, carol, max_turns=1), queue, busy, "Please be slow 3 seconds, then tell me the time.",
+                SLOW)
+    at = signed(carol)
+    at.chat_input[0].set_value("And what is 2+2?").run()
+    page = texts(at)
+    assert "Not sent: you already have 1 turn in flight" in page, page[-1500:]
+    assert any("And what is 2+2?" in code.value for code in at.code), "the text is kept to send again"
+    wait_done(store, busy, timeout_s=30)
+
+
+def test_sign_out_brings_the_sign_in_page_back(store, queue):
+    at = signed(person("page-dan", "pd@example.org"))
+    at.sidebar.button(key="sign-out").click().run()
+    assert [b.label for b in at.button] == ["Sign in"]
+    assert not at.chat_input
