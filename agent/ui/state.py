@@ -171,7 +171,9 @@ def poll(store: Store, queue_connection: redis.Redis, session, cid: str, *, wait
         state, changed = _read(store, session, cid), True
     lost = False
     # A parked turn has no job to lose (it waits for a person): no check, so it costs what an idle page does.
-    if state is not None and phase_of(state) == LIVE and (not changed or cached is None):
+    # Someone else's turn (an admin reading it) is left to its owner's pages and the pools' watch: this store
+    # could not write its ending.
+    if state is not None and phase_of(state) == LIVE and (not changed or cached is None) and store.owns(state):
         if lost_worker_check(store, queue_connection, cid, state):
             state, changed, lost = _read(store, session, cid), True, True
     return Poll(state, changed, lost)
