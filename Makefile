@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-under-load lint faults bench worker dashboard rq-info clean
+.PHONY: setup run run-signin test test-under-load lint faults bench worker dashboard rq-info clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 run: setup
 	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT)
+
+# The page with sign-in, through a mock OpenID Connect provider on 127.0.0.1:$(OIDC_PORT) that accepts
+# anyone: for trying sign-in with no provider account (docs/sign-in.md). Open http://localhost:$(PORT).
+OIDC_PORT ?= 9400
+run-signin: setup
+	HOST=$(HOST) PORT=$(PORT) OIDC_PORT=$(OIDC_PORT) $(PY) scripts/run_signin.py
 
 # Side by side in TEST_WORKERS processes (pytest-xdist), a test file to a process: the tests of one
 # file share its fixtures and run in its order; the longest files go first (tests/conftest.py,

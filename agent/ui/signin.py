@@ -79,4 +79,4 @@ def account(sb, person: people.Person) -> None:
     """Into `sb` (a sidebar container): who is signed in, and Sign out."""
     role = " · can read everyone's conversations" if person.admin else ""
     sb.caption(f"Signed in as **{inert(person.name)}**{role}")
-    sb.button("Sign out", key="sign-out", icon="🚪", on_click=st.logout, width="stretch")
+    sb.button("Sign out", key="sign-out", icon="🚪", on_click=st.logout, type="tertiary")
