@@ -189,8 +189,8 @@ class Store:
     def delete(self, conversation_id: str) -> bool:
         """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
         refused (GONE), so its job ends without a word. False when there was nothing to delete."""
-        if self.person and not self.owns(self.read_meta(conversation_id)):
-            return False
+        if self.person and _text(self.redis.hget(Keys.of(conversation_id).meta, "owned_by")) != self.person:
+            return False  # (the script checks it again, in the same step as the delete)
         turn_id = self._writes.turn_in_flight(conversation_id)
         if turn_id is not None:
             self.flags.request_cancel(turn_id, DELETED_MARKER_TTL_S)
@@ -220,3 +220,7 @@ class Store:
 
     def cancel_requested(self, turn_id: str) -> bool:
         return self.flags.cancel_requested(turn_id)
+
+
+def _text(value) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
