@@ -204,3 +204,19 @@ def test_admins_setting_is_checked_at_start():
     with pytest.raises(SettingsError, match="AGENT_MAX_TURNS_PER_USER"):
         Settings.from_env({"AGENT_MAX_TURNS_PER_USER": "0"})
     assert Settings.from_env({}).max_turns_per_user == 2 and os.environ.get("AGENT_ADMINS") is None
+
+
+@pytest.mark.parametrize("claims", [
+    {}, {"iss": None, "sub": None}, {"iss": ISSUER, "sub": ""}, {"iss": ISSUER, "sub": ["a"]},
+    {"iss": {"x": 1}, "sub": "a"}, {"iss": ISSUER, "sub": "a", "email": 7, "name": None},
+    {"iss": ISSUER, "sub": "a", "email": ["x@y"], "name": {"first": "x"}},
+    {"iss": ISSUER, "sub": "\x00\u202e" * 500, "name": "*bold* <b>x</b>" * 100, "email": "A@B.C\n"},
+    {"iss": ISSUER, "sub": "\ud800", "email": "\ud800@x"},
+])
+def test_claims_of_any_shape_give_a_person_or_none_never_an_error(claims, redis_client):
+    found = people.from_claims(claims, frozenset({"a@b.c"}))
+    if found is not None:
+        assert found.id.startswith("p") and len(found.id) == 21 and len(found.name) <= 80
+        assert isinstance(found.email, str) and isinstance(found.admin, bool)
+        people.remember(redis_client, found)  # what the operator's --owner finds them by
+        assert people.find(redis_client, found.id) == found.id

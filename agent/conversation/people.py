@@ -17,6 +17,7 @@ import redis
 
 from agent.conversation.keys import PEOPLE_BY_EMAIL_KEY, person_record
 from agent.conversation.well_formed import decoded
+from agent.text.surrogates import scrub
 
 PERSON_ID_CHARS = 20  # hex digits of the digest: 80 bits, no collision among any number of people a demo has
 
@@ -35,7 +36,9 @@ class Person:
 
 def person_id(issuer: str, subject: str) -> str:
     """The stable id of the person `subject` at provider `issuer` ("p" and 20 hex digits)."""
-    digest = hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()
+    # `surrogatepass`: a subject is whatever the provider sent (JSON may escape a lone surrogate), and it
+    # still names one person.
+    digest = hashlib.sha256(f"{issuer}\n{subject}".encode("utf-8", "surrogatepass")).hexdigest()
     return "p" + digest[:PERSON_ID_CHARS]
 
 
@@ -44,8 +47,8 @@ def from_claims(claims: Mapping, admins: frozenset[str] = frozenset()) -> Person
     issuer, subject = _claim(claims, "iss"), _claim(claims, "sub")
     if not issuer or not subject:
         return None
-    email = _claim(claims, "email").casefold()
-    name = _claim(claims, "name") or email or subject
+    email = scrub(_claim(claims, "email")).casefold()
+    name = scrub(_claim(claims, "name")) or email or scrub(subject)
     return Person(person_id(issuer, subject), issuer, subject, name[:80], email, admin=bool(email) and email in admins)
 
 
@@ -58,7 +61,7 @@ def remember(client: redis.Redis, person: Person) -> None:
     """Keep who the person is, for the operator's `--owner EMAIL` (one round-trip, at sign-in)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.hset(person_record(person.id), mapping={
-            "issuer": person.issuer, "subject": person.subject, "name": person.name, "email": person.email,
+            "issuer": scrub(person.issuer), "subject": scrub(person.subject), "name": person.name, "email": person.email,
             "seen_at": repr(time.time())})
         if person.email:
             pipe.hset(PEOPLE_BY_EMAIL_KEY, person.email, person.id)
