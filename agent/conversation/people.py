@@ -61,7 +61,8 @@ def remember(client: redis.Redis, person: Person) -> None:
     """Keep who the person is, for the operator's `--owner EMAIL` (one round-trip, at sign-in)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.hset(person_record(person.id), mapping={
-            "issuer": scrub(person.issuer), "subject": scrub(person.subject), "name": person.name, "email": person.email,
+            "issuer": scrub(person.issuer), "subject": scrub(person.subject), "name": person.name,
+            "email": person.email,
             "seen_at": repr(time.time())})
         if person.email:
             pipe.hset(PEOPLE_BY_EMAIL_KEY, person.email, person.id)
