@@ -98,3 +98,17 @@ def test_sign_out_brings_the_sign_in_page_back(store, queue):
     at.sidebar.button(key="sign-out").click().run()
     assert [b.label for b in at.button] == ["Sign in"]
     assert not at.chat_input
+
+
+def test_a_turn_held_behind_the_persons_own_says_so(store, queue, monkeypatch):
+    monkeypatch.setenv("AGENT_MAX_TURNS_PER_USER", "5")
+    erin = person("page-erin", "pe@example.org")
+    as_erin = door(store, erin, max_turns=5)
+    cids = [new_id() for _ in range(3)]
+    for cid in cids:  # a share of 2 (one per worker): the third waits outside the queue
+        submit_turn(as_erin, queue, cid, "Please be slow 5 seconds, then tell me the time.", SLOW, share=2)
+    at = signed(erin, cids[-1])
+    page = texts(at)
+    assert "behind your own turns" in page and "at most 2 workers at a time" in page, page[-1500:]
+    for cid in cids:
+        wait_done(store, cid, timeout_s=40)
