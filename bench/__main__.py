@@ -34,6 +34,7 @@ from bench import (
     page,
     report,
     resume,
+    signin,
     tracing_cost,
     worker_memory,
 )
@@ -126,6 +127,21 @@ METHOD = {
     "watch's stamp when it expired it). watch_redis: {approvals_parked} requests in the index of parked turns, "
     "none due, on a Redis with no pool; expire_due {approvals_looks} times, then TurnWatch.sweep (no running "
     "turns) as often; INFO commandstats deltas (INFO left out) per look.",
+    "signin": "Sign-in and fair share, on {signin_workers} simple workers. fairness: person A (a store bound to A, "
+    "at most {signin_turns} turns in flight) submits {signin_turns} turns at once (\"What is 1+2, and what time is "
+    "it?\", demo@{signin_call}~0: three model calls a turn) after a warm-up turn per worker; once {signin_workers} "
+    "of them run, and 1.5 model calls later (half a turn: the mean of an arrival at a random moment), person B "
+    "submits one; B's wait is its turn summary's enqueued_at to started_at, against one turn (the median of A's "
+    "turns' started_at to ended_at); with a share of {signin_share} (RQ's RateLimit per person: A's backlog waits "
+    "outside the queue), then without (share 0: one FIFO queue, B behind all of A's). list_per_owner: one "
+    "person's list of 20 (list_conversations on their bound store) with 20 conversations stored, and with "
+    "{signin_conversations} across {signin_owners} owners (theirs written through the store's scripts, the others' "
+    "meta hash and index entries by hand), each in a database of its own on one Redis; the Redis commands one "
+    "listing sends (INFO commandstats deltas, INFO left out), and {signin_repeats} listings of each, in turns. "
+    "first_draw: AppTest (the server's run of app.py, not the browser) on an empty chat for a new session, with "
+    "sign-in configured and a person signed in, against local mode (no [auth] secrets); the same Redis "
+    "(REDIS_URL), AGENT_WORKERS=0; 2 warm-up runs of each, then {signin_pairs} pairs in turns (A B, B A, ...); "
+    "ratio = signed in / local per pair, median.",
     "deadline_accuracy": "Three-tool turns on {workers} simple workers with short clocks {clocks}; each turn's "
     "provider is random: 50% demo@U(0.05,1.5), 20% demo@U(1.5,4) (calls that outlive the cap or the "
     "deadline), 15% demo:hang, 15% demo:flaky@U(0.05,1). final write = the updated_at of the turn's last "
@@ -230,6 +246,7 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
         results["approvals"] = approvals.approvals_figures(
             lab, parked=plan.approvals_parked, runs=plan.approvals_runs, expiring=plan.approvals_expiring,
             say=lambda message: progress(message, started))
+        results["signin"] = signin.signin_figures(lab, plan, say=lambda message: progress(message, started))
         results["redis_version"] = lab.client.info("server")["redis_version"]
     finally:
         lab.close()
@@ -263,6 +280,8 @@ def judge(results: dict) -> dict:
         goals |= resume.goals(results["resume"])
     if results.get("approvals"):
         goals |= approvals.goals(results["approvals"])
+    if results.get("signin"):
+        goals |= signin.goals(results["signin"])
     if results.get("approve_click"):
         goals["approve_click_p95_idle"] = results["approve_click"]["hogs_0"]["met"]
     return goals
@@ -312,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
                     watch_seconds=plan.watch_seconds,
                     approvals_parked=plan.approvals_parked, approvals_runs=plan.approvals_runs,
                     approvals_expiring=plan.approvals_expiring, approvals_workers=approvals.WORKERS,
-                    approvals_looks=approvals.LOOKS)
+                    approvals_looks=approvals.LOOKS, signin_workers=signin.WORKERS, signin_share=signin.SHARE,
+                    signin_turns=plan.signin_turns, signin_call=f"{plan.signin_call_s:g}",
+                    signin_conversations=f"{plan.signin_list_conversations:,}", signin_owners=plan.signin_list_owners,
+                    signin_repeats=plan.signin_list_repeats, signin_pairs=plan.signin_page_pairs)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -333,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy", "resume",
-             "approvals",
+             "approvals", "signin",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
              "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "approve_click", "goals",
              "default_worker_class",

@@ -43,6 +43,12 @@ class Plan:
     approvals_parked: int = 100  # turns parked on a request at once (and requests in the watch's cost)
     approvals_runs: int = 20  # plain turns timed with nothing parked, then as many beside the parked ones
     approvals_expiring: int = 20  # requests nobody answers, expiring 2-6 s after they were asked
+    signin_turns: int = 20  # one person's turns submitted at once, before another's one
+    signin_call_s: float = 1.0  # the demo model's seconds a call in those turns (three calls a turn)
+    signin_list_owners: int = 100  # owners of the conversations stored when a person's list is counted
+    signin_list_conversations: int = 10_000  # conversations across them
+    signin_list_repeats: int = 50  # listings timed at each size, in turns
+    signin_page_pairs: int = 20  # AppTest first draws, signed in and local, in turns
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
@@ -98,4 +104,10 @@ QUICK = Plan(
     approve_click_runs=0,  # the browser test covers the click; its timing is the full run's
     approvals_runs=3,
     approvals_expiring=3,
+    signin_turns=4,
+    signin_call_s=0.3,
+    signin_list_owners=10,
+    signin_list_conversations=200,
+    signin_list_repeats=5,
+    signin_page_pairs=2,
 )

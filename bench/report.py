@@ -153,6 +153,8 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                         + f"), {figures['redis_cpu_us_per_s']:g} us CPU/s", "", ""))
     if results.get("approvals"):
         out += _approval_rows(results["approvals"], goals)
+    if results.get("signin"):
+        out += _signin_rows(results["signin"], goals)
     return out
 
 
@@ -175,6 +177,28 @@ def _approval_rows(section: dict, goals: dict) -> list[tuple[str, str, str, str]
              f"{k.upper()} {v:g}" for k, v in look["expiry_look"]["by_command_per_look"].items())
          + f") / {look['whole_look']['commands_per_look']:g}, {look['expiry_look']['redis_cpu_us_per_look']:g} us CPU",
          "", ""),
+    ]
+
+
+def _signin_rows(section: dict, goals: dict) -> list[tuple[str, str, str, str]]:
+    """Sign-in: another person's first turn beside one's backlog, a person's list, the page's first draw."""
+    fair, unfair = section["fairness"]["with_share"], section["fairness"]["without_share"]
+    small, big = section["list_per_owner"]["rows"][0], section["list_per_owner"]["rows"][-1]
+    page = section["first_draw"]
+    return [
+        (f"B's first turn after A's {fair['a_turns']}: wait (enqueue->start), share {fair['share']} / none "
+         f"({fair['workers']} workers)",
+         f"{fair['b_wait_s']:.2f} s ({fair['b_wait_turns']:g} turns of {fair['one_turn_s']:.2f} s) / "
+         f"{unfair['b_wait_s']:.1f} s ({unfair['b_wait_turns']:g} turns)",
+         "share: <= 1 turn", _check(goals.get("signin_fair_share"))),
+        ("  with the share: B's start after the first of A's running turns ended",
+         f"{fair['b_start_after_first_end_ms']:g} ms", "", ""),
+        (f"a person's list of 20: {small['conversations']:,} conversations / {big['conversations']:,} across "
+         f"{big['owners']} owners",
+         f"{small['redis_commands']} / {big['redis_commands']} commands; {small['list_ms_p50']:g} / "
+         f"{big['list_ms_p50']:g} ms", "same commands", _check(goals.get("signin_list_flat"))),
+        (f"page's first draw (AppTest), signed in / local, p50 ({page['pairs']} pairs)",
+         f"{page['signed_in_ms']['p50']:g} / {page['local_ms']['p50']:g} ms, ratio {page['ratio']:g}x", "", ""),
     ]
 
 

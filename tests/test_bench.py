@@ -24,6 +24,7 @@ KEYS = (
     "worker_memory",
     "resume",
     "approvals",
+    "signin",
 )
 
 
@@ -60,6 +61,10 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     assert asks["start_beside_parked"]["busy_workers_while_parked"] == 0  # a parked turn holds no worker
     assert asks["expiry"]["after_expiry_s"]["n"] == 3 and asks["expiry"]["turns_done"] == 3
     assert asks["watch_redis"]["expiry_look"]["by_command_per_look"] == {"zrangebyscore": 1.0}  # none due: one read
+    signin = results["signin"]  # 4 of one person's turns, then another's; a person's list; the first draw
+    assert signin["fairness"]["with_share"]["a_held_outside_queue_at_b_submit"] == 2
+    listed = signin["list_per_owner"]["rows"]
+    assert listed[0]["redis_commands"] == listed[-1]["redis_commands"]  # a person's list does not grow with others'
     assert results["tracing_overhead"]["export_requests"] >= 1  # the traced turns' spans reached the collector
     assert "first_step_ratio" in run.stdout  # the table
     assert (tmp_path / "throughput.png").stat().st_size > 0
