@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "agent-clocks"  # OTEL_SERVICE_NAME's default
 AGENT_NAME = "agent-clocks"  # gen_ai.agent.name
 CONTENT_VARIABLE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# With sign-in, a turn carries its owner's id (`user.id`, a digest); their email only when this is true.
+OWNER_EMAIL_VARIABLE = "AGENT_TRACE_OWNER_EMAIL"
 EXPORT_TIMEOUT_S = 5.0  # seconds one export may take, unless OTEL_EXPORTER_OTLP_TIMEOUT says otherwise
 SHUTDOWN_WAIT_S = 1.0  # seconds a process waits at exit for its last spans to leave
 MAX_QUEUED_SPANS = 2048  # spans waiting for export; past this a slow collector loses spans, never time
@@ -69,6 +71,11 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
 def capture_content(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return env.get(CONTENT_VARIABLE, "").strip().lower() == "true"
+
+
+def owner_email_on(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get(OWNER_EMAIL_VARIABLE, "").strip().lower() == "true"
 
 
 def setup(env: Mapping[str, str] | None = None):
@@ -159,15 +166,18 @@ def turn_ended(store, conversation_id: str, turn_id: str) -> None:
     try:
         state = store.read(conversation_id)
         if state is not None:
-            export_turn(tracer, state, turn_id)
+            owner = state.get("owner")
+            export_turn(tracer, state, turn_id,
+                        owner_email=store.owner_email(owner) if owner and owner_email_on() else None)
         if os.getpid() != _tracer_pid and _provider is not None:
             _provider.force_flush(int(FORKED_FLUSH_S * 1000))
     except Exception:  # noqa: BLE001 - a trace lost is logged, a turn is never failed for it
         log.warning("turn %s: its trace could not be built", turn_id, exc_info=True)
 
 
-def export_turn(tracer, state: State, turn_id: str) -> None:
-    """The turn's span tree, built from its summary and steps with their own times."""
+def export_turn(tracer, state: State, turn_id: str, owner_email: str | None = None) -> None:
+    """The turn's span tree, built from its summary and steps with their own times; `owner_email` only where
+    AGENT_TRACE_OWNER_EMAIL asks for it."""
     from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
     from opentelemetry.trace import Status as SpanStatus
@@ -189,7 +199,8 @@ def export_turn(tracer, state: State, turn_id: str) -> None:
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": AGENT_NAME,
         "gen_ai.conversation.id": state.get("conversation_id"),
-        "agent.owner.id": state.get("owner"),  # a signed-in person's id (a digest), never their email
+        "user.id": state.get("owner"),  # a signed-in person's id (a digest of issuer and subject)
+        "user.email": owner_email,
         "gen_ai.provider.name": config.get("provider"),
         "gen_ai.request.model": config.get("model"),
         "agent.turn.id": turn_id,

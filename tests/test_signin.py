@@ -220,3 +220,33 @@ def test_claims_of_any_shape_give_a_person_or_none_never_an_error(claims, redis_
         assert isinstance(found.email, str) and isinstance(found.admin, bool)
         people.remember(redis_client, found)  # what the operator's --owner finds them by
         assert people.find(redis_client, found.id) == found.id
+
+
+def test_a_trace_carries_the_owners_id_and_their_email_only_when_asked(store, queue, pool, monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent import tracing
+
+    kim = person("kim", "kim@example.org")
+    people.remember(store.redis, kim)
+    cid = send(door(store, kim), queue, "What is 2*21?")
+    turn_id = wait_done(store, cid)["turn_id"]
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    try:
+        def turn_span():
+            exporter.clear()
+            tracing.turn_ended(store, cid, turn_id)  # what the worker calls after its final write
+            return next(s for s in exporter.get_finished_spans() if s.name == tracing.TURN_SPAN)
+
+        plain = turn_span()
+        assert plain.attributes["user.id"] == kim.id and "user.email" not in plain.attributes
+        assert not any("kim@" in str(v) for s in exporter.get_finished_spans() for v in s.attributes.values())
+        monkeypatch.setenv(tracing.OWNER_EMAIL_VARIABLE, "true")
+        assert turn_span().attributes["user.email"] == "kim@example.org"
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()

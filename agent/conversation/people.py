@@ -87,3 +87,9 @@ def describe(client: redis.Redis, person: str | None) -> str | None:
     if email:
         who = f"{who} <{decoded(email)}>" if who else decoded(email)
     return f"{who} ({person})" if who else person
+
+
+def email_of(client: redis.Redis, person: str) -> str | None:
+    """The email the person last signed in with, or None (for traces, only where the operator asked for it)."""
+    email = client.hget(person_record(person), "email")
+    return decoded(email) or None if email else None

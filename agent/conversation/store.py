@@ -32,7 +32,7 @@ import copy
 import redis
 
 from agent.contract import Message, State, Step, TurnDoc, TurnSummary
-from agent.conversation import reads
+from agent.conversation import people, reads
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
 from agent.conversation.keys import INDEX_KEY, Keys, person_conversations
@@ -75,6 +75,10 @@ class Store:
         if state is None or self.sees_all or state.get("owner") == self.person:
             return state
         return None
+
+    def owner_email(self, person_id: str) -> str | None:
+        """The email a conversation's owner signed in with (see people.py), or None."""
+        return people.email_of(self.redis, person_id)
 
     def owns(self, state: State | None) -> bool:
         """Whether this store's person may write to the conversation (the operator may write any)."""
