@@ -109,10 +109,11 @@ def free_port() -> int:
 
 class PageServer:
     """`streamlit run app.py` (or another `script`) in its own session, with a private data dir (its own
-    Redis and pool)."""
+    Redis and pool); on `port` when given (a port some setting names before the page starts), else a free one."""
 
-    def __init__(self, data_dir: Path, log_path: Path, env: dict[str, str] | None = None, script: str = "app.py"):
-        self.port = free_port()
+    def __init__(self, data_dir: Path, log_path: Path, env: dict[str, str] | None = None, script: str = "app.py",
+                 port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.data_dir = data_dir
         self.log_path = log_path
@@ -179,8 +180,9 @@ class PageServer:
 
 
 @contextlib.contextmanager
-def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = None, script: str = "app.py"):
-    server = PageServer(data_dir, log_path, env, script)
+def page_server(data_dir: Path, log_path: Path, env: dict[str, str] | None = None, script: str = "app.py",
+                port: int | None = None):
+    server = PageServer(data_dir, log_path, env, script, port)
     try:
         yield server
     finally:
