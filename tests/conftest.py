@@ -170,6 +170,8 @@ LONGEST_FIRST = (
     "test_markdown.py",
     "test_approvals_page.py",
     "test_approvals.py",
+    "test_browser_signin.py",
+    "test_signin.py",
     "test_cli.py",
     "test_mcp.py",
     "test_conversations_cli.py",
