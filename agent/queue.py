@@ -16,7 +16,7 @@ import uuid
 import redis
 from rq import Queue, Worker
 from rq.callbacks import Callback
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.rate_limit import RateLimit
 from rq.registry import StartedJobRegistry
@@ -226,6 +226,18 @@ def enqueue_turn(queue: Queue, conversation_id: str, turn_id: str, job_id: str, 
         at_front=at_front,
         **({"rate_limit": rate_limit} if rate_limit is not None else {}),
     )
+
+
+def cancel_held(connection: redis.Redis, job_id: str) -> None:
+    """Cancel a job held outside the queue by its person's share (RQ status `rate_limited`), so that it never
+    runs and holds no place; a job that has moved on meanwhile is left as it is (its turn has ended: a worker
+    that takes it finds nothing to do)."""
+    try:
+        job = SafeJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+        if getattr(job.get_status(refresh=False), "value", None) == "rate_limited":
+            job.cancel()
+    except (NoSuchJobError, InvalidJobOperation, ValueError):  # gone, or already cancelled: nothing held
+        pass
 
 
 def job_status(connection: redis.Redis, job_id: str) -> str | None:

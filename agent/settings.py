@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -119,7 +120,7 @@ class Settings:
     redis_wait_s: float = DEFAULT_REDIS_WAIT_S
     show_conversations: bool = True
     max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES
-    admins: frozenset[str] = frozenset()  # emails (lower-cased) of signed-in people who may read every conversation
+    admins: frozenset[str] = frozenset()  # emails (lower-cased) or person ids of who may read every conversation
     max_turns_per_user: int = DEFAULT_MAX_TURNS_PER_USER  # a signed-in person's turns in flight at most
 
     @classmethod
@@ -353,16 +354,22 @@ def allowed_hosts(env: Mapping[str, str], bound_address: str | None) -> tuple[st
 
 
 def admins(env: Mapping[str, str]) -> frozenset[str]:
-    """AGENT_ADMINS: the emails (comma-separated, any case) of the people who may read every conversation."""
-    emails = set()
+    """AGENT_ADMINS: the people who may read every conversation, comma-separated: emails (ASCII, any case;
+    only an email their provider vouched for counts) or person ids (`p` and 20 hex digits, shown in the
+    sidebar and by `show`), for providers that do not verify emails."""
+    names = set()
     for raw in env.get(ADMINS_VARIABLE, "").split(","):
-        email = raw.strip().casefold()
-        if not email:
+        name = raw.strip()
+        if not name:
             continue
-        if "@" not in email or any(ch.isspace() for ch in email):
-            raise SettingsError(ADMINS_VARIABLE, f"must be email addresses separated by commas, not {raw.strip()!r}")
-        emails.add(email)
-    return frozenset(emails)
+        if re.fullmatch(r"p[0-9a-f]{20}", name):
+            names.add(name)
+        elif "@" in name and name.isascii() and not any(ch.isspace() for ch in name):
+            names.add(name.lower())
+        else:
+            raise SettingsError(ADMINS_VARIABLE, "must be email addresses (ASCII) or person ids (p and 20 hex "
+                                                 f"digits) separated by commas, not {name!r}")
+    return frozenset(names)
 
 
 def settings_for_command() -> Settings | None:

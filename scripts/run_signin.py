@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("AGENT_DATA_DIR") or ROOT / ".data") / "signin"
 PEOPLE = (  # offered on the mock's sign-in form; any other name typed there works too
-    {"sub": "alice", "email": "alice@example.org", "name": "Alice"},
-    {"sub": "bob", "email": "bob@example.org", "name": "Bob"},
-    {"sub": "admin", "email": "admin@example.org", "name": "Admin (reads everyone's)"},
+    {"sub": "alice", "email": "alice@example.org", "email_verified": True, "name": "Alice"},
+    {"sub": "bob", "email": "bob@example.org", "email_verified": True, "name": "Bob"},
+    {"sub": "admin", "email": "admin@example.org", "email_verified": True, "name": "Admin (reads everyone's)"},
 )
 START_S = 20.0  # seconds the mock gets to answer
 
@@ -37,14 +37,18 @@ def main() -> int:
     oidc_port = int(os.environ.get("OIDC_PORT", "9400"))
     issuer = f"http://127.0.0.1:{oidc_port}"
     secrets_file = write_secrets(issuer, f"http://localhost:{port}/oauth2callback")
-    mock = subprocess.Popen(
-        [sys.executable, "-m", "oidc_provider_mock", "--host", "127.0.0.1", "--port", str(oidc_port),
-         *(arg for person in PEOPLE for arg in ("--user-claims", json.dumps(person)))],
-        env={**os.environ, "AUTHLIB_INSECURE_TRANSPORT": "1"}, start_new_session=True)
-    page = None
+    # A terminal's hang-up or a kill ends this script through its `finally`, which stops both children.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on)
+    mock = page = None
     try:
+        mock = subprocess.Popen(
+            [sys.executable, "-m", "oidc_provider_mock", "--host", "127.0.0.1", "--port", str(oidc_port),
+             *(arg for person in PEOPLE for arg in ("--user-claims", json.dumps(person)))],
+            env={**os.environ, "AUTHLIB_INSECURE_TRANSPORT": "1"}, start_new_session=True)
         if not answers(f"{issuer}/.well-known/openid-configuration", mock):
-            print(f"run-signin: the mock provider did not answer on {issuer}", file=sys.stderr)
+            print(f"run-signin: the mock provider did not start on {issuer} (is the port taken? set OIDC_PORT)",
+                  file=sys.stderr)
             return 1
         files = [str(p) for p in (ROOT / ".streamlit" / "secrets.toml",) if p.exists()] + [str(secrets_file)]
         print(f"run-signin: open http://localhost:{port} (not 127.0.0.1: the sign-in cookie belongs to the name in "
@@ -53,39 +57,59 @@ def main() -> int:
         page = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", host, "--server.port", port,
              *(arg for path in files for arg in ("--secrets.files", path))], cwd=ROOT, env=env)
-        signal.signal(signal.SIGTERM, lambda *_: page.terminate())
         while page.poll() is None and mock.poll() is None:
             time.sleep(0.5)
-        return page.returncode or 0
+        if mock.poll() is not None:
+            print("run-signin: the mock provider stopped; stopping the page", file=sys.stderr)
+            return 1
+        return page.returncode
     except KeyboardInterrupt:
         return 130
     finally:
-        for proc in (page, mock):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the cleanup
+            signal.signal(signum, signal.SIG_IGN)
+        for proc in (mock, page):
+            _stop(proc)
+
+
+def _exit_on(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def write_secrets(issuer: str, redirect_uri: str) -> Path:
     DATA.mkdir(parents=True, exist_ok=True)
     cookie_file = DATA / "cookie_secret"
     if not cookie_file.exists():
-        cookie_file.write_text(secrets.token_urlsafe(32))
-        cookie_file.chmod(0o600)
+        _write_private(cookie_file, secrets.token_urlsafe(32))
     path = DATA / "secrets.toml"
-    path.write_text(
+    _write_private(path, (
         "# Written by `make run-signin` for its mock provider; a real provider's goes in .streamlit/secrets.toml\n"
         "[auth]\n"
         f"redirect_uri = {json.dumps(redirect_uri)}\n"
         f"cookie_secret = {json.dumps(cookie_file.read_text().strip())}\n"
         'client_id = "agent-demo"\n'
         'client_secret = "agent-demo"\n'
-        f"server_metadata_url = {json.dumps(issuer + '/.well-known/openid-configuration')}\n")
-    path.chmod(0o600)
+        f"server_metadata_url = {json.dumps(issuer + '/.well-known/openid-configuration')}\n"))
     return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Readable by this user only from the first byte (never written first and restricted after)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
 
 
 def answers(url: str, proc: subprocess.Popen) -> bool:

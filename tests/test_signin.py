@@ -27,7 +27,7 @@ SLOW = FAST.with_changes(model="demo@1~0", job_timeout_s=20, deadline_margin_s=3
 
 
 def person(subject: str, email: str = "", admin: bool = False) -> people.Person:
-    found = people.from_claims({"iss": ISSUER, "sub": subject, "email": email},
+    found = people.from_claims({"iss": ISSUER, "sub": subject, "email": email, "email_verified": bool(email)},
                                frozenset({email}) if admin else frozenset())
     assert found is not None
     return found
@@ -250,3 +250,65 @@ def test_a_trace_carries_the_owners_id_and_their_email_only_when_asked(store, qu
     finally:
         tracing.use_provider(None)
         provider.shutdown()
+
+
+def test_an_admin_is_named_by_a_verified_email_or_by_id_and_never_by_a_look_alike():
+    admins = frozenset({"kate@example.org", people.person_id(ISSUER, "ops")})
+
+    def admin(**claims) -> bool:
+        return people.from_claims({"iss": ISSUER, "sub": "x", **claims}, admins).admin
+
+    assert admin(email="Kate@Example.org", email_verified=True)
+    assert not admin(email="kate@example.org")  # a provider that let anyone type it did not vouch for it
+    assert not admin(email="kate@example.org", email_verified="yes")
+    assert not admin(email="\u212aate@example.org", email_verified=True)  # the Kelvin sign folds to K
+    assert people.from_claims({"iss": ISSUER, "sub": "ops"}, admins).admin  # by id: no email needed
+    assert people.person_id("ab", "c") != people.person_id("a", "bc")  # no two pairs make one text
+
+
+def test_only_a_verified_email_finds_a_person_for_the_operator(redis_client):
+    mallory = people.from_claims({"iss": ISSUER, "sub": "mallory", "email": "victim-x@example.org"})
+    people.remember(redis_client, mallory)
+    assert people.find(redis_client, "victim-x@example.org") is None
+    victim = person("victim-x", "victim-x@example.org")
+    people.remember(redis_client, victim)
+    assert people.find(redis_client, "VICTIM-X@example.org") == victim.id
+
+
+def test_admins_may_be_named_by_id_and_a_non_ascii_email_is_refused():
+    from agent.settings import Settings, SettingsError
+    pid = people.person_id(ISSUER, "ops")
+    assert Settings.from_env({"AGENT_ADMINS": f"{pid}, Ops@Example.org"}).admins == {pid, "ops@example.org"}
+    with pytest.raises(SettingsError, match="AGENT_ADMINS"):
+        Settings.from_env({"AGENT_ADMINS": "\u212aate@example.org"})
+
+
+def test_stop_ends_a_turn_held_behind_the_persons_own_at_once_and_frees_its_place(store, queue, pool):
+    from agent.ui import state as ui
+    as_lee = door(store, person("lee"), max_turns=5)
+    cids = [send(as_lee, queue, "Please be slow 4 seconds, then tell me the time.", config=SLOW, share=2)
+            for _ in range(3)]
+    held = store.read(cids[-1])
+    assert job_status(queue.connection, held["job_id"]) == "rate_limited"
+    ui.stop(as_lee, {}, held, 60, queue.connection)
+    ended = store.read(cids[-1])
+    assert ended["done"] and ended["status"] == "cancelled"
+    assert job_status(queue.connection, held["job_id"]) in (None, "canceled")
+    for cid in cids[:2]:
+        wait_done(store, cid, timeout_s=40)
+
+
+def test_a_turn_whose_job_was_lost_does_not_hold_a_place_against_the_cap(store, queue, pool):
+    import time
+
+    from agent.contract import queued_doc
+    from agent.ui import state as ui
+    as_mia = door(store, person("mia"), max_turns=1)
+    lost = new_id()
+    # A turn begun whose job never reached the queue (the sender was killed in between), 10 s ago.
+    as_mia.begin_turn(lost, new_id(), {"role": "user", "content": "lost"},
+                      queued_doc(FAST.to_dict(), "turn-" + new_id(), time.time() - 10))
+    session = {}
+    fresh = new_id()
+    assert ui.send(as_mia, queue, session, fresh, "What is 1+1?", FAST) is not None, session.get(ui.FLASH_KEY)
+    assert store.read(lost)["done"] and wait_done(store, fresh)["status"] == "done"

@@ -27,7 +27,8 @@ def signed(who: people.Person | None, cid: str | None = None, auth: dict | None 
     at = app(cid)
     at.secrets["auth"] = auth or AUTH
     at.user = {"is_logged_in": False} if who is None else {
-        "is_logged_in": True, "iss": ISSUER, "sub": who.subject, "email": who.email, "name": who.name}
+        "is_logged_in": True, "iss": ISSUER, "sub": who.subject, "email": who.email, "name": who.name,
+        "email_verified": who.email_verified}
     at.run()
     assert_no_exception(at)
     return at
@@ -112,3 +113,14 @@ def test_a_turn_held_behind_the_persons_own_says_so(store, queue, monkeypatch):
     assert "behind your own turns" in page and "at most 2 workers at a time" in page, page[-1500:]
     for cid in cids:
         wait_done(store, cid, timeout_s=40)
+
+
+@pytest.mark.parametrize("auth", ["not a section", {"redirect_uri": "x", "cookie_secret": "y"}])
+def test_a_broken_auth_section_shows_nothing_rather_than_everything(store, queue, auth):
+    at = app()
+    at.secrets["auth"] = auth
+    at.run()
+    assert_no_exception(at)
+    page = texts(at)
+    assert "Sign-in is not set up correctly" in page, page[-800:]
+    assert not at.chat_input and not at.sidebar.button, "not the open playground"

@@ -99,7 +99,9 @@ def sweep_expired(store: Store, now: float | None = None) -> int:
 
 
 def info(store: Store, conversation_id: str) -> ConversationInfo | None:
-    """One conversation's row, or None when it does not exist."""
+    """One conversation's row, or None when it does not exist (or is not one the store's person may read)."""
+    if not store.sees_all and store.version(conversation_id) is None:
+        return None
     try:
         title, turns, done, approval = store.index.summary(conversation_id)
     except redis.ResponseError:  # keys of the wrong kind: the page says it cannot be read

@@ -32,39 +32,56 @@ class Person:
     name: str  # what the page shows: their name, else their email, else their subject
     email: str  # lower-cased; "" when the provider gave none
     admin: bool = False  # may read everyone's conversations (AGENT_ADMINS)
+    email_verified: bool = False  # the provider vouched for the email (`email_verified: true`)
 
 
 def person_id(issuer: str, subject: str) -> str:
-    """The stable id of the person `subject` at provider `issuer` ("p" and 20 hex digits)."""
-    # `surrogatepass`: a subject is whatever the provider sent (JSON may escape a lone surrogate), and it
-    # still names one person.
-    digest = hashlib.sha256(f"{issuer}\n{subject}".encode("utf-8", "surrogatepass")).hexdigest()
-    return "p" + digest[:PERSON_ID_CHARS]
+    """The stable id of the person `subject` at provider `issuer` ("p" and 20 hex digits).
+
+    Of the values exactly as the provider sent them (the issuer's length first, so no pair of values can
+    make another pair's text); `surrogatepass`: JSON may escape a lone surrogate, and it still names one."""
+    text = f"{len(issuer)}:{issuer}{subject}"
+    return "p" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:PERSON_ID_CHARS]
 
 
 def from_claims(claims: Mapping, admins: frozenset[str] = frozenset()) -> Person | None:
-    """The person an OpenID Connect sign-in's claims name, or None without an issuer and a subject."""
-    issuer, subject = _claim(claims, "iss"), _claim(claims, "sub")
-    if not issuer or not subject:
+    """The person an OpenID Connect sign-in's claims name, or None without an issuer and a subject.
+
+    An admin (AGENT_ADMINS) is named by their person id, or by an email their provider vouched for
+    (`email_verified`): some providers let people set any email they like, and an unverified one, or one
+    that only looks like an admin's once case is folded, must not open everyone's conversations."""
+    issuer, subject = _text_claim(claims, "iss"), _text_claim(claims, "sub")
+    if not issuer.strip() or not subject.strip():
         return None
-    email = scrub(_claim(claims, "email")).casefold()
-    name = scrub(_claim(claims, "name")) or email or scrub(subject)
-    return Person(person_id(issuer, subject), issuer, subject, name[:80], email, admin=bool(email) and email in admins)
+    email = normal_email(scrub(_text_claim(claims, "email")))
+    verified = claims.get("email_verified") in (True, "true") and bool(email)
+    name = scrub(_text_claim(claims, "name")).strip() or email or scrub(subject).strip()
+    pid = person_id(issuer, subject)
+    admin = pid in admins or (verified and email in admins)
+    return Person(pid, issuer, subject, name[:80], email, admin=admin, email_verified=verified)
 
 
-def _claim(claims: Mapping, name: str) -> str:
+def normal_email(raw: str) -> str:
+    """An email as it is compared: ASCII only, lower-cased; "" for anything else (a look-alike such as the
+    Kelvin sign folds to a plain K under `casefold`, so non-ASCII addresses are never compared at all)."""
+    email = raw.strip()
+    return email.lower() if email.isascii() and "@" in email else ""
+
+
+def _text_claim(claims: Mapping, name: str) -> str:
     value = claims.get(name)
-    return value.strip() if isinstance(value, str) else ""
+    return value if isinstance(value, str) else ""
 
 
 def remember(client: redis.Redis, person: Person) -> None:
-    """Keep who the person is, for the operator's `--owner EMAIL` (one round-trip, at sign-in)."""
+    """Keep who the person is, for the operator's `--owner EMAIL` (one round-trip, at sign-in); only an
+    email the provider vouched for finds them, so nobody can claim another's address for `--owner`."""
     with client.pipeline(transaction=False) as pipe:
         pipe.hset(person_record(person.id), mapping={
             "issuer": scrub(person.issuer), "subject": scrub(person.subject), "name": person.name,
             "email": person.email,
             "seen_at": repr(time.time())})
-        if person.email:
+        if person.email and person.email_verified:
             pipe.hset(PEOPLE_BY_EMAIL_KEY, person.email, person.id)
         pipe.execute()
 
@@ -73,7 +90,7 @@ def find(client: redis.Redis, owner: str) -> str | None:
     """The id of the person `owner` names: an email someone signed in with, or a person's id itself."""
     owner = owner.strip()
     if "@" in owner:
-        found = client.hget(PEOPLE_BY_EMAIL_KEY, owner.casefold())
+        found = client.hget(PEOPLE_BY_EMAIL_KEY, normal_email(owner)) if normal_email(owner) else None
         return decoded(found) if found else None
     return owner if client.exists(person_record(owner)) else None
 

@@ -35,7 +35,7 @@ from agent.contract import Message, State, Step, TurnDoc, TurnSummary
 from agent.conversation import people, reads
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
-from agent.conversation.keys import INDEX_KEY, Keys, person_conversations
+from agent.conversation.keys import INDEX_KEY, Keys, person_conversations, person_turns
 from agent.conversation.room import Room
 from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
 
@@ -76,6 +76,14 @@ class Store:
             return state
         return None
 
+    def turns_in_flight(self) -> list[str]:
+        """The conversations whose turns count against this store's person's share (none when unbound): some may
+        have ended since (they are dropped at the next begin), or have lost their job without an ending."""
+        if not self.person:
+            return []
+        members = self.redis.zrange(person_turns(self.person), 0, -1)
+        return [_text(member).partition(" ")[0] for member in members]
+
     def owner_email(self, person_id: str) -> str | None:
         """The email a conversation's owner signed in with (see people.py), or None."""
         return people.email_of(self.redis, person_id)
@@ -94,8 +102,8 @@ class Store:
 
     def wait_version(self, conversation_id: str, seen: int | None, timeout_ms: int) -> int | None:
         """Block until the version is past `seen` (or the timeout, at most MAX_BLOCK_MS), then return it."""
-        reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
-        return self.version(conversation_id)
+        version = reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
+        return version if self.sees_all else self.version(conversation_id)
 
     def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""

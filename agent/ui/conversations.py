@@ -139,12 +139,13 @@ def _cancel_delete() -> None:
 
 
 def _delete(store: Store, cid: str) -> None:
-    store.delete(cid)
+    deleted = store.delete(cid)
     ui.new_chat(st.session_state)
     st.session_state.pop(CONFIRM_DELETE_KEY, None)
     st.query_params.pop(ui.CID_PARAM, None)
     # Said twice: a toast, and a note that stays until dismissed or a message is sent (a toast can be
     # dropped when another run starts at once, and this tab must never lose the chat without a word).
-    said = "The conversation was deleted. This is a new chat."
+    said = ("The conversation was deleted. This is a new chat." if deleted
+            else "That conversation was not found (it expired, or was deleted in another tab). This is a new chat.")
     st.session_state[ui.FLASH_KEY] = ("info", said, None)
     st.toast(said, icon="🗑️")

@@ -10,6 +10,7 @@ signed out. Who the person is comes from their provider's issuer and subject (ag
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import streamlit as st
 
@@ -23,24 +24,43 @@ REMEMBERED_KEY = "agent_person_remembered"  # the person id this session has wri
 PROVIDER_FIELDS = ("client_id", "server_metadata_url")
 
 
+class SignInMisconfigured(Exception):
+    """The page's secrets cannot say whether sign-in is on: the page then serves nobody, rather than
+    everyone (a demo meant to be signed into must never fall back to the open playground)."""
+
+
 def providers() -> list[str] | None:
     """None without an `[auth]` section (the local playground); else the named providers ([auth.NAME]),
-    or [""] when the section itself names the one provider."""
+    or [""] when the section itself names the one provider. SignInMisconfigured when a secrets file
+    exists but cannot be read, or its `auth` is not a section of providers."""
     try:
         section = st.secrets.get(AUTH_SECTION)
-    except FileNotFoundError:  # no secrets file at all
+    except FileNotFoundError as exc:  # Streamlit's error for no secrets file, and for one it cannot parse
+        if any(Path(path).exists() for path in st.get_option("secrets.files") or ()):
+            raise SignInMisconfigured(f"the secrets file cannot be read ({exc})") from None
+        return None
+    if section is None:
         return None
     if not isinstance(section, Mapping):
-        return None
+        raise SignInMisconfigured("`auth` in the secrets is not a section ([auth])")
     named = [name for name, value in section.items() if isinstance(value, Mapping)
              and any(field in value for field in PROVIDER_FIELDS)]
+    if not named and not all(field in section for field in PROVIDER_FIELDS):
+        raise SignInMisconfigured("the [auth] section names no provider (client_id and server_metadata_url, in "
+                                  "[auth] itself or in an [auth.NAME] table)")
     return named or [""]
 
 
 def signed_in(settings: Settings) -> people.Person | None | bool:
     """Who may use the page in this run: None in the local playground (no sign-in), the signed-in person,
     or False once the sign-in page has been drawn instead (nothing else is drawn in this run)."""
-    offered = providers()
+    try:
+        offered = providers()
+    except SignInMisconfigured as exc:
+        st.title("⏱️ Agent demo")
+        st.error(f"**Sign-in is not set up correctly:** {exc}. Nothing is shown until it is: fix the page's "
+                 "secrets (docs/sign-in.md), then restart the app.", icon="🛑")
+        return False
     if offered is None:
         return None
     user = st.user
@@ -78,5 +98,6 @@ def sign_in_page(offered: list[str]) -> None:
 def account(sb, person: people.Person) -> None:
     """Into `sb` (a sidebar container): who is signed in, and Sign out."""
     role = " · can read everyone's conversations" if person.admin else ""
-    sb.caption(f"Signed in as **{inert(person.name)}**{role}")
+    sb.caption(f"Signed in as **{inert(person.name)}**{role}",
+               help=f"Your id here: {person.id} (what AGENT_ADMINS and `python -m agent list --owner` take)")
     sb.button("Sign out", key="sign-out", icon="🚪", on_click=st.logout, type="tertiary")

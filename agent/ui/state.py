@@ -14,7 +14,7 @@ from rq import Queue
 
 from agent.contract import State, Status
 from agent.conversation.endings import Ending, write_ending
-from agent.conversation.errors import MessageRefused
+from agent.conversation.errors import MessageRefused, TooManyTurns
 from agent.conversation.keys import is_conversation_id
 from agent.conversation.listing import retention_words
 from agent.conversation.people import Person
@@ -23,7 +23,9 @@ from agent.conversation.well_formed import UnreadableState
 from agent.hosting import services
 from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import (
+    MAX_SHARE,
     BadMessage,
+    cancel_held,
     get_queue,
     job_status,
     new_id,
@@ -57,7 +59,7 @@ class Backend:
     def for_person(self, person: Person, settings: Settings) -> Backend:
         """This backend as one signed-in person's: their store is the door to their conversations only."""
         store = self.store.for_person(person.id, admin=person.admin, max_turns=settings.max_turns_per_user)
-        return replace(self, store=store, person=person, share=settings.workers or DEFAULT_WORKERS)
+        return replace(self, store=store, person=person, share=min(MAX_SHARE, settings.workers or DEFAULT_WORKERS))
 
 
 def connect(settings: Settings) -> Backend:
@@ -227,7 +229,14 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     # expired or was deleted meanwhile, the message is refused and kept on screen.
     seen = (session.get(VIEW_KEY) or {}).get("cid") == cid
     try:
-        turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share)
+        try:
+            turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share)
+        except TooManyTurns:
+            # One of the turns that count may have lost its job with nobody to say so (no tab open on it):
+            # its ending is written now, and then the message goes, or is refused for the turns really in flight.
+            if not _end_lost_turns(store, queue.connection):
+                raise
+            turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share)
     except BadMessage as exc:
         session[FLASH_KEY] = ("error", str(exc), text)
         return None
@@ -236,6 +245,16 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
         return None
     session.pop(STOPPING_KEY, None)
     return turn_id
+
+
+def _end_lost_turns(store: Store, queue_connection: redis.Redis) -> bool:
+    """Write the ending of each of the person's turns in flight whose worker or job was lost; True if any."""
+    ended = False
+    for cid in dict.fromkeys(store.turns_in_flight()):
+        state = store.read_meta(cid)
+        if state is not None and not state["done"] and lost_worker_check(store, queue_connection, cid, state):
+            ended = True
+    return ended
 
 
 def stop(store: Store, session, state: State, ttl_s: int, queue_connection: redis.Redis | None = None) -> None:
@@ -251,11 +270,12 @@ def stop(store: Store, session, state: State, ttl_s: int, queue_connection: redi
                      Ending.cancelled_awaiting_approval(request.get("name") or "requested"))
         return
     # With safeguards off a running turn writes nothing until it ends, so ask RQ whether it started.
-    waiting = state["status"] == Status.QUEUED and not state["started_at"] and (
-        queue_connection is None or job_status(queue_connection, state["job_id"] or "") in (None, "queued"))
-    if waiting:
+    job = job_status(queue_connection, state["job_id"] or "") if queue_connection is not None else None
+    if state["status"] == Status.QUEUED and not state["started_at"] and job in (None, "queued", "rate_limited"):
         # Safe against a worker that picks it up right now: a turn that has ended refuses its writes.
         write_ending(store, state["conversation_id"], turn_id, Ending.cancelled_before_start())
+        if job == "rate_limited":  # held behind the person's own turns: out of RQ's waiting set, its place freed
+            cancel_held(queue_connection, state["job_id"])
 
 
 @dataclass
