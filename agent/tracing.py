@@ -238,16 +238,7 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
     started, ended = _ns(step.get("started_at")), _ns(step.get("ended_at"))
     clocks = _exportable({"agent.clock.timeout_s": step.get("timeout_s"),
                          "agent.clock.remaining_s": step.get("remaining_s")})
-    if kind == Kind.RETRY:
-        turn.add_event("retry", {**clocks, "agent.step.name": str(step.get("name")), "agent.step.outcome": outcome},
-                       timestamp=started)
-        return
-    if kind == Kind.SKIP:
-        turn.add_event("call_skipped", clocks, timestamp=started)
-        return
-    if kind == Kind.RESUME:  # the gap from the lost worker's last write to the job that resumed the turn
-        turn.add_event("resumed", {**clocks, "agent.resume.attempt": step.get("attempt") or 0,
-                                   "agent.resume.gap_s": round((ended - started) / 1e9, 3)}, timestamp=ended)
+    if _step_event(turn, step, clocks, started, ended):
         return
     if kind == Kind.APPROVAL:
         _approval_span(tracer, turn, context, step)
@@ -293,6 +284,22 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
         span.set_attribute("error.type", str(outcome))
         span.set_status(SpanStatus(StatusCode.ERROR, _cut(step.get("detail")) if content else str(outcome)))
     span.end(end_time=ended)
+
+
+def _step_event(turn, step: dict, clocks: dict, started, ended) -> bool:
+    """A retry, a skipped call or a resume, as an event on the turn's span; False for any other step."""
+    kind = step.get("kind")
+    if kind == Kind.RETRY:
+        turn.add_event("retry", {**clocks, "agent.step.name": str(step.get("name")),
+                                 "agent.step.outcome": step.get("outcome")}, timestamp=started)
+    elif kind == Kind.SKIP:
+        turn.add_event("call_skipped", clocks, timestamp=started)
+    elif kind == Kind.RESUME:  # the gap from the lost worker's last write to the job that resumed the turn
+        turn.add_event("resumed", {**clocks, "agent.resume.attempt": step.get("attempt") or 0,
+                                   "agent.resume.gap_s": round((ended - started) / 1e9, 3)}, timestamp=ended)
+    else:
+        return False
+    return True
 
 
 def _approval_span(tracer, turn, context, step: dict) -> None:

@@ -26,6 +26,7 @@ import redis
 from agent.conversation.keys import INDEX_KEY, Keys, person_conversations
 from agent.conversation.listing import list_conversations
 from agent.conversation.people import person_id
+from agent.conversation.person_store import PersonStore
 from agent.conversation.store import Store
 from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import job_status, new_id, submit_turn
@@ -85,8 +86,8 @@ def backlog_then_one(lab: Lab, turns: int, call_s: float, share: int) -> dict:
     started_at (the turn summary's), against one turn's duration (the median of A's turns' started_at to
     ended_at)."""
     tag = f"share-{share}-{new_id()}"
-    as_a = lab.store.for_person(person_id(ISSUER, f"a-{tag}"), max_turns=turns)
-    as_b = lab.store.for_person(person_id(ISSUER, f"b-{tag}"), max_turns=turns)
+    as_a = PersonStore(lab.store, person_id(ISSUER, f"a-{tag}"), max_turns=turns)
+    as_b = PersonStore(lab.store, person_id(ISSUER, f"b-{tag}"), max_turns=turns)
     config = slow(call_s)
     backlog = [new_id() for _ in range(turns)]
     for cid in backlog:
@@ -178,11 +179,11 @@ def list_per_owner(lab: Lab, owners: int, conversations: int, repeats: int) -> d
     try:
         small = Store(small_client, ttl_s=lab.store.ttl_s)
         alone = person_id(ISSUER, "lists-alone")
-        small_store = small.for_person(alone)
+        small_store = PersonStore(small, alone)
         for i in range(LIST_PAGE):
             write_turn(small_store, new_id(), i)
         measured = person_id(ISSUER, "lists-0")
-        big_store = lab.store.for_person(measured)
+        big_store = PersonStore(lab.store, measured)
         for i in range(per_owner):  # the measured person's own, through the store's scripts
             write_turn(big_store, new_id(), i)
         fill_others(lab.client, [person_id(ISSUER, f"lists-{n}") for n in range(1, owners)], per_owner,

@@ -17,6 +17,7 @@ import pytest
 from agent.conversation import people
 from agent.conversation.errors import ConversationGone, StoreError, TooManyTurns
 from agent.conversation.listing import list_conversations
+from agent.conversation.person_store import PersonStore
 from agent.queue import get_queue, job_status, new_id, submit_turn
 from agent.turn import approvals
 from harness.waiting import wait_for
@@ -34,7 +35,7 @@ def person(subject: str, email: str = "", admin: bool = False) -> people.Person:
 
 
 def door(store, who: people.Person, max_turns: int = 0):
-    return store.for_person(who.id, admin=who.admin, max_turns=max_turns)
+    return PersonStore(store, who.id, admin=who.admin, max_turns=max_turns)
 
 
 def send(store, queue, text: str, cid: str | None = None, config=FAST, share: int = 0) -> str:

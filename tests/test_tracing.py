@@ -399,3 +399,21 @@ def test_an_integer_past_64_bits_is_left_out_of_a_span_not_its_whole_export(coll
     turn = wait_for(lambda: collector.named(tracing.TURN_SPAN), 15, "the turn's span")[0]
     assert "agent.clock.job_timeout_s" not in turn["attributes"]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_retry_a_skipped_call_and_a_resume_are_events_on_the_turns_span():
+    class Recorded:
+        def __init__(self):
+            self.events = []
+
+        def add_event(self, name, attributes, timestamp):
+            self.events.append((name, attributes, timestamp))
+
+    turn, clocks = Recorded(), {"agent.clock.timeout_s": 3.0}
+    assert tracing._step_event(turn, {"kind": "retry", "name": "model", "outcome": "timeout"}, clocks, 1, 2)
+    assert tracing._step_event(turn, {"kind": "skip"}, clocks, 3, 4)
+    assert tracing._step_event(turn, {"kind": "resume", "attempt": 1}, clocks, 5_000_000_000, 7_500_000_000)
+    assert not tracing._step_event(turn, {"kind": "model"}, clocks, 8, 9)
+    assert [(name, at) for name, _, at in turn.events] == [
+        ("retry", 1), ("call_skipped", 3), ("resumed", 7_500_000_000)]
+    assert turn.events[0][1]["agent.step.outcome"] == "timeout" and turn.events[2][1]["agent.resume.gap_s"] == 2.5

@@ -25,6 +25,7 @@ from agent.cli.output_file import OutputRefused, write_whole
 from agent.contract import Role, Status
 from agent.conversation import export, people
 from agent.conversation.listing import DEFAULT_PAGE, info, list_conversations, retention_words
+from agent.conversation.person_store import PersonStore
 from agent.conversation.store import Store
 from agent.conversation.turns import split_turns
 from agent.hosting import services
@@ -72,7 +73,7 @@ def run(args, settings: Settings) -> int:
         if person_id is None:
             print(terminal_safe(f"error: nobody has signed in as {owner[:80]!r}"), file=sys.stderr)
             return EXIT_USAGE
-        store = store.for_person(person_id)
+        store = PersonStore(store, person_id)
     if args.command == "list":
         return _list(store, args)
     state = store.read(args.conversation)

@@ -2,7 +2,8 @@
 is the state contract (agent/contract.py); the keys it keeps are listed in keys.py.
 
 `Store` is the one door: every reader and writer of a conversation, of the index and of the turn
-flags goes through it, and it composes the parts that do the work:
+flags goes through it (its readers in StoreReads, which it extends), and it composes the parts that
+do the work:
 
     reads.py    the cheap poll, the blocking wait, the whole state, only what is new since a read
     writes.py   a turn begun, published, its live text; rename and delete (each a script in scripts/)
@@ -11,11 +12,9 @@ flags goes through it, and it composes the parts that do the work:
     flags.py    who runs a turn, Stop asked, a queued job seen missing from its queue (store.flags)
     errors.py   what it refuses, under one root: StoreRefused
 
-A store bound to a signed-in person (`for_person`) is that person's door: it reads only their
-conversations (an admin's reads all), answers for anyone else's as for one that does not exist, writes
-only theirs (each write script checks `owned_by` in the same step as the write), lists from their own
-index, and refuses a new turn past their share of turns in flight. An unbound store (the local playground,
-the CLI, the workers) reads and writes every conversation, as the machine's operator does.
+A Store reads and writes every conversation, as the machine's operator does (the local playground, the
+CLI, the workers). One signed-in person's door is a PersonStore (person_store.py): their conversations
+only, each write checked in its script against the conversation's `owned_by`.
 
 The live text is append-only while the same text (same seq) continues, so a reader that has its
 first N bytes fetches only the rest (GETRANGE from N). The publish that appends the completed
@@ -27,15 +26,13 @@ A poll that finds no change is one HGET of `version`; a publish appends only wha
 
 from __future__ import annotations
 
-import copy
-
 import redis
 
 from agent.contract import Message, State, Step, TurnDoc, TurnSummary
 from agent.conversation import people, reads
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
-from agent.conversation.keys import INDEX_KEY, Keys, person_conversations, person_turns
+from agent.conversation.keys import INDEX_KEY, Keys
 from agent.conversation.room import Room
 from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
 
@@ -45,77 +42,31 @@ from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
 DEFAULT_MAX_CONVERSATION_BYTES = 8 * 1024 * 1024  # bytes
 
 
-class Store:
-    """Conversations in Redis, read and written as the state contract; refusals raise StoreRefused."""
+class StoreReads:
+    """The store's readers (reads.py) on one client: what every tab's poll and every follower use."""
 
-    def __init__(self, client: redis.Redis, ttl_s: int, *,
-                 max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES):
+    def __init__(self, client: redis.Redis):
         self.redis = client
-        self.ttl_s = ttl_s  # a turn's job may lengthen it for the writes it makes
-        self.max_conversation_bytes = max_conversation_bytes  # 0: no cap
-        self.index = ConversationIndex(client, INDEX_KEY)
-        self.flags = Flags(client)
-        self.room = Room(client)
-        self._writes = Writes(client)  # its scripts registered once, on this client
-        self.person = ""  # the signed-in person this store is the door of; "": everyone's (see for_person)
-        self.sees_all = True  # reads every conversation (unbound, or an admin)
-        self.max_turns = 0  # the person's turns in flight at most (0: any number)
-
-    def for_person(self, person_id: str, *, admin: bool = False, max_turns: int = 0) -> Store:
-        """This store as the door of one signed-in person: their conversations only (an `admin` reads, and
-        lists, everyone's, and still writes only their own), at most `max_turns` of their turns in flight."""
-        bound = copy.copy(self)  # the client and its registered scripts are shared
-        bound.person, bound.sees_all, bound.max_turns = person_id, admin, max_turns
-        if not admin:
-            bound.index = ConversationIndex(self.redis, person_conversations(person_id))
-        return bound
-
-    def visible(self, state: State | None) -> State | None:
-        """The state when this store's person may read it, else None (as if it did not exist)."""
-        if state is None or self.sees_all or state.get("owner") == self.person:
-            return state
-        return None
-
-    def turns_in_flight(self) -> list[str]:
-        """The conversations whose turns count against this store's person's share (none when unbound): some may
-        have ended since (they are dropped at the next begin), or have lost their job without an ending."""
-        if not self.person:
-            return []
-        members = self.redis.zrange(person_turns(self.person), 0, -1)
-        return [_text(member).partition(" ")[0] for member in members]
-
-    def owner_email(self, person_id: str) -> str | None:
-        """The email a conversation's owner signed in with (see people.py), or None."""
-        return people.email_of(self.redis, person_id)
-
-    def owns(self, state: State | None) -> bool:
-        """Whether this store's person may write to the conversation (the operator may write any)."""
-        return state is not None and (not self.person or state.get("owner") == self.person)
-
-    # -- readers (reads.py) ------------------------------------------------------------------
 
     def version(self, conversation_id: str) -> int | None:
         """The cheap poll: one small read. UnreadableState when what is stored is not a version."""
-        if self.sees_all:
-            return reads.version(self.redis, conversation_id)
-        return reads.version(self.redis, conversation_id, owned_by=self.person)
+        return reads.version(self.redis, conversation_id)
 
     def wait_version(self, conversation_id: str, seen: int | None, timeout_ms: int) -> int | None:
         """Block until the version is past `seen` (or the timeout, at most MAX_BLOCK_MS), then return it."""
-        version = reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
-        return version if self.sees_all else self.version(conversation_id)
+        return reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
 
     def read(self, conversation_id: str) -> State | None:
         """The whole state object of the contract, or None when unknown or expired."""
-        return self.visible(reads.read(self.redis, conversation_id))
+        return reads.read(self.redis, conversation_id)
 
     def read_since(self, conversation_id: str, known: State | None) -> State | None:
         """The whole state object, fetching only what was appended since `known` (an earlier read)."""
-        return self.visible(reads.read_since(self.redis, conversation_id, known))
+        return reads.read_since(self.redis, conversation_id, known)
 
     def read_meta(self, conversation_id: str) -> State | None:
         """The small fields only (no history, steps or live text)."""
-        return self.visible(reads.read_meta(self.redis, conversation_id))
+        return reads.read_meta(self.redis, conversation_id)
 
     def live_seq(self, conversation_id: str) -> int:
         """The seq of the conversation's latest live text (0: none yet in this turn)."""
@@ -128,6 +79,34 @@ class Store:
 
     def history_len(self, conversation_id: str) -> int:
         return reads.history_len(self.redis, conversation_id)
+
+
+class Store(StoreReads):
+    """Conversations in Redis, read and written as the state contract; refusals raise StoreRefused."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int, *,
+                 max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES):
+        super().__init__(client)
+        self.ttl_s = ttl_s  # a turn's job may lengthen it for the writes it makes
+        self.max_conversation_bytes = max_conversation_bytes  # 0: no cap
+        self.index = ConversationIndex(client, INDEX_KEY)
+        self.flags = Flags(client)
+        self.room = Room(client)
+        self._writes = Writes(client)  # its scripts registered once, on this client
+
+    # Whose door this is: everyone's (a PersonStore is one signed-in person's). The writes pass `person` to
+    # their scripts, which check it against the conversation's `owned_by` ("": no check).
+    person = ""
+    sees_all = True  # reads every conversation
+    max_turns = 0  # turns in flight at most, per person (0: any number)
+
+    def owns(self, state: State | None) -> bool:
+        """Whether this store may write to the conversation: the operator may write any."""
+        return state is not None
+
+    def owner_email(self, person_id: str) -> str | None:
+        """The email a conversation's owner signed in with (see people.py), or None."""
+        return people.email_of(self.redis, person_id)
 
     # -- writers (writes.py) -----------------------------------------------------------------
 
@@ -201,8 +180,6 @@ class Store:
     def delete(self, conversation_id: str) -> bool:
         """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
         refused (GONE), so its job ends without a word. False when there was nothing to delete."""
-        if self.person and _text(self.redis.hget(Keys.of(conversation_id).meta, "owned_by")) != self.person:
-            return False  # (the script checks it again, in the same step as the delete)
         turn_id = self._writes.turn_in_flight(conversation_id)
         if turn_id is not None:
             self.flags.request_cancel(turn_id, DELETED_MARKER_TTL_S)
@@ -223,16 +200,9 @@ class Store:
         return self.flags.claim_turn(turn_id, job_id, ttl_s)
 
     def request_cancel(self, turn_id: str, ttl_s: int, conversation_id: str = "") -> None:
-        """Ask the turn to stop; a person's store asks only for a turn of a conversation of theirs."""
-        if self.person:
-            state = self.read_meta(conversation_id) if conversation_id else None
-            if not self.owns(state) or state["turn_id"] != turn_id:
-                return
+        """Ask the turn (of `conversation_id`, which a person's door checks) to stop at its next check."""
         self.flags.request_cancel(turn_id, ttl_s)
 
     def cancel_requested(self, turn_id: str) -> bool:
         return self.flags.cancel_requested(turn_id)
 
-
-def _text(value) -> str | None:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -84,7 +84,8 @@ class Writes:
                       *person_keys],
                 args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s, conversation_id, repr(now),
                       make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes,
-                      doc.get("job_id") or "", person, max_turns, *(self._ended_turns(person) if person else ())],
+                      doc.get("job_id") or "", person, max_turns,
+                      *(ended_turns(self.client, person) if person else ())],
             )
         outcome, value = _text(outcome), _text(value)
         if outcome == "theirs":
@@ -100,24 +101,6 @@ class Writes:
         if outcome == "full":
             raise ConversationFull(conversation_id, int(value), max_bytes)
         return outcome == "ok", int(value)
-
-    def _ended_turns(self, person: str) -> list[bytes]:
-        """The members of the person's turns in flight (`{conversation} {turn}`) whose turn has ended since: its
-        conversation is gone, has moved on to another turn, or says done. A turn that ended never comes back,
-        so the begin script may drop them even if more has happened meanwhile."""
-        members = self.client.zrange(person_turns(person), 0, -1)
-        if not members:
-            return []
-        with self.client.pipeline(transaction=False) as pipe:
-            for member in members:
-                pipe.hmget(Keys.of(_text(member).partition(" ")[0]).meta, "turn_id", "done")
-            metas = pipe.execute(raise_on_error=False)
-        ended = []
-        for member, meta in zip(members, metas, strict=True):
-            turn = _text(member).partition(" ")[2]
-            if isinstance(meta, Exception) or meta[0] is None or _text(meta[0]) != turn or meta[1] == b"1":
-                ended.append(member)
-        return ended
 
     def publish(self, conversation_id: str, turn_id: str, doc: TurnDoc, *, ttl_s: int, done: bool,
                 new_messages: list[Message], new_steps: list[Step], expected_history_len: int,
@@ -213,6 +196,26 @@ class Writes:
         return bool(self.scripts.rename(
             keys=[Keys.of(conversation_id).meta, *([person_conversations(person)] if person else [])],
             args=[make_title(title), person, conversation_id, repr(time.time())]))
+
+
+
+def ended_turns(client: redis.Redis, person: str) -> list[bytes]:
+    """The members of the person's turns in flight (`{conversation} {turn}`) whose turn has ended since: its
+    conversation is gone, has moved on to another turn, or says done. A turn that ended never comes back,
+    so the begin script may drop them even if more has happened meanwhile."""
+    members = client.zrange(person_turns(person), 0, -1)
+    if not members:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for member in members:
+            pipe.hmget(Keys.of(_text(member).partition(" ")[0]).meta, "turn_id", "done")
+        metas = pipe.execute(raise_on_error=False)
+    ended = []
+    for member, meta in zip(members, metas, strict=True):
+        turn = _text(member).partition(" ")[2]
+        if isinstance(meta, Exception) or meta[0] is None or _text(meta[0]) != turn or meta[1] == b"1":
+            ended.append(member)
+    return ended
 
 
 def _refusal(exc: redis.ResponseError) -> Exception:

@@ -18,6 +18,7 @@ from agent.conversation.errors import MessageRefused, TooManyTurns
 from agent.conversation.keys import is_conversation_id
 from agent.conversation.listing import retention_words
 from agent.conversation.people import Person
+from agent.conversation.person_store import PersonStore
 from agent.conversation.store import Store
 from agent.conversation.well_formed import UnreadableState
 from agent.hosting import services
@@ -58,7 +59,7 @@ class Backend:
 
     def for_person(self, person: Person, settings: Settings) -> Backend:
         """This backend as one signed-in person's: their store is the door to their conversations only."""
-        store = self.store.for_person(person.id, admin=person.admin, max_turns=settings.max_turns_per_user)
+        store = PersonStore(self.store, person.id, admin=person.admin, max_turns=settings.max_turns_per_user)
         return replace(self, store=store, person=person, share=min(MAX_SHARE, settings.workers or DEFAULT_WORKERS))
 
 
