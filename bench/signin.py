@@ -1,5 +1,5 @@
 """Sign-in and fair share: what a shared demo's sign-in buys and costs (agent/conversation/people.py,
-Store.for_person, agent/queue.py's share).
+PersonStore, agent/queue.py's share).
 
 Three figures. Fairness: one person's backlog of turns does not hold back another's first turn (with the
 share, the backlog waits outside the queue; without it, one FIFO queue puts the newcomer behind all of it).

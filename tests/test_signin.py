@@ -1,4 +1,4 @@
-"""Signed-in people: each conversation has an owner, and a person's store (Store.for_person) is the door to
+"""Signed-in people: each conversation has an owner, and a person's store (PersonStore) is the door to
 their own conversations only; at most AGENT_MAX_TURNS_PER_USER of a person's turns are in flight, and a
 person's backlog waits outside the queue (RQ's RateLimit), so another person's first turn is not behind it.
 
