@@ -1,5 +1,6 @@
 """Sign-in, when the page's secrets have an `[auth]` section: the page asks for it before anything else,
-and the signed-in person's store (a PersonStore, agent/conversation/person_store.py) is the door to their own conversations only.
+and the signed-in person's store (a PersonStore, agent/conversation/person_store.py) is the door to their
+own conversations only.
 
 Without the section, the local playground: no sign-in, one implicit owner, everything as before. With it,
 Streamlit's own `st.login` / `st.user` / `st.logout` do the OpenID Connect flow and keep the identity in a
