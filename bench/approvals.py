@@ -10,9 +10,6 @@ wait and none is due.
 
 from __future__ import annotations
 
-import argparse
-import json
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -27,8 +24,7 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import job_status, new_id
 from agent.settings import DEFAULT_POLL_INTERVAL_MS, TurnConfig
 from agent.turn.approvals import expire_due
-from bench.lab import ONE_CALL_MESSAGE, Lab, PoolProcess, submit
-from bench.plans import FULL, QUICK
+from bench.lab import ONE_CALL_MESSAGE, Lab, PoolProcess, run_alone, submit
 from bench.resume import _commands, _read_when
 from harness.processes import alive
 from harness.stats import summary
@@ -184,28 +180,9 @@ def goals(section: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.approvals", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the quick plan (as `python -m bench --quick`)")
-    args = parser.parse_args(argv)
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # so the finally below stops what was started
-
-    plan = QUICK if args.quick else FULL
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    lab = Lab().start()
-    try:
-        section = approvals_figures(
-            lab, parked=plan.approvals_parked, runs=plan.approvals_runs, expiring=plan.approvals_expiring,
-            say=lambda m: print(f"[{time.monotonic() - started:6.1f} s] {m}", file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        return 130
-    finally:
-        lab.close()
-    print(json.dumps(section | {"goals": goals(section)}, indent=2))
-    return 0
+    return run_alone("python -m bench.approvals", __doc__, lambda lab, plan, args, say: approvals_figures(
+        lab, parked=plan.approvals_parked, runs=plan.approvals_runs, expiring=plan.approvals_expiring, say=say),
+        goals, argv)
 
 
 if __name__ == "__main__":

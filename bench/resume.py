@@ -6,9 +6,7 @@ what the heartbeat and the pool's watch cost (agent/turn/heartbeat.py, agent/hos
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import random
 import signal
@@ -27,8 +25,7 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import new_id
 from agent.settings import TurnConfig
 from agent.turn import heartbeat
-from bench.lab import Lab, PoolProcess, submit
-from bench.plans import FULL, QUICK
+from bench.lab import Lab, PoolProcess, run_alone, submit
 from bench.tracing_cost import _turn_s
 from harness.processes import alive
 from harness.stats import summary
@@ -233,31 +230,11 @@ def goals(section: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.resume", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the quick plan (as `python -m bench --quick`)")
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args(argv)
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # so the finally below stops what was started
-
-    plan = QUICK if args.quick else FULL
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    lab = Lab().start()
-    try:
-        section = resume_figures(
-            lab, call_kills=plan.resume_call_kills, other_rounds=plan.resume_other_rounds,
-            watch_seconds=plan.watch_seconds, pairs=plan.overhead_pairs, latency_s=plan.latency_s,
-            rng=random.Random(args.seed),
-            say=lambda m: print(f"[{time.monotonic() - started:6.1f} s] {m}", file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        return 130
-    finally:
-        lab.close()
-    print(json.dumps(section | {"goals": goals(section)}, indent=2))
-    return 0
+    return run_alone("python -m bench.resume", __doc__, lambda lab, plan, args, say: resume_figures(
+        lab, call_kills=plan.resume_call_kills, other_rounds=plan.resume_other_rounds,
+        watch_seconds=plan.watch_seconds, pairs=plan.overhead_pairs, latency_s=plan.latency_s,
+        rng=random.Random(args.seed), say=say),
+        goals, argv, add_arguments=lambda parser: parser.add_argument("--seed", type=int, default=1))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,8 @@ what sign-in adds to a page's first draw (AppTest, the server's run of app.py, n
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -32,8 +29,8 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import job_status, new_id, submit_turn
 from agent.settings import TurnConfig
 from bench.conversations import LIST_PAGE, write_turn
-from bench.lab import Lab
-from bench.plans import FULL, QUICK, Plan
+from bench.lab import Lab, run_alone
+from bench.plans import Plan
 from harness.stats import summary
 from harness.waiting import wait_for
 
@@ -304,27 +301,8 @@ def goals(section: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.signin", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the quick plan (as `python -m bench --quick`)")
-    args = parser.parse_args(argv)
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # so the finally below stops what was started
-
-    plan = QUICK if args.quick else FULL
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    lab = Lab().start()
-    try:
-        section = signin_figures(
-            lab, plan, say=lambda m: print(f"[{time.monotonic() - started:6.1f} s] {m}", file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        return 130
-    finally:
-        lab.close()
-    print(json.dumps(section | {"goals": goals(section)}, indent=2))
-    return 0
+    return run_alone("python -m bench.signin", __doc__, lambda lab, plan, args, say: signin_figures(lab, plan, say=say),
+                     goals, argv)
 
 
 if __name__ == "__main__":
