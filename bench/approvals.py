@@ -24,7 +24,8 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import job_status, new_id
 from agent.settings import DEFAULT_POLL_INTERVAL_MS, TurnConfig
 from agent.turn.approvals import expire_due
-from bench.lab import ONE_CALL_MESSAGE, Lab, PoolProcess, run_alone, submit
+from bench.lab import ONE_CALL_MESSAGE, Lab, PoolProcess, submit
+from bench.plans import run_alone
 from bench.resume import _commands, _read_when
 from harness.processes import alive
 from harness.stats import summary

@@ -106,39 +106,3 @@ class NoQueue:
     def enqueue(self, *args, **kwargs):
         return None
 
-
-def run_alone(prog: str, doc: str, figures, goals, argv: list[str] | None = None, add_arguments=None) -> int:
-    """`python -m bench.<section> [--quick]`: one section on a lab of its own, its figures and goals printed as
-    JSON, its progress on stderr; everything it started is stopped, on SIGTERM and Ctrl-C too.
-
-    `figures(lab, plan, args, say)` measures; `goals(section)` judges; `add_arguments(parser)` adds the
-    section's own options."""
-    import argparse
-    import json
-    import signal
-    import sys
-
-    from bench.plans import FULL, QUICK
-
-    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the quick plan (as `python -m bench --quick`)")
-    if add_arguments is not None:
-        add_arguments(parser)
-    args = parser.parse_args(argv)
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # so the finally below stops what was started
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    lab = Lab().start()
-    try:
-        section = figures(lab, QUICK if args.quick else FULL, args,
-                          lambda m: print(f"[{time.monotonic() - started:6.1f} s] {m}", file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        return 130
-    finally:
-        lab.close()
-    print(json.dumps(section | {"goals": goals(section)}, indent=2))
-    return 0

@@ -25,7 +25,8 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import new_id
 from agent.settings import TurnConfig
 from agent.turn import heartbeat
-from bench.lab import Lab, PoolProcess, run_alone, submit
+from bench.lab import Lab, PoolProcess, submit
+from bench.plans import run_alone
 from bench.tracing_cost import _turn_s
 from harness.processes import alive
 from harness.stats import summary

@@ -29,8 +29,8 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from agent.queue import job_status, new_id, submit_turn
 from agent.settings import TurnConfig
 from bench.conversations import LIST_PAGE, write_turn
-from bench.lab import Lab, run_alone
-from bench.plans import Plan
+from bench.lab import Lab
+from bench.plans import Plan, run_alone
 from harness.stats import summary
 from harness.waiting import wait_for
 
