@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from bench import approve_click, conversations, first_screen, load, page
+from bench.lab import Lab
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,6 @@ def run_alone(prog: str, doc: str, figures, goals, argv: list[str] | None = None
 
     `figures(lab, plan, args, say)` measures; `goals(section)` judges; `add_arguments(parser)` adds the
     section's own options."""
-    from bench.lab import Lab
-
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the quick plan (as `python -m bench --quick`)")
     if add_arguments is not None:
