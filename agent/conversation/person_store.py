@@ -22,7 +22,9 @@ class PersonStore(Store):
     """`store`'s client and settings, as the door of the person `person_id`."""
 
     def __init__(self, store: Store, person_id: str, *, admin: bool = False, max_turns: int = 0):
-        super().__init__(store.redis, store.ttl_s, max_conversation_bytes=store.max_conversation_bytes)
+        # The client and the store's parts (its scripts registered once on it) are shared, not made again: the
+        # page makes one of these on every run.
+        vars(self).update(vars(store))
         self.person, self.sees_all, self.max_turns = person_id, admin, max_turns
         if not admin:  # an admin lists everyone's
             self.index = ConversationIndex(self.redis, person_conversations(person_id))
