@@ -1,7 +1,7 @@
 """JSON with its nesting bounded: the one place the depth of arrays and objects is checked.
 
 Python recurses once per level of JSON, and so does every reader after it: json.loads raises
-RecursionError near 1,000 levels, json.dumps, pydantic, scrub_json and a page's renderers much
+RecursionError near 1,000 levels, json.dumps, scrub_json and a page's renderers much
 sooner when they run deep in a stack. So every boundary where JSON enters (a provider's reply, a
 tool call's arguments, what Redis holds) decodes it here, and every value made inside the process
 that goes into the state (a Python tool's dict, an MCP tool's structured result) is checked here

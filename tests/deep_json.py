@@ -4,12 +4,12 @@ tools take and return such values."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-import pydantic
+from typing import Any, Literal
 
 SHAPES = ("objects", "arrays", "mixed")
 Shape = Literal["objects", "arrays", "mixed"]
+# Any JSON value, as a tool's annotation (msgspec checks it; typing.Any alone is refused as saying nothing).
+JsonValue = dict[str, Any] | list[Any] | str | int | float | bool | None
 
 
 def _opens(levels: int, shape: str) -> list[str]:
@@ -32,7 +32,7 @@ def nested_value(depth: int, shape: str) -> dict:
     return {"a": value}
 
 
-def depth_of(a: pydantic.JsonValue) -> str:
+def depth_of(a: JsonValue) -> str:
     """Says how deep the value it is given nests.
 
     Args:

@@ -1,7 +1,7 @@
 """Tools the model may call: the built-ins, the typed functions an AGENT_TOOLS module lists, and
 the tools of the MCP servers in mcp.json (agent/tools/mcp.py). One registry holds them all.
 
-Layout: registry.py (a function -> a Tool with a pydantic-checked schema), running.py (run_tool,
+Layout: registry.py (a function -> a Tool with a msgspec-checked schema), running.py (run_tool,
 bounded by time and a stop), built_ins.py (the list of built-in tools, one module each), sources.py
 (a worker's extra tools and MCP servers) and catalogue.py (the list of them in Redis, for the page)."""
 

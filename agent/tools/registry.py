@@ -1,7 +1,7 @@
 """The tool registry: a tool is a plain typed function, or a tool an MCP server offers.
 
-A function's arguments are checked by a pydantic model built from its signature, and the JSON
-schema offered to the model is that model's schema; descriptions come from the docstring (its
+A function's arguments are checked by a msgspec Struct built from its signature, and the JSON
+schema offered to the model is that Struct's schema; descriptions come from the docstring (its
 first line, and a Google-style "Args:" section). Two keyword-only parameters are never offered:
 `timeout_s: float` (the time the run may take) and `stop: threading.Event | None` (set when the
 user stops the turn); `run_tool` fills them in.
@@ -17,7 +17,7 @@ import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import pydantic
+import msgspec
 
 from agent import bounded_json
 from agent.contract import TOOL_NAME  # noqa: F401 - what every provider accepts as a tool name
@@ -39,7 +39,7 @@ class Tool:
     description: str
     parameters: dict  # JSON schema of the arguments object, as offered to the model
     func: Callable  # called with the checked arguments as keywords, plus timeout_s/stop when it takes them
-    arguments: type[pydantic.BaseModel] | None  # None: the arguments object is passed whole, as `arguments`
+    arguments: type[msgspec.Struct] | None  # None: the arguments object is passed whole, as `arguments`
     takes_timeout: bool = False
     takes_stop: bool = False
     source: str = BUILT_IN  # where it comes from: built-in, an AGENT_TOOLS module, an MCP server's name
@@ -72,7 +72,7 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
     """Build a Tool from a typed function without registering it; TypeError says what is wrong with it."""
     hints = typing.get_type_hints(func)
     description, arg_docs = _parse_docstring(inspect.getdoc(func) or "")
-    fields: dict[str, tuple] = {}
+    fields: list[tuple] = []
     hidden = set()
     for param in inspect.signature(func).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
@@ -85,16 +85,15 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
         if annotation is None or annotation is typing.Any or annotation in _BARE_CONTAINERS:
             raise TypeError(f"tool {func.__name__}: parameter {param.name!r} needs a type annotation that says "
                             "what to send (str, int, float, bool, list[str], a Literal or an Enum, ...)")
-        default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, pydantic.Field(default, description=arg_docs.get(param.name)))
-    try:
-        model = pydantic.create_model(
-            f"{func.__name__}_arguments",
-            __config__=pydantic.ConfigDict(extra="forbid", strict=True),  # "3" is not a number; 3 is a float
-            **fields,
-        )
-        parameters = _offered_schema(model.model_json_schema())
-    except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError) as exc:
+        if param.name in arg_docs:
+            annotation = typing.Annotated[annotation, msgspec.Meta(description=arg_docs[param.name])]
+        fields.append((param.name, annotation) if param.default is param.empty
+                      else (param.name, annotation, param.default))
+    try:  # strict: "3" is not a number (3 is a float); an argument the signature does not name is refused
+        model = msgspec.defstruct(f"{func.__name__}_arguments", fields, kw_only=True, forbid_unknown_fields=True)
+        parameters = _offered_schema(msgspec.json.schema(model))
+        msgspec.json.encode(parameters)  # a default that is no JSON (a set, an object) is refused here, not later
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
         raise TypeError(f"tool {func.__name__}: its parameters have no JSON schema ({exc})") from None
     return Tool(name=func.__name__, description=description, parameters=parameters, func=func, arguments=model,
                 takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden, source=source,
@@ -161,37 +160,43 @@ def check_arguments(found: Tool, arguments_json: str | None) -> dict:
     arguments = scrub_json(arguments)  # "\\ud800" is valid JSON, but no UTF-8 text
     if found.arguments is None:
         return {"arguments": arguments}  # the tool's own server checks them against its schema
-    try:  # JSON mode, so that an enum or a tuple is read from its JSON form even in strict mode
-        checked = found.arguments.model_validate_json(json.dumps(arguments))
-    except pydantic.ValidationError as exc:
-        raise ToolError(_describe(found, exc)) from None
-    return {name: getattr(checked, name) for name in type(checked).model_fields}
+    try:  # from JSON text, so that an enum or a tuple is read from its JSON form
+        checked = msgspec.json.decode(json.dumps(arguments), type=found.arguments, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ToolError(_describe(found, str(exc))) from None
+    return {name: getattr(checked, name) for name in found.arguments.__struct_fields__}
 
 
-def _describe(found: Tool, exc: pydantic.ValidationError) -> str:
-    """Pydantic's errors in the words the model needs to fix its call."""
-    errors = exc.errors(include_url=False)
-    missing = [str(e["loc"][0]) for e in errors if e["type"] == "missing" and e["loc"]]
-    if missing:
-        return f"missing required argument(s) for {found.name}: {', '.join(map(repr, missing))}"
-    unexpected = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden" and e["loc"]]
-    if unexpected:
-        return f"unexpected argument(s) for {found.name}: {', '.join(map(repr, unexpected))}"
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"]) or "arguments"
-    expected = found.parameters["properties"].get(str(first["loc"][0]) if first["loc"] else "", {}).get("type")
-    wanted = f"{expected}, as its schema says" if isinstance(expected, str) else "as its schema says"
-    return f"argument {where!r} of {found.name} must be {wanted}: {first['msg'].lower()}, not {_json_kind(first)}"
+# msgspec's words: "Object missing required field `a`", "Expected `int`, got `str` - at `$.a[0]`".
+_VALIDATION_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_FIELD_NAMED = re.compile(r"^Object (?P<problem>missing required|contains unknown) field `(?P<field>[^`]*)`$")
+_JSON_KINDS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "array": "array",
+               "object": "object", "null": "null"}
 
 
-def _json_kind(error: dict) -> str:
-    value = error.get("input")
-    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
-    return kinds.get(type(value), "null")
+def _describe(found: Tool, message: str) -> str:
+    """msgspec's error in the words the model needs to fix its call."""
+    parts = _VALIDATION_ERROR.match(message)
+    what, path = parts["what"], (parts["path"] or "").removeprefix(".")
+    named = _FIELD_NAMED.match(what)
+    if named and not path:
+        kind = "missing required" if named["problem"] == "missing required" else "unexpected"
+        return f"{kind} argument(s) for {found.name}: {named['field']!r}"
+    where = path or "arguments"
+    mismatch = re.match(r"^Expected `(?P<expected>[^`]*)`, got `(?P<got>[^`]*)`$", what)
+    if mismatch:  # the schema's own word for what it wants, and what came
+        wanted = " or ".join(_JSON_KINDS.get(kind, kind) for kind in mismatch["expected"].split(" | "))
+        got = _JSON_KINDS.get(mismatch["got"], mismatch["got"])
+        return f"argument {where!r} of {found.name} must be {wanted}, as its schema says, not {got}"
+    return f"argument {where!r} of {found.name} must be as its schema says: {what[:1].lower()}{what[1:]}"
+
+
+_ENUM_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
 def _offered_schema(schema: dict) -> dict:
-    """Pydantic's schema as providers take it: references inlined, no generated titles."""
+    """msgspec's schema as providers take it: references inlined, no generated titles, and an enum's
+    JSON type said (`"type": "string"` beside `"enum"`, as providers' strict modes want it)."""
     definitions = schema.pop("$defs", {})
 
     def clean(node: object, key: str | None = None) -> object:
@@ -199,8 +204,13 @@ def _offered_schema(schema: dict) -> dict:
             if "$ref" in node:
                 target = definitions[node["$ref"].rsplit("/", 1)[-1]]
                 node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-            # "title" is a field name inside "properties", and pydantic's generated label everywhere else.
-            return {k: clean(v, k) for k, v in node.items() if k != "title" or key == "properties"}
+            # "title" is a field name inside "properties", and msgspec's generated label everywhere else.
+            cleaned = {k: clean(v, k) for k, v in node.items() if k != "title" or key == "properties"}
+            if key != "properties" and "enum" in cleaned and "type" not in cleaned:
+                kinds = {_ENUM_TYPES.get(type(value)) for value in cleaned["enum"]}
+                if len(kinds) == 1 and None not in kinds:
+                    cleaned["type"] = kinds.pop()
+            return cleaned
         if isinstance(node, list):
             return [clean(item) for item in node]
         return node
