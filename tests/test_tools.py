@@ -208,6 +208,14 @@ def test_wrongly_typed_argument_is_an_error_result(name, arguments):
     assert result.output.startswith("Error: ") and "must be" in result.output
 
 
+@pytest.mark.parametrize("raw", ['{"seconds": 1e400}', '{"seconds": -1e400}', '{"seconds": NaN}',
+                                 '{"seconds": -Infinity}', '{"seconds": 123456789012345678901234567890}',
+                                 '{"seconds": 1, "seconds": 1e400}', '{"seconds": 0, "": 1}'])
+def test_numbers_json_allows_but_no_tool_wants_are_an_error_result(raw):
+    result = run_tool("wait", raw, 5)
+    assert not result.ok and result.output.startswith("Error: "), result.output
+
+
 def test_an_integer_is_accepted_for_a_float_parameter():
     result = run_tool("wait", args(seconds=0), 5)
     assert result.ok, result.output

@@ -10,7 +10,6 @@ user stops the turn); `run_tool` fills them in.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import threading
 import typing
@@ -160,8 +159,8 @@ def check_arguments(found: Tool, arguments_json: str | None) -> dict:
     arguments = scrub_json(arguments)  # "\\ud800" is valid JSON, but no UTF-8 text
     if found.arguments is None:
         return {"arguments": arguments}  # the tool's own server checks them against its schema
-    try:  # from JSON text, so that an enum or a tuple is read from its JSON form
-        checked = msgspec.json.decode(json.dumps(arguments), type=found.arguments, strict=True)
+    try:  # as msgspec reads JSON: an enum from its value, a tuple from an array, a date from its ISO text
+        checked = msgspec.convert(arguments, found.arguments, strict=True)
     except msgspec.ValidationError as exc:
         raise ToolError(_describe(found, str(exc))) from None
     return {name: getattr(checked, name) for name in found.arguments.__struct_fields__}
