@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import random
 import re
 import signal
 import threading
@@ -210,7 +211,8 @@ def test_wrongly_typed_argument_is_an_error_result(name, arguments):
 
 @pytest.mark.parametrize("raw", ['{"seconds": 1e400}', '{"seconds": -1e400}', '{"seconds": NaN}',
                                  '{"seconds": -Infinity}', '{"seconds": 123456789012345678901234567890}',
-                                 '{"seconds": 1, "seconds": 1e400}', '{"seconds": 0, "": 1}'])
+                                 '{"seconds": 1, "seconds": 1e400}', '{"seconds": 0, "": 1}',
+                                 '{"seconds": 1' + '0' * 400 + '}'])
 def test_numbers_json_allows_but_no_tool_wants_are_an_error_result(raw):
     result = run_tool("wait", raw, 5)
     assert not result.ok and result.output.startswith("Error: "), result.output
@@ -645,3 +647,41 @@ def test_add_note_does_not_write_through_a_symbolic_link(notes_dir, tmp_path):
     notes_path().symlink_to(target)
     assert not run_tool("add_note", args(text="buy milk"), 5).ok
     assert not target.exists()
+
+
+# --- arguments of any shape: a tool error or checked keywords, never an exception ---
+
+def _random_json(rng, depth: int = 0):
+    """Text of one JSON value of any kind, numbers Python's json reads but no tool wants included."""
+    kinds = ["int", "big", "float", "special", "str", "bool", "null"] + (["list", "object"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "list":
+        return "[" + ",".join(_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))) + "]"
+    if kind == "object":
+        return "{" + ",".join(f'{json.dumps(rng.choice(["a", "", "x" * 50, "é"]))}:{_random_json(rng, depth + 1)}'
+                              for _ in range(rng.randint(0, 3))) + "}"
+    specials = ["NaN", "Infinity", "-Infinity", "1e400", "-0.0", "5e-324"]
+    return {"int": lambda: str(rng.randint(-10, 10)),
+            "big": lambda: str(rng.choice([1, -1]) * 10 ** rng.randint(19, 400)),
+            "float": lambda: repr(rng.uniform(-1e6, 1e6)), "special": lambda: rng.choice(specials),
+            "str": lambda: json.dumps(rng.choice(["", "3", "celsius", "\ud800", "2026-01-02", "a" * 300, "\u0000"])),
+            "bool": lambda: rng.choice(["true", "false"]), "null": lambda: "null"}[kind]()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_arguments_of_any_shape_are_checked_keywords_or_a_tool_error(seed):
+    from agent.tools.registry import check_arguments
+
+    rng = random.Random(seed)
+    tools = [REGISTRY[name] for name in sorted(REGISTRY)] + [make_tool(rich_tool), make_tool(sample_tool)]
+    for _ in range(60):
+        for found in tools:
+            names = list(found.parameters["properties"]) + ["unexpected", ""]
+            chosen = rng.sample(names, rng.randint(0, len(names)))
+            raw = "{" + ",".join(f"{json.dumps(name)}:{_random_json(rng)}" for name in chosen) + "}"
+            try:
+                checked = check_arguments(found, raw)
+            except ToolError as exc:
+                assert str(exc) and "Traceback" not in str(exc), raw
+                continue
+            assert set(checked) <= set(found.parameters["properties"]) | {"arguments"}, raw

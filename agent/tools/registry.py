@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import threading
 import typing
 from collections.abc import Callable, Iterable
@@ -159,12 +160,29 @@ def check_arguments(found: Tool, arguments_json: str | None) -> dict:
     arguments = scrub_json(arguments)  # "\\ud800" is valid JSON, but no UTF-8 text
     if found.arguments is None:
         return {"arguments": arguments}  # the tool's own server checks them against its schema
+    huge = _past_float_range(arguments)
+    if huge is not None:  # no tool wants one, and msgspec cannot read one where it expects a float
+        raise ToolError(f"argument {huge!r} of {found.name} is a number past any JSON reader's range")
     try:  # as msgspec reads JSON: an enum from its value, a tuple from an array, a date from its ISO text
         checked = msgspec.convert(arguments, found.arguments, strict=True)
     except msgspec.ValidationError as exc:
         raise ToolError(_describe(found, str(exc))) from None
     return {name: getattr(checked, name) for name in found.arguments.__struct_fields__}
 
+
+def _past_float_range(arguments: dict) -> str | None:
+    """The argument holding an integer no float can hold (JSON allows 10**400; readers do not), if any."""
+    pending = [(name, value) for name, value in arguments.items()]
+    while pending:
+        name, value = pending.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _FLOAT_MAX:
+            return name
+        if isinstance(value, dict | list):
+            pending += [(name, item) for item in (value.values() if isinstance(value, dict) else value)]
+    return None
+
+
+_FLOAT_MAX = int(sys.float_info.max)
 
 # msgspec's words: "Object missing required field `a`", "Expected `int`, got `str` - at `$.a[0]`".
 _VALIDATION_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
