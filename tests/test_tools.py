@@ -11,8 +11,9 @@ import signal
 import threading
 import time
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
+import msgspec
 import pytest
 from rq.timeouts import JobTimeoutException
 
@@ -147,6 +148,28 @@ def test_a_wrong_list_enum_literal_or_optional_argument_is_an_error_result(regis
     result = run_tool("rich_tool", json.dumps(arguments), 5)
     assert not result.ok
     assert result.output.startswith("Error: argument ") and "must be" in result.output
+
+
+def bounded_tool(count: Annotated[int, msgspec.Meta(ge=0, le=10)],
+                 label: Annotated[str, msgspec.Meta(max_length=5)] = "x") -> str:
+    """Counts.
+
+    Args:
+        count: how many
+    """
+    return label * count
+
+
+def test_constraints_written_with_msgspec_meta_are_offered_and_checked(registered):
+    props = make_tool(bounded_tool).parameters["properties"]
+    assert props["count"] == {"type": "integer", "minimum": 0, "maximum": 10, "description": "how many"}
+    assert props["label"] == {"type": "string", "maxLength": 5, "default": "x"}
+    registered(bounded_tool)
+    assert run_tool("bounded_tool", args(count=2, label="ab"), 5).output == "abab"
+    below = run_tool("bounded_tool", args(count=-1), 5)
+    assert not below.ok and "'count'" in below.output and "integer >= 0" in below.output, below.output
+    too_long = run_tool("bounded_tool", args(count=1, label="toolong"), 5)
+    assert not too_long.ok and "'label'" in too_long.output and "length <= 5" in too_long.output, too_long.output
 
 
 def test_a_parameter_without_an_annotation_is_refused_at_registration():

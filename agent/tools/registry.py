@@ -70,7 +70,7 @@ def needs_approval(name: str, approve_tools: tuple[str, ...] | frozenset = ()) -
 
 def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
     """Build a Tool from a typed function without registering it; TypeError says what is wrong with it."""
-    hints = typing.get_type_hints(func)
+    hints = typing.get_type_hints(func, include_extras=True)  # Annotated[int, msgspec.Meta(ge=0)] keeps its Meta
     description, arg_docs = _parse_docstring(inspect.getdoc(func) or "")
     fields: list[tuple] = []
     hidden = set()
@@ -205,7 +205,8 @@ def _describe(found: Tool, message: str) -> str:
         wanted = " or ".join(_JSON_KINDS.get(kind, kind) for kind in mismatch["expected"].split(" | "))
         got = _JSON_KINDS.get(mismatch["got"], mismatch["got"])
         return f"argument {where!r} of {found.name} must be {wanted}, as its schema says, not {got}"
-    return f"argument {where!r} of {found.name} must be as its schema says: {what[:1].lower()}{what[1:]}"
+    said = re.sub(r"`(\w+)`", lambda kind: _JSON_KINDS.get(kind[1], kind[1]), what)  # "expected integer >= 0"
+    return f"argument {where!r} of {found.name} must be as its schema says: {said[:1].lower()}{said[1:]}"
 
 
 _ENUM_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
