@@ -172,6 +172,15 @@ def test_constraints_written_with_msgspec_meta_are_offered_and_checked(registere
     assert not too_long.ok and "'label'" in too_long.output and "length <= 5" in too_long.output, too_long.output
 
 
+def test_a_parameter_named_with_a_leading_underscore_is_refused_at_registration():
+    def private(_value: int, __hidden: int = 0) -> str:
+        """Private."""
+        return ""
+
+    with pytest.raises(TypeError, match="underscore"):
+        make_tool(private)
+
+
 def test_a_parameter_without_an_annotation_is_refused_at_registration():
     def untyped(value) -> str:
         """Untyped."""
