@@ -81,7 +81,7 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
             _check_hidden(func.__name__, param, hints.get(param.name))
             hidden.add(param.name)
             continue
-        if param.name.startswith("_"):  # as pydantic did: a private name, and msgspec cannot hold "__x" as a field
+        if param.name.startswith("_"):  # a private name by convention, and msgspec cannot hold "__x" as a field
             raise TypeError(f"tool {func.__name__}: parameter {param.name!r} must not start with an underscore")
         annotation = hints.get(param.name)
         if annotation is None or annotation is typing.Any or annotation in _BARE_CONTAINERS:
