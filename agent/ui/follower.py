@@ -167,6 +167,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         # A new chat: nothing to follow yet, but its component is drawn now, where and under the key its
         # first turn will draw it (the chat's id does not change when the message is sent).
         _follow_component(settings, cid, in_flight=False, following=following)
+        preload_renderers()
         return None
     state = session.pop(HANDOFF_KEY, None)
     full_run = state is not None
@@ -180,6 +181,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         if _turn_moved(state, turn_id, phase):
             st.rerun(scope="app")
     _follow_component(settings, cid, in_flight=phase == ui.LIVE, following=following)
+    preload_renderers()
     live = None
     if phase == ui.PARKED:  # drawn once: nothing of a parked turn moves until it is answered
         # In the frame of a turn in flight, each of its places replaced at once: a run that holds (the bridge)
@@ -200,6 +202,24 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
     if _hold(settings, be, cid, state, live, phase=phase, limit_s=HOLD_S):
         st.rerun(scope="fragment")  # a fresh run: a fresh draw, a fresh watch
     return None
+
+
+PRELOAD_KEY = "renderers-preload"  # its container's CSS class is st-key-renderers-preload
+PRELOADED_KEY = "renderers_preloaded"  # session flag: this session's browser has loaded the code renderer
+
+
+def preload_renderers() -> None:
+    """A hidden code block, drawn by the follower's first fragment run of a session (a new chat's first
+    idle tick, after the first screen): the browser loads its code renderer (a chunk of its own) then,
+    before a tool step's Arguments and Result boxes need it, instead of showing them empty until it
+    comes; and the first screen does not wait for it. A full run draws none."""
+    session = st.session_state
+    if session.get(PRELOADED_KEY) or not in_fragment_run():
+        return
+    session[PRELOADED_KEY] = True
+    st.html(f"<style>.st-key-{PRELOAD_KEY} {{display: none}}</style>")
+    with st.container(key=PRELOAD_KEY):
+        st.code("{}", language="json")
 
 
 def _follow_component(settings: Settings, cid: str, *, in_flight: bool, following: list[bool]) -> None:

@@ -37,6 +37,7 @@ deadline     = job start + job timeout - margin
 call timeout = min(call cap, time left before the deadline)
 tool limit   = min(tool cap, time left - minimum call - {TOOL_CUT_SLACK_S:g} s)
 no model call starts with less than the minimum call left"""
+CLOCK_RULES_MARKDOWN = "\n".join(f"- `{rule}`" for rule in CLOCK_RULES.splitlines())
 
 
 def page(settings: Settings, be: ui.Backend) -> None:
@@ -92,9 +93,9 @@ def _header(conversation: ui.Conversation, state: dict | None) -> None:
     st.markdown(LEAD)
     with st.expander("How it works", expanded=state is None):
         st.markdown(HOW_IT_WORKS)
-        # Also the page's first code block, collapsed or not: the browser loads its code renderer (a
-        # chunk of its own) now, not when a tool step lands, whose boxes showed empty until it came.
-        st.code(CLOCK_RULES, language=None)
+        # Inline code, not a code block: the first screen does not wait for the browser to load its code
+        # renderer (a chunk of its own); the follower's first tick loads it (follower.preload_renderers).
+        st.markdown(CLOCK_RULES_MARKDOWN)
     if conversation.notice:
         st.query_params.pop(ui.CID_PARAM, None)
         st.info(conversation.notice, icon="🔎")
