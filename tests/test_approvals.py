@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 from agent.contract import Outcome, Status
 from agent.queue import job_status
@@ -248,7 +249,16 @@ def test_a_parked_turn_survives_a_restart_of_everything_and_can_still_be_answere
     env = {**base_env, "AGENT_WORKERS": "1", "AGENT_APPROVE_TOOLS": "calculator"}
     proc, cid, _ = asking_cli(env, "What is 6*7?")
     tree = [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
-    server = EmbeddedRedis(Path(env["AGENT_DATA_DIR"])).pid
+    embedded = EmbeddedRedis(Path(env["AGENT_DATA_DIR"]))
+    server = embedded.pid
+    # With `appendfsync everysec` Redis may answer before it writes to its append-only file (it postpones
+    # the write up to 2 s while the last fsync is still running, as on a busy disk): what a SIGKILL keeps
+    # is what was written. So the kill comes once the request is in the file, as after any real wait.
+    aof = redis.Redis.from_url(embedded.url)
+    try:
+        wait_for(lambda: aof.info("persistence")["aof_buffer_length"] == 0, 10, "the append-only file written")
+    finally:
+        aof.close()
     try:
         for pid in [proc.pid, *tree, server]:  # every process, Redis included, without a word
             with contextlib.suppress(ProcessLookupError, TypeError):
