@@ -174,7 +174,7 @@ def check_arguments(found: Tool, arguments_json: str | None) -> dict:
 
 def _past_float_range(arguments: dict) -> str | None:
     """The argument holding an integer no float can hold (JSON allows 10**400; readers do not), if any."""
-    pending = [(name, value) for name, value in arguments.items()]
+    pending = list(arguments.items())
     while pending:
         name, value = pending.pop()
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _FLOAT_MAX:
@@ -189,6 +189,7 @@ _FLOAT_MAX = int(sys.float_info.max)
 # msgspec's words: "Object missing required field `a`", "Expected `int`, got `str` - at `$.a[0]`".
 _VALIDATION_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _FIELD_NAMED = re.compile(r"^Object (?P<problem>missing required|contains unknown) field `(?P<field>[^`]*)`$")
+_MISMATCH = re.compile(r"^Expected `(?P<expected>[^`]*)`, got `(?P<got>[^`]*)`$")
 _JSON_KINDS = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "array": "array",
                "object": "object", "null": "null"}
 
@@ -202,7 +203,7 @@ def _describe(found: Tool, message: str) -> str:
         kind = "missing required" if named["problem"] == "missing required" else "unexpected"
         return f"{kind} argument(s) for {found.name}: {named['field']!r}"
     where = path or "arguments"
-    mismatch = re.match(r"^Expected `(?P<expected>[^`]*)`, got `(?P<got>[^`]*)`$", what)
+    mismatch = _MISMATCH.match(what)
     if mismatch:  # the schema's own word for what it wants, and what came
         wanted = " or ".join(_JSON_KINDS.get(kind, kind) for kind in mismatch["expected"].split(" | "))
         got = _JSON_KINDS.get(mismatch["got"], mismatch["got"])

@@ -167,7 +167,6 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         # A new chat: nothing to follow yet, but its component is drawn now, where and under the key its
         # first turn will draw it (the chat's id does not change when the message is sent).
         _follow_component(settings, cid, in_flight=False, following=following)
-        preload_renderers()
         return None
     state = session.pop(HANDOFF_KEY, None)
     full_run = state is not None
@@ -181,7 +180,6 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         if _turn_moved(state, turn_id, phase):
             st.rerun(scope="app")
     _follow_component(settings, cid, in_flight=phase == ui.LIVE, following=following)
-    preload_renderers()
     live = None
     if phase == ui.PARKED:  # drawn once: nothing of a parked turn moves until it is answered
         # In the frame of a turn in flight, each of its places replaced at once: a run that holds (the bridge)
@@ -230,6 +228,7 @@ def _follow_component(settings: Settings, cid: str, *, in_flight: bool, followin
     after a full run: short in flight, longer idle."""
     st_autorefresh(interval=settings.poll_interval_ms if in_flight else IDLE_TICK_MS, key=f"follow-{cid}")
     following.append(True)
+    preload_renderers()  # once a session, in its first fragment run
 
 
 def _turn_moved(state: dict | None, turn_id: str, phase: str) -> bool:
