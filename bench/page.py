@@ -126,7 +126,7 @@ def _condition(lengths: tuple[int, ...], turns_per_length: int, stops: int, hog_
                         "settle_s": summary(settle, digits=2),
                     })
                 replies += [(True, words) for words in _new_chats(page, server.url, model, new_chats)]
-                stop = _stops(page, model, stops)
+                stop = _stops(page, model, stops, store)
             store.redis.close()
     finally:
         server_of_model.stop()
@@ -165,7 +165,7 @@ def _new_chats(page, url: str, model: StreamModel, count: int) -> list[list[floa
     return replies
 
 
-def _stops(page, model: StreamModel, count: int) -> dict:
+def _stops(page, model: StreamModel, count: int, store: Store) -> dict:
     """Stop clicked mid-stream: click to "Stopping…", and click to the turn ended on screen (browser clock)."""
     acknowledged, ended = [], []
     model.words = STOP_WORDS
@@ -176,7 +176,10 @@ def _stops(page, model: StreamModel, count: int) -> dict:
             send(page, f"Tell me a very long story, number {n}.", timeout_s=SETTLE_TIMEOUT_S)
             page.get_by_text(word(first + STOP_AFTER_WORDS - 1)).first.wait_for(timeout=SETTLE_TIMEOUT_S * 1000)
             page.get_by_role("button", name="Stop").click()
-            ended_at = wait_settled(page, "Stopped.", timeout_s=SETTLE_TIMEOUT_S)
+            try:
+                ended_at = wait_settled(page, "Stopped.", timeout_s=SETTLE_TIMEOUT_S)
+            except Exception as exc:
+                raise RuntimeError(_stop_not_seen(page, store)) from exc
             clicked, answered = stop_times(page)
             if clicked is None:  # the click was not seen by the page's listener: nothing to time
                 continue
@@ -187,6 +190,16 @@ def _stops(page, model: StreamModel, count: int) -> dict:
     finally:
         model.words = WORDS
     return {"stop_acknowledged_ms": summary(acknowledged, scale=1000), "stop_ended_s": summary(ended, digits=2)}
+
+
+def _stop_not_seen(page, store: Store) -> str:
+    """What a Stop that never showed its ending left behind, for whoever reads the failure."""
+    clicked, answered = stop_times(page)
+    meta = store.read_meta(conversation_id(page)) or {}
+    text = page.evaluate("() => document.body.innerText")
+    return (f"Stop clicked {'(seen by the page)' if clicked else '(not seen by the page)'}, "
+            f"\"Stopping…\" {'shown' if answered else 'never shown'}; the stored turn: status "
+            f"{meta.get('status')!r}, done {meta.get('done')!r}; the page's last text: {text[-600:]!r}")
 
 
 def _writes_per_s(final: dict, version_before: int) -> float:
