@@ -97,7 +97,9 @@ METHOD = {
     "per second from its start to its final write. Stop: a 600-word reply, Stop clicked once 5 words show; "
     "click to \"Stopping…\" on screen (stop_acknowledged_ms; the ending, when it replaced \"Stopping…\" "
     "before the browser's observer saw it) and click to the turn ended on screen, settled "
-    "(stop_ended_s), both on the browser's clock. Conditions: an idle machine, then with busy-loop processes "
+    "(stop_ended_s), both on the browser's clock; a Stop whose ending has not shown 30 s after the click is "
+    "clicked again, timed from the first click and listed with what it left (stops_clicked_again). "
+    "Conditions: an idle machine, then with busy-loop processes "
     "running (hogs).",
     "first_screen": "From opening the page to a chat input that can be typed into (navigation start to the "
     "input present and enabled, the browser's clock), `streamlit run app.py` against a minimal Streamlit chat "

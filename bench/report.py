@@ -103,6 +103,9 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
             out.append((f"page, {condition}: Stop click to the turn ended on screen p50 / p95",
                         f"{ended['p50']} / {ended['p95']} s", "p95 <= " + ("1" if key == "idle" else "2") + " s",
                         _check(goals.get(f"page_stop_ended_s_{key}"))))
+            again = figures.get("stops_clicked_again") or []
+            out.append((f"page, {condition}: Stops clicked again (no ending on screen 30 s after the click)",
+                        str(len(again)), "0", _check(not again)))
             writes = figures["writes_per_s"]
             out.append((f"page, {condition}: Redis writes per second, one streaming turn p50 / max",
                         f"{writes['p50']} / {writes['max']}", "<= 12", _check(goals.get(f"page_writes_per_s_{key}"))))
