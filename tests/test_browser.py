@@ -87,23 +87,6 @@ def quiet_for(sent_at: list[float], quiet_s: float, within_s: float) -> bool:
     return False
 
 
-def test_a_new_chats_input_reaches_the_browser_before_the_rest_of_the_page(server, page):
-    """The browser loads the input's code as soon as it is drawn: a new chat sends it right after the
-    header, alone, not behind the sidebar's widgets (layout.page)."""
-    frames: list[str] = []
-
-    def note(payload) -> None:
-        raw = payload if isinstance(payload, bytes) else payload.encode()
-        frames.append("input" if b"needs a tool" in raw else "settings" if SETTINGS_LABEL.encode() in raw else "")
-
-    page.on("websocket", lambda ws: ws.on("framereceived", note))
-    page.goto(server.url)
-    page.wait_for_selector(f"{INPUT}:not([disabled])", timeout=START_TIMEOUT_S * 1000)
-    page.get_by_test_id("stSidebar").get_by_role("button", name=SETTINGS_LABEL).wait_for(timeout=10000)
-    assert "input" in frames and "settings" in frames, frames
-    assert frames.index("input") < frames.index("settings")
-
-
 def test_a_question_shows_each_tool_step_before_the_answer_then_stops_polling(server, page):
     sent_at: list[float] = []
     page.on("websocket", lambda ws: ws.on("framesent", lambda _: sent_at.append(time.monotonic())))
