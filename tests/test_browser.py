@@ -76,6 +76,21 @@ def open_settings(page):
     return body
 
 
+def click_until(button, outcome, within_s: float = 15, attempts: int = 3) -> None:
+    """Click `button` until `outcome` shows, as a person would click again. Measured: a click that lands
+    while Streamlit lays the sidebar out again (a run still sending it) can go down on the button and
+    come up on the text beside it, and the browser then sends nothing; a person clicks again."""
+    for attempt in range(attempts):
+        button.click()
+        try:
+            outcome.wait_for(timeout=within_s * 1000 / attempts)
+            return
+        except Exception:  # noqa: BLE001 - the next click, or the last wait's own error below
+            if attempt == attempts - 1 or not button.is_visible():
+                break
+    outcome.wait_for(timeout=within_s * 1000 / attempts)
+
+
 def quiet_for(sent_at: list[float], quiet_s: float, within_s: float) -> bool:
     """True once no websocket frame was sent for `quiet_s`, waiting at most `within_s`."""
     end = time.monotonic() + within_s
@@ -85,6 +100,23 @@ def quiet_for(sent_at: list[float], quiet_s: float, within_s: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_new_chats_input_reaches_the_browser_before_the_rest_of_the_page(server, page):
+    """The browser loads the input's code as soon as it is drawn: a new chat sends it right after the
+    header, alone, not behind the sidebar's widgets (layout.page)."""
+    frames: list[str] = []
+
+    def note(payload) -> None:
+        raw = payload if isinstance(payload, bytes) else payload.encode()
+        frames.append("input" if b"needs a tool" in raw else "settings" if SETTINGS_LABEL.encode() in raw else "")
+
+    page.on("websocket", lambda ws: ws.on("framereceived", note))
+    page.goto(server.url)
+    page.wait_for_selector(f"{INPUT}:not([disabled])", timeout=START_TIMEOUT_S * 1000)
+    page.get_by_test_id("stSidebar").get_by_role("button", name=SETTINGS_LABEL).wait_for(timeout=10000)
+    assert "input" in frames and "settings" in frames, frames
+    assert frames.index("input") < frames.index("settings")
 
 
 def test_a_question_shows_each_tool_step_before_the_answer_then_stops_polling(server, page):
@@ -475,8 +507,8 @@ def test_deleting_a_conversation_in_flight_from_another_tab_ends_its_turn_and_th
         two.get_by_text("This conversation").first.click()  # the sidebar's expander for the open conversation
         two.get_by_role("button", name="Delete…").click()
         two.get_by_text("Its reply in flight is stopped.").first.wait_for(timeout=10000)
-        two.get_by_role("button", name="Delete", exact=True).click()
-        two.get_by_text("The conversation was deleted. This is a new chat.").first.wait_for(timeout=15000)
+        click_until(two.get_by_role("button", name="Delete", exact=True),
+                    two.get_by_text("The conversation was deleted. This is a new chat.").first)
 
         # The first tab, left alone, learns it from its own follower: it says so and offers a new chat.
         one.get_by_text("The conversation this tab was showing was deleted").first.wait_for(timeout=20000)

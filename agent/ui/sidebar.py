@@ -215,6 +215,16 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
 SETTINGS_LABEL = "⚙️ Settings for the next message"
 
 
+def next_turn(base: TurnConfig) -> tuple[TurnConfig | None, str | None]:
+    """The next turn's config, or None and the reason it is invalid, from the session's settings (their
+    defaults set first): what the settings' widgets show, whether or not they are drawn yet."""
+    init_defaults(base)
+    try:
+        return next_turn_config(base), None
+    except SettingsError as exc:
+        return None, str(exc)
+
+
 def settings_box():
     """The next turn's settings, in a popover of the sidebar: the browser draws its widgets only once it
     is opened. Drawn open, they were about a third of the first screen's excess over a minimal chat app
@@ -234,11 +244,7 @@ def render_sidebar(base: TurnConfig, sb=None) -> tuple[TurnConfig | None, str | 
     sb.toggle("Safeguards off (the naive loop)", key=K["naive"])
     sync_url(base)
     sb = st.sidebar  # what the settings amount to shows without opening them
-    config, error = None, None
-    try:
-        config = next_turn_config(base)
-    except SettingsError as exc:
-        error = str(exc)
+    config, error = next_turn(base)
     if st.session_state[K["naive"]]:
         sb.warning(
             "**Safeguards off**: no deadline of its own, every call and tool gets a huge timeout, and "
