@@ -34,11 +34,12 @@ run-signin: setup
 	HOST=$(HOST) PORT=$(PORT) OIDC_PORT=$(OIDC_PORT) $(PY) scripts/run_signin.py
 
 # Side by side in TEST_WORKERS processes (pytest-xdist), a test file to a process: the tests of one
-# file share its fixtures and run in its order; the longest files go first (tests/conftest.py,
-# LONGEST_FIRST). TEST_WORKERS=0 runs them in this one process.
-TEST_WORKERS ?= 3
+# file share its fixtures and run in its order; the files that drive Chromium run one after another
+# in one process (tests/conftest.py, BROWSER_FILES); the longest go first (LONGEST_FIRST). The tests
+# wait more than they compute, so 5 processes on 2 cores. TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 5
 test: setup
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # The same suite beside HOGS CPU busy loops: a test that waits on a wall-clock figure fails here.
 HOGS ?= 2

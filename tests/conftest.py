@@ -198,6 +198,23 @@ LONGEST_FIRST = (
 )
 
 
+# The files that drive Chromium against a page server: `make test` runs them one after another, in
+# one process (one group), so that two browsers and their page servers never share the two cores with
+# the rest of the suite; a page that falls seconds behind fails a test that watches it live.
+BROWSER_FILES = frozenset({
+    "test_browser.py",
+    "test_browser_signin.py",
+    "test_browser_long_chat.py",
+    "test_browser_resume.py",
+    "test_browser_approvals.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its order
+    if config.getoption("dist", "no") == "loadgroup":  # `make test`: a file to a process, the browser files as one
+        for item in items:
+            group = "browser" if item.path.name in BROWSER_FILES else item.path.name
+            item.add_marker(pytest.mark.xdist_group(group))
