@@ -9,64 +9,20 @@ import signal
 import sys
 
 import redis
-from rq import SimpleWorker, SpawnWorker, Worker
 from rq.serializers import JSONSerializer
 
 import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
 from agent import tracing
 from agent.hosting.pool import RECYCLE_EXIT_CODE
+from agent.hosting.worker_classes import DEFAULT_WORKER_CLASS, IN_PROCESS_CLASSES, WORKER_CLASSES
 from agent.queue import QUEUE_NAME, SafeJob
 from agent.runtime import logs
 from agent.runtime.connection import queue_client, redis_problem, state_client
 from agent.runtime.with_parent import die_with_parent
 from agent.tools import catalogue
 from agent.tools import sources as tool_sources
-from agent.tools.running import abandoned_tools
 
 log = logging.getLogger(__name__)
-
-# Seconds the tool threads abandoned during a job get, once it has ended, to end by themselves
-# before the worker is recycled (an MCP call or a late tool that returns just after its limit).
-ABANDONED_GRACE_S = 0.5
-
-
-class RecyclesAfterAbandonedTools:
-    """A worker that stops after a job when it holds tool threads that outlived their time.
-
-    Python cannot kill a thread: a tool that spins past its timeout would run in this process for
-    ever and slow every later turn. The job has made its final write by then; the worker stops
-    warm (RQ's own stop flag, checked before it takes the next job) and exits with
-    RECYCLE_EXIT_CODE, and its supervisor starts a fresh one."""
-
-    recycling = False
-
-    def execute_job(self, job, queue):
-        try:
-            return super().execute_job(job, queue)
-        finally:
-            held = abandoned_tools(ABANDONED_GRACE_S)
-            if held:
-                log.warning("recycling this worker (pid %s): job %s left %d abandoned tool thread(s) running "
-                            "(%s); it stops now and its supervisor starts a fresh one", os.getpid(), job.id,
-                            len(held), ", ".join(sorted(set(held))))
-                self.recycling = True
-                self._stop_requested = True  # RQ's warm stop: the work loop ends before the next job
-
-
-class RecyclingSimpleWorker(RecyclesAfterAbandonedTools, SimpleWorker):
-    pass
-
-
-# SimpleWorker runs the job in the worker's own process: no fork per job (a fork costs tens of
-# milliseconds per turn), and the job timeout is still RQ's SIGALRM in that process. A killed
-# job takes its worker with it; the pool starts a new one. See docs/benchmarks.md for the figures.
-# Fork and spawn run tools in a child that exits after each job, so only "simple" ever recycles,
-# and the other two are RQ's own classes: a spawned work horse imports its worker's class by name,
-# which a class of this module, run as __main__, could not give it.
-WORKER_CLASSES = {"simple": RecyclingSimpleWorker, "fork": Worker, "spawn": SpawnWorker}
-DEFAULT_WORKER_CLASS = "simple"
-IN_PROCESS_CLASSES = {"simple"}  # the classes that run a job in the worker's own process, beside its MCP sessions
-
 
 def make_worker(url: str, kind: str = DEFAULT_WORKER_CLASS, name: str | None = None):
     cls = WORKER_CLASSES[kind]

@@ -1,0 +1,76 @@
+"""The RQ worker classes the pool and worker.py run (`--class simple|fork|spawn`), and what they add to
+RQ's: a stop signal is never lost, and a simple worker holding a runaway tool thread is recycled."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from rq import SimpleWorker, SpawnWorker, Worker
+
+from agent.tools.running import abandoned_tools
+
+log = logging.getLogger("agent.hosting.worker_process")
+
+# Seconds the tool threads abandoned during a job get, once it has ended, to end by themselves
+# before the worker is recycled (an MCP call or a late tool that returns just after its limit).
+ABANDONED_GRACE_S = 0.5
+
+
+class KeepsTheStopRequest:
+    """A stop signal is never lost. RQ's warm stop, when the worker is not busy, raises StopRequested
+    from the signal handler wherever the worker is; just after a job (its state already idle), that
+    can be inside RQ's own `perform_job`, whose bare `except` takes it for the job's failure and goes
+    on: the worker then waits for the next job, and a pool draining it waits minutes for nothing (seen
+    once in the suite: an idle worker held its CLI for 90 s). The flag is set first, so the work loop
+    stops before its next job even when the raise is swallowed."""
+
+    def _shutdown(self):
+        self._stop_requested = True
+        super()._shutdown()
+
+
+class RecyclesAfterAbandonedTools:
+    """A worker that stops after a job when it holds tool threads that outlived their time.
+
+    Python cannot kill a thread: a tool that spins past its timeout would run in this process for
+    ever and slow every later turn. The job has made its final write by then; the worker stops
+    warm (RQ's own stop flag, checked before it takes the next job) and exits with
+    RECYCLE_EXIT_CODE, and its supervisor starts a fresh one."""
+
+    recycling = False
+
+    def execute_job(self, job, queue):
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            held = abandoned_tools(ABANDONED_GRACE_S)
+            if held:
+                log.warning("recycling this worker (pid %s): job %s left %d abandoned tool thread(s) running "
+                            "(%s); it stops now and its supervisor starts a fresh one", os.getpid(), job.id,
+                            len(held), ", ".join(sorted(set(held))))
+                self.recycling = True
+                self._stop_requested = True  # RQ's warm stop: the work loop ends before the next job
+
+
+class RecyclingSimpleWorker(KeepsTheStopRequest, RecyclesAfterAbandonedTools, SimpleWorker):
+    pass
+
+
+class StoppingWorker(KeepsTheStopRequest, Worker):
+    pass
+
+
+class StoppingSpawnWorker(KeepsTheStopRequest, SpawnWorker):
+    pass
+
+
+# SimpleWorker runs the job in the worker's own process: no fork per job (a fork costs tens of
+# milliseconds per turn), and the job timeout is still RQ's SIGALRM in that process. A killed
+# job takes its worker with it; the pool starts a new one. See docs/benchmarks.md for the figures.
+# Fork and spawn run tools in a child that exits after each job, so only "simple" ever recycles.
+# The classes live here, not in worker_process.py: a spawned work horse imports its worker's class by
+# name, which a class of a module run as __main__ could not give it.
+WORKER_CLASSES = {"simple": RecyclingSimpleWorker, "fork": StoppingWorker, "spawn": StoppingSpawnWorker}
+DEFAULT_WORKER_CLASS = "simple"
+IN_PROCESS_CLASSES = {"simple"}  # the classes that run a job in the worker's own process, beside its MCP sessions
