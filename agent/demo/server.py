@@ -167,13 +167,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent.demo.server", description="The demo model on loopback.")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     args = parser.parse_args(argv)
-    stopping = threading.Event()
+    stopping: list[int] = []  # not a threading.Event: its set() in a handler can deadlock with its wait()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stopping.set())
+        signal.signal(signum, lambda received, _frame: stopping.append(received))
     with DemoServer(port=args.port) as server:
         print(server.url, flush=True)
-        while not stopping.wait(0.5):  # a timed wait, so the signal handler gets to run promptly
-            pass
+        while not stopping:
+            time.sleep(0.2)  # the signal's handler runs as soon as the sleep is interrupted
 
 
 if __name__ == "__main__":

@@ -247,10 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info("demo provider on %s", demo.url)
 
     pool = Pool(args.workers, args.worker_class, env, relay_output=args.log_file is not None)
-    stop = threading.Event()
+    # A plain list, not a threading.Event: the handler runs in the main thread, and Event.set() there,
+    # while the main thread is inside Event.wait() holding the Event's lock, waits on that lock for
+    # ever (seen: a pool that never stopped, and a CLI waiting 90 s for it).
+    signalled: list[int] = []
 
     def on_signal(signum, frame):
-        stop.set()
+        signalled.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -259,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%d %s workers started", args.workers, args.worker_class)
     print(f"ready {env.get('AGENT_DEMO_URL', '')}", flush=True)
     try:
-        while not stop.wait(WATCH_INTERVAL_S):
+        while not signalled:
+            time.sleep(WATCH_INTERVAL_S)  # a signal cuts it short; its handler only appends
+            if signalled:
+                break
             if not parent_alive(args.parent_pid):
                 log.info("parent %s is gone: stopping", args.parent_pid)
                 break
