@@ -80,15 +80,16 @@ def click_until(button, outcome, within_s: float = 15, attempts: int = 3) -> Non
     """Click `button` until `outcome` shows, as a person would click again. Measured: a click that lands
     while Streamlit lays the sidebar out again (a run still sending it) can go down on the button and
     come up on the text beside it, and the browser then sends nothing; a person clicks again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     for attempt in range(attempts):
         button.click()
         try:
             outcome.wait_for(timeout=within_s * 1000 / attempts)
             return
-        except Exception:  # noqa: BLE001 - the next click, or the last wait's own error below
-            if attempt == attempts - 1 or not button.is_visible():
-                break
-    outcome.wait_for(timeout=within_s * 1000 / attempts)
+        except PlaywrightTimeoutError:
+            if attempt == attempts - 1 or not button.is_visible():  # the click did something else: say so
+                raise
 
 
 def quiet_for(sent_at: list[float], quiet_s: float, within_s: float) -> bool:

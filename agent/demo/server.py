@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import signal
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ from agent.demo import stream as demo_stream
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, model_names, parse_model_name
 from agent.runtime.loopback_server import Action, LoopbackServer, Request, delayed, hang, reply, stream, trickle
+from agent.runtime.stop_signals import record_stop_signals
 
 HANG_CAP_S = 600.0  # seconds; a hanging request is dropped after this even if the client never goes away
 TRICKLE_BYTES_PER_S = 1.0  # the `trickle` scenario's body rate
@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent.demo.server", description="The demo model on loopback.")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     args = parser.parse_args(argv)
-    stopping: list[int] = []  # not a threading.Event: its set() in a handler can deadlock with its wait()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda received, _frame: stopping.append(received))
+    stopping = record_stop_signals()
     with DemoServer(port=args.port) as server:
         print(server.url, flush=True)
         while not stopping:

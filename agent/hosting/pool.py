@@ -24,6 +24,7 @@ from pathlib import Path
 
 from agent import PROJECT_ROOT
 from agent.runtime.logs import FORMAT, LOG_BACKUPS, LOG_MAX_BYTES, log_to_rotating_file, relay
+from agent.runtime.stop_signals import record_stop_signals
 
 log = logging.getLogger("agent.hosting.pool")
 
@@ -247,23 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         log.info("demo provider on %s", demo.url)
 
     pool = Pool(args.workers, args.worker_class, env, relay_output=args.log_file is not None)
-    # A plain list, not a threading.Event: the handler runs in the main thread, and Event.set() there,
-    # while the main thread is inside Event.wait() holding the Event's lock, waits on that lock for
-    # ever (seen: a pool that never stopped, and a CLI waiting 90 s for it).
-    signalled: list[int] = []
-
-    def on_signal(signum, frame):
-        signalled.append(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signalled = record_stop_signals()
     pool.start()
     watch = watch_turns(env["REDIS_URL"])
     log.info("%d %s workers started", args.workers, args.worker_class)
     print(f"ready {env.get('AGENT_DEMO_URL', '')}", flush=True)
     try:
         while not signalled:
-            time.sleep(WATCH_INTERVAL_S)  # a signal cuts it short; its handler only appends
+            time.sleep(WATCH_INTERVAL_S)  # a signal cuts it short
             if signalled:
                 break
             if not parent_alive(args.parent_pid):

@@ -10,7 +10,7 @@ from rq import SimpleWorker, SpawnWorker, Worker
 
 from agent.tools.running import abandoned_tools
 
-log = logging.getLogger("agent.hosting.worker_process")
+log = logging.getLogger(__name__)
 
 # Seconds the tool threads abandoned during a job get, once it has ended, to end by themselves
 # before the worker is recycled (an MCP call or a late tool that returns just after its limit).
