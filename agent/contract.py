@@ -127,6 +127,9 @@ class CurrentStep(TypedDict):
     name: str
     started_at: float
     timeout_s: float | None
+    # A tool run's call id. Written before a tool that is not safe to repeat starts, so a resumed turn
+    # knows the one call that may have taken effect without a stored result (agent/turn/tool_runs.py)
+    call_id: NotRequired[str]
 
 
 class Usage(TypedDict):

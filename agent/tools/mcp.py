@@ -42,6 +42,9 @@ _SERVER_NAME = re.compile(r"^[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*$")  # no "__", whi
 MAX_SERVER_NAME_CHARS = 24  # leaves 38 characters of a 64-character name for the tool's own name
 MAX_LISTED_PAGES = 20  # pages of tools/list read from one server; a paginator that never ends cannot hang start-up
 CALL_SLICE_S = 0.05  # seconds between stop checks while a call runs
+# A tools/call request's `_meta` key for the call's idempotency key (turn and call: the same on every
+# attempt, across resumes), for a server that dedupes side effects by key.
+IDEMPOTENCY_META_KEY = "idempotencyKey"
 CLOSE_TIMEOUT_S = 5.0  # seconds the servers get to shut down when the worker exits
 CLOSE_WAIT_S = CLOSE_TIMEOUT_S + 1.0  # seconds close() waits for that, with room for the loop to answer
 THREAD_JOIN_S = 2.0  # seconds the session thread gets to end once its loop is told to stop
@@ -206,12 +209,15 @@ class McpHub:
             if not isinstance(exc, Exception):
                 raise
 
-    def call(self, server: str, tool: str, arguments: dict, timeout_s: float, stop: threading.Event | None) -> str:
-        """Call a tool on this process's session; a ToolError says what went wrong, in words."""
+    def call(self, server: str, tool: str, arguments: dict, timeout_s: float, stop: threading.Event | None,
+             idempotency_key: str = "") -> str:
+        """Call a tool on this process's session; a ToolError says what went wrong, in words. The call's
+        idempotency key goes in the request's `_meta` (IDEMPOTENCY_META_KEY)."""
         if os.getpid() != self.pid:
             raise ToolError("MCP servers run in the worker process, not in a forked work horse: use the simple "
                             "worker class")
-        future = asyncio.run_coroutine_threadsafe(self._call(server, tool, arguments, timeout_s), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self._call(server, tool, arguments, timeout_s, idempotency_key),
+                                                  self.loop)
         while True:
             try:
                 return future.result(CALL_SLICE_S)
@@ -220,7 +226,7 @@ class McpHub:
                     future.cancel()
                     raise ToolError(f"stopped at your request while {tool} on the {server} MCP server ran") from None
 
-    async def _call(self, server: str, tool: str, arguments: dict, timeout_s: float) -> str:
+    async def _call(self, server: str, tool: str, arguments: dict, timeout_s: float, idempotency_key: str) -> str:
         client = self.clients.get(server)
         if client is None:
             raise ToolError(f"the {server} MCP server is not running ({self.ended.get(server, 'it never started')})")
@@ -228,7 +234,8 @@ class McpHub:
 
         try:
             with anyio.fail_after(timeout_s):
-                result = await client.call_tool(tool, arguments)
+                meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key else None
+                result = await client.call_tool(tool, arguments, meta=meta)
         except TimeoutError:
             raise ToolError(f"{tool} on the {server} MCP server did not answer within {timeout_s:.1f} s (the tool "
                             "timeout: min(AGENT_TOOL_TIMEOUT_CAP, time left)) and was cancelled") from None
@@ -266,8 +273,8 @@ class McpHub:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
 
 
-# The hub's call(server, tool, arguments, timeout_s, stop): what an offered tool's function runs.
-HubCall = Callable[[str, str, dict, float, threading.Event | None], str]
+# The hub's call(server, tool, arguments, timeout_s, stop, idempotency_key): what an offered tool's function runs.
+HubCall = Callable[[str, str, dict, float, threading.Event | None, str], str]
 
 
 def offered_tools(server: str, listing: list, call: HubCall, *,
@@ -290,8 +297,9 @@ def offered_tools(server: str, listing: list, call: HubCall, *,
 def offered_tool(server: str, listed, call: HubCall, *, approve: bool | None = None) -> Tool:
     """A listed tool as the registry holds it: its public name, a bounded description, its schema; whether
     it asks first is the server's "approve" when its entry has one, else its own annotations."""
-    def run(arguments: dict, *, timeout_s: float, stop: threading.Event | None = None) -> str:
-        return call(server, listed.name, arguments, timeout_s, stop)
+    def run(arguments: dict, *, timeout_s: float, stop: threading.Event | None = None,
+            idempotency_key: str = "") -> str:
+        return call(server, listed.name, arguments, timeout_s, stop, idempotency_key)
 
     name = public_name(server, listed.name)
     run.__qualname__ = name  # registry.add tells tools apart by their origin
@@ -302,7 +310,8 @@ def offered_tool(server: str, listed, call: HubCall, *, approve: bool | None = N
                                         or getattr(hints, "idempotent_hint", None) is True)
     asks = says_destructive(hints) if approve is None else approve
     return Tool(name=name, description=description, parameters=offered_schema(listed.input_schema), func=run,
-                arguments=None, takes_timeout=True, takes_stop=True, source=server, repeatable=repeatable,
+                arguments=None, takes_timeout=True, takes_stop=True, takes_idempotency_key=True, source=server,
+                repeatable=repeatable,
                 needs_approval=asks)
 
 

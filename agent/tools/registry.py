@@ -2,9 +2,10 @@
 
 A function's arguments are checked by a msgspec Struct built from its signature, and the JSON
 schema offered to the model is that Struct's schema; descriptions come from the docstring (its
-first line, and a Google-style "Args:" section). Two keyword-only parameters are never offered:
-`timeout_s: float` (the time the run may take) and `stop: threading.Event | None` (set when the
-user stops the turn); `run_tool` fills them in.
+first line, and a Google-style "Args:" section). Three keyword-only parameters are never offered:
+`timeout_s: float` (the time the run may take), `stop: threading.Event | None` (set when the
+user stops the turn) and `idempotency_key: str` (the same for every attempt at one tool call of one
+turn, across resumes); `run_tool` fills them in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from agent.text.surrogates import scrub_json
 
 TIMEOUT_PARAMETER = "timeout_s"  # filled by run_tool with the time the run may take, never shown to the model
 STOP_PARAMETER = "stop"  # filled by run_tool with an Event set when the user stops the turn; never shown
+IDEMPOTENCY_KEY_PARAMETER = "idempotency_key"  # filled by run_tool with the call's key (turn and call); never shown
+_HIDDEN_TYPES = {TIMEOUT_PARAMETER: (float, "a float"), STOP_PARAMETER: (threading.Event | None,
+                                                                         "a threading.Event | None"),
+                 IDEMPOTENCY_KEY_PARAMETER: (str, "a str")}
 BUILT_IN = "built-in"  # the source name of the tools this package ships
 _BARE_CONTAINERS = (list, dict, set, frozenset, tuple)  # their items' type says what the model must send
 
@@ -42,6 +47,7 @@ class Tool:
     arguments: type[msgspec.Struct] | None  # None: the arguments object is passed whole, as `arguments`
     takes_timeout: bool = False
     takes_stop: bool = False
+    takes_idempotency_key: bool = False
     source: str = BUILT_IN  # where it comes from: built-in, an AGENT_TOOLS module, an MCP server's name
     # Run again after its worker was lost mid-run (agent/turn/resume.py): only when that cannot do harm.
     # The built-ins can (unless one says `safe_to_repeat = False`); a function says so with `safe_to_repeat = True`;
@@ -77,7 +83,7 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
     for param in inspect.signature(func).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
             raise TypeError(f"tool {func.__name__}: parameter {param.name!r} must be a named parameter")
-        if param.name in (TIMEOUT_PARAMETER, STOP_PARAMETER):
+        if param.name in _HIDDEN_TYPES:
             _check_hidden(func.__name__, param, hints.get(param.name))
             hidden.add(param.name)
             continue
@@ -98,15 +104,15 @@ def make_tool(func: Callable, source: str = BUILT_IN) -> Tool:
     except (TypeError, ValueError, msgspec.EncodeError) as exc:
         raise TypeError(f"tool {func.__name__}: its parameters have no JSON schema ({exc})") from None
     return Tool(name=func.__name__, description=description, parameters=parameters, func=func, arguments=model,
-                takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden, source=source,
+                takes_timeout=TIMEOUT_PARAMETER in hidden, takes_stop=STOP_PARAMETER in hidden,
+                takes_idempotency_key=IDEMPOTENCY_KEY_PARAMETER in hidden, source=source,
                 repeatable=getattr(func, "safe_to_repeat", source == BUILT_IN) is True,
                 needs_approval=getattr(func, "needs_approval", False) is True)
 
 
 def _check_hidden(tool_name: str, param: inspect.Parameter, annotation: object) -> None:
-    expected = float if param.name == TIMEOUT_PARAMETER else threading.Event | None
+    expected, shown = _HIDDEN_TYPES[param.name]
     if param.kind is not param.KEYWORD_ONLY or annotation != expected:
-        shown = "a float" if param.name == TIMEOUT_PARAMETER else "a threading.Event | None"
         raise TypeError(f"tool {tool_name}: {param.name} must be keyword-only and {shown}")
 
 

@@ -48,13 +48,15 @@ def run_tool(
     stop: threading.Event | None = None,
     heartbeat: Callable[[], None] | None = None,
     offered: Collection[str] | None = None,
+    idempotency_key: str = "",
 ) -> ToolResult:
     """Run a registered tool within timeout_s; tool problems become an "Error: ..." result, never an exception.
 
     Setting `stop` (from another thread) ends the run within about STOP_GRACE_S: a tool that takes
     a `stop` parameter returns its own account, any other is abandoned. `heartbeat`, when given, is
     called in the caller's thread about every WAIT_SLICE_S while the tool runs. `offered`, when
-    given, names the only tools this turn may run (those its model was offered)."""
+    given, names the only tools this turn may run (those its model was offered). `idempotency_key` goes to
+    a tool that takes one (the same for every attempt at one call: agent/turn/tool_runs.py)."""
     started = time.monotonic()
     found = REGISTRY.get(name) if offered is None or name in offered else None
     if found is None:
@@ -72,6 +74,8 @@ def run_tool(
         kwargs["timeout_s"] = max(0.0, timeout_s - min(RETURN_GRACE_S, timeout_s / 10))
     if found.takes_stop:
         kwargs["stop"] = stop if stop is not None else threading.Event()
+    if found.takes_idempotency_key:
+        kwargs["idempotency_key"] = idempotency_key
     run = _ToolThread(name, found.func, kwargs, started)
     gave_up = run.wait(timeout_s, stop, heartbeat)
     if gave_up is not None:

@@ -128,7 +128,9 @@ class Turn:
         if resumption.after_answer:  # the continuation after a person's answer: its step is written already
             return
         remaining = budget.remaining_s()
-        doing = (f"while the {resumption.pending[0].name} tool ran" if resumption.pending else
+        started = [call for call in resumption.pending if call.id in resumption.started]
+        doing = (f"while the {started[0].name} tool ran" if started else
+                 "between tool runs" if resumption.pending else
                  "while the model was writing its reply" if resumption.partial_text else "during a model call")
         extra = {"partial_text": resumption.partial_text} if resumption.partial_text else {}
         writer.add_step(Kind.RESUME, f"worker lost: resume {resumption.attempt}",
@@ -144,7 +146,7 @@ class Turn:
             rounds = self.resumption.rounds
             if self.resumption.pending:
                 self.tools.run_all([PlannedCall(call) for call in self.resumption.pending],
-                                   maybe_started=0 if self.resumption.after_answer else 1)
+                                   started=frozenset() if self.resumption.after_answer else self.resumption.started)
         for _ in range(max(0, self.context.config.max_steps - rounds)):
             self.context.stops.check()
             if (recorded := self.context.writer.step_index) >= MAX_RECORDED_STEPS:

@@ -78,15 +78,24 @@ class PublishEveryStep:
         """The page follows the text as it is written: the call's `on_text` feeds the live text."""
         return writer.start_live(attempt)
 
-    def tool_landed(self, writer: StateWriter, index: int, count: int) -> None:
-        """The first few tools one by one, then in batches: a flood of quick tools is not a flood of writes."""
-        if index < EAGER_PUBLISHED_TOOLS or index == count - 1 or writer.since_last_write_s() >= PUBLISH_INTERVAL_S:
+    def tool_landed(self, writer: StateWriter, index: int, count: int, at_once: bool = False) -> None:
+        """The first few tools one by one, then in batches: a flood of quick tools is not a flood of writes.
+        `at_once`: a tool that is not safe to repeat ran, and its result is written now, so that a loss
+        after it keeps the real result."""
+        if (at_once or index < EAGER_PUBLISHED_TOOLS or index == count - 1
+                or writer.since_last_write_s() >= PUBLISH_INTERVAL_S):
             writer.flush()
 
     def tool_running(self, writer: StateWriter) -> None:
         """While a tool runs: publish what is pending, and that the tool is running, every so often."""
         if writer.since_last_write_s() >= PUBLISH_INTERVAL_S and writer.has_news():
             writer.flush()
+
+    def before_side_effect(self, writer: StateWriter) -> None:
+        """Before a tool that is not safe to repeat starts: every result so far, and that this call starts
+        (its call id in `current_step`), are in Redis. A write that did not land raises redis.RedisError,
+        and the tool does not start: a resumed turn must know every call that may have taken effect."""
+        writer.flush(durable=True)
 
 
 class WriteAtEnd:
@@ -101,10 +110,13 @@ class WriteAtEnd:
         """No live text: nothing shows until the end, the contrast with safeguards on."""
         return None
 
-    def tool_landed(self, writer: StateWriter, index: int, count: int) -> None:
+    def tool_landed(self, writer: StateWriter, index: int, count: int, at_once: bool = False) -> None:
         pass
 
     def tool_running(self, writer: StateWriter) -> None:
+        pass
+
+    def before_side_effect(self, writer: StateWriter) -> None:
         pass
 
 

@@ -16,8 +16,10 @@ A turn answered after it parked on a request for approval (approvals.py) is cont
 the same `Resumption`, but on a fresh set of clocks and without a resume step.
 
 What the new job finds (`Resumption`): the attempt, the gap to record as a step, a streamed text the
-crash cut (kept on that step, never in the history), and the tool calls of the last response that have
-no result (run again only when safe to repeat; see tool_runs.py).
+crash cut (kept on that step, never in the history), the tool calls of the last response that have
+no result, and the one among them that had started (a tool that is not safe to repeat starts only once
+its start is stored, with every result before it: tool_runs.py). That one runs again only when safe to
+repeat; the others had not started, or are safe to repeat, and run.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 from rq import Queue
 
-from agent.contract import Role, State
+from agent.contract import Kind, Role, State
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.providers.base import ToolCall
@@ -81,6 +83,7 @@ class Resumption:
     partial_text: str  # a streamed text the loss cut ("" for none)
     live_seq: int  # that text's seq: the first write clears it, and later texts follow it
     pending: tuple[ToolCall, ...]  # the last response's tool calls that have no result, in order
+    started: frozenset[str]  # the ids of those that may have started on the lost worker
     rounds: int  # model responses this turn already has
     steps: int  # steps this turn already recorded
     call_ids: frozenset[str]  # the turn's tool call ids so far
@@ -100,11 +103,22 @@ class Resumption:
         decided = (approval["call_id"], approval["answer"]) if approval and approval.get("answer") else None
         live = state.get("live")
         cut = live["text"] if live and live["turn_id"] == turn_id else ""
+        pending = tuple(c for c in last_calls if c.id not in answered)
         return cls(attempt=state["attempt"], lost_at=state["updated_at"] or time.time(), partial_text=cut,
-                   live_seq=live_seq, pending=tuple(c for c in last_calls if c.id not in answered),
+                   live_seq=live_seq, pending=pending, started=_started(state.get("current_step"), pending),
                    rounds=len(responses),
                    steps=max((s.get("index") or 0 for s in state["steps"] if s.get("turn_id") == turn_id), default=0),
                    call_ids=frozenset(c.id for c in calls), answered=decided)
+
+
+def _started(current: dict | None, pending: tuple[ToolCall, ...]) -> frozenset[str]:
+    """The pending call that may have started: the tool run the state last said was running. (A state
+    written before tool runs carried their call id names the first pending call, as it then was.)"""
+    if not current or current.get("kind") != Kind.TOOL or not pending:
+        return frozenset()
+    if "call_id" not in current:
+        return frozenset({pending[0].id})
+    return frozenset({current["call_id"]}) & {c.id for c in pending}
 
 
 def _tool_call(raw: dict) -> ToolCall:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import redis
+
 from agent import tools as tool_registry
 from agent.contract import Kind, Message, Outcome, Role
 from agent.conversation.endings import Ending
 from agent.providers.base import ToolCall
+from agent.runtime.connection import redis_problem
 from agent.text.redaction import cut
 from agent.turn import approvals
 from agent.turn.approvals import DENIED_RESULT, TurnParked, expired_result
@@ -29,6 +32,15 @@ NOT_RUN_RESULT = ("Error: not run: too little time was left in this turn to run 
 UNANSWERED_CALL_RESULT = "Error: this tool call was never run: its turn ended first."
 LOST_TOOL_RESULT = ("Error: the worker was lost while this tool ran, and the tool was not run again: it may have side "
                     "effects, so it may or may not have taken effect. Say so if it matters.")
+UNRECORDED_START_RESULT = ("Error: not run: the conversation could not be saved just before this tool was to start "
+                           "(the state store did not answer), and a tool that may have side effects only starts once "
+                           "its start is saved, so that it never runs twice. Say so if it matters.")
+
+
+def idempotency_key(turn_id: str, call_id: str) -> str:
+    """One tool run's key, the same on every attempt of the turn (a resume reads the call id back from the
+    stored reply): a tool that talks to a system which dedupes by key can be exactly once."""
+    return f"{turn_id}:{call_id}"
 
 
 @dataclass
@@ -42,12 +54,17 @@ class ToolRuns:
     call_ids: set[str] = field(default_factory=set)  # the turn's call ids: a later call reusing one gets a fresh id
     decisions: dict[str, str] = field(default_factory=dict)  # call id -> a person's answer (approvals.py)
 
-    def run_all(self, planned: list[PlannedCall], maybe_started: int = 0) -> None:
+    def run_all(self, planned: list[PlannedCall], started: frozenset[str] = frozenset()) -> None:
         """Once no tool can run and leave time for the last call, none is started: the calls left are
         answered in one step, and the turn goes on to that call. The calls that ask a person first go after
-        the others (approvals.py), and one that has no answer yet parks the turn. The first `maybe_started`
-        calls may have started on a worker that was lost (a resumed turn): each runs again only when it is
-        safe to repeat."""
+        the others (approvals.py), and one that has no answer yet parks the turn. The calls named in
+        `started` may have started on a worker that was lost (a resumed turn): each runs again only when it
+        is safe to repeat.
+
+        A call of a tool that is not safe to repeat starts only once that it starts is in Redis, with every
+        result before it (`before_side_effect`), and its result is written as soon as it returns: so a
+        resumed turn knows each call that may have taken effect, and no other. Results of tools that are
+        safe to repeat go out in batches."""
         planned = self.asking_last(planned)
         first_result = len(self.history)
         self.call_ids.update(item.call.id for item in planned)
@@ -59,14 +76,16 @@ class ToolRuns:
                 elif (decision := self.decision(item.call)) != Outcome.APPROVED:
                     self.answer(item.call.id, DENIED_RESULT if decision == Outcome.DENIED else
                                 expired_result(self.context.config.approval_timeout_s))
-                elif index < maybe_started and not tool_registry.safe_to_repeat(item.call.name):
+                elif item.call.id in started and not tool_registry.safe_to_repeat(item.call.name):
                     self.lost(item.call)
                 elif self.context.budget.tool_timeout_s() <= 0:
                     self.not_run(planned[index:])
                     self.context.publishing.tool_landed(self.context.writer, len(planned) - 1, len(planned))
                     return
                 else:
-                    self.run_tool(item.call)
+                    once = self.run_tool(item.call)
+                    self.context.publishing.tool_landed(self.context.writer, index, len(planned), at_once=once)
+                    continue
                 self.context.publishing.tool_landed(self.context.writer, index, len(planned))
         except TurnEnded:
             # A stop between or during tools: every call still gets a result, so the history can be sent as is.
@@ -102,13 +121,23 @@ class ToolRuns:
         self.history.append(message)
         self.context.writer.add_message(message)
 
-    def run_tool(self, call: ToolCall) -> None:
+    def run_tool(self, call: ToolCall) -> bool:
+        """Run one call; True when its tool is not safe to repeat (its result is then written at once)."""
         budget, writer = self.context.budget, self.context.writer
+        once = not tool_registry.safe_to_repeat(call.name)
+        writer.set_current(Kind.TOOL, call.name, budget.tool_timeout_s(), call_id=call.id)
+        if once:
+            try:
+                self.context.publishing.before_side_effect(writer)
+            except redis.RedisError as exc:
+                writer.set_current(None)
+                self.unrecorded(call, exc)
+                return True
         remaining, timeout_s = budget.remaining_s(), budget.tool_timeout_s()
         started = budget.now()
-        writer.set_current(Kind.TOOL, call.name, timeout_s)
         result = tool_registry.run_tool(call.name, call.arguments, timeout_s=timeout_s, stop=self.context.stops.event,
-                                        heartbeat=self.heartbeat, offered=self.context.config.tools)
+                                        heartbeat=self.heartbeat, offered=self.context.config.tools,
+                                        idempotency_key=idempotency_key(writer.turn_id, call.id))
         self.used = True
         writer.set_current(None)
         self.answer(call.id, result.output)
@@ -120,6 +149,16 @@ class ToolRuns:
         if result.stopped:
             # Says what the tool's own result says: it was cut, not finished.
             raise TurnEnded(Ending.cancelled_in_tool(call.name, result.duration_s))
+        return once
+
+    def unrecorded(self, call: ToolCall, exc: redis.RedisError) -> None:
+        """A call whose start could not be saved: not run, so that a resume can never run it a second time."""
+        log.warning("turn %s: %s not started: its start could not be saved: %s", self.context.writer.turn_id,
+                    call.name, redis_problem(exc))
+        self.answer(call.id, UNRECORDED_START_RESULT)
+        self.context.writer.add_step(Kind.TOOL, call.name, self.context.budget.now(), Outcome.ERROR,
+                                     arguments=cut(call.arguments, RECORDED_CHARS), result=UNRECORDED_START_RESULT,
+                                     call_id=call.id, detail="not run: its start could not be saved")
 
     def lost(self, call: ToolCall) -> None:
         """A call that may have run on a lost worker, and may have side effects: never run twice."""

@@ -184,8 +184,11 @@ class StateWriter:
         self.pending_steps.append(step)
         return step
 
-    def set_current(self, kind: str | None, name: str = "", timeout_s: float | None = None) -> None:
+    def set_current(self, kind: str | None, name: str = "", timeout_s: float | None = None,
+                    call_id: str | None = None) -> None:
         current = CurrentStep(kind=kind, name=name, started_at=self.clock(), timeout_s=timeout_s)
+        if call_id is not None:
+            current["call_id"] = call_id
         self.doc["current_step"] = None if kind is None else current
 
     def start_live(self, attempt: int) -> Callable[[str], None]:
@@ -208,8 +211,9 @@ class StateWriter:
         current = self.doc.get("current_step") or {}
         return bool(self.pending_steps) or current.get("started_at", 0) > self.last_write_at
 
-    def flush(self, *, done: bool = False, summary=None, reconciled: bool = False) -> None:
-        """Write what is pending. A Redis hiccup mid-turn keeps it pending for the next write."""
+    def flush(self, *, done: bool = False, summary=None, reconciled: bool = False, durable: bool = False) -> None:
+        """Write what is pending. A Redis hiccup mid-turn keeps it pending for the next write; with
+        `durable` (or `done`) it is raised as well: the caller must know the write landed before it goes on."""
         try:
             self.store.publish(self.conversation_id, self.turn_id, self.doc, done=done,
                                new_messages=self.pending_messages, new_steps=self.pending_steps,
@@ -217,13 +221,13 @@ class StateWriter:
                                end_live=self.live_to_clear, owner=self.owner)
         except StoreError as exc:
             if exc.reason == "CONFLICT" and not reconciled and self._landed_already():
-                self.flush(done=done, summary=summary, reconciled=True)
+                self.flush(done=done, summary=summary, reconciled=True, durable=durable)
                 return
             raise TurnClosed(str(exc)) from exc
         except redis.RedisError as exc:
             # It may still land (a timed-out write that Redis runs later): remember what it held.
             self.unconfirmed.append((len(self.pending_messages), len(self.pending_steps)))
-            if done:
+            if done or durable:
                 raise
             log.warning("turn %s: state write failed, kept for the next write: %s", self.turn_id, redis_problem(exc))
             return
