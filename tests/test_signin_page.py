@@ -11,6 +11,8 @@ import pytest
 from agent.conversation import people
 from agent.conversation.listing import list_conversations
 from agent.queue import new_id, submit_turn
+from agent.tools.acting_for import running_for
+from agent.tools.notes import add_note
 from tests.apptest_page import app, texts
 from tests.conftest import wait_done
 from tests.test_app import app_env, assert_no_exception  # noqa: F401 - app_env: the page's environment
@@ -99,6 +101,19 @@ def test_sign_out_brings_the_sign_in_page_back(store, queue):
     at.sidebar.button(key="sign-out").click().run()
     assert [b.label for b in at.button] == ["Sign in"]
     assert not at.chat_input
+
+
+def test_the_sidebar_shows_the_signed_in_persons_own_notes_only(store, queue, tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_DATA_DIR", str(tmp_path / "data"))
+    erin, finn = person("page-erin", "pe@example.org"), person("page-finn", "pf@example.org")
+    for who, text in ((erin, "erin's plan"), (finn, "finn's secret")):
+        with running_for(who.id):
+            add_note(text)
+    add_note("the playground's note")  # a turn with no owner
+    page = texts(signed(erin))
+    assert "erin's plan" in page and "finn's secret" not in page and "the playground's note" not in page
+    assert "**Notes** (`add_note`, 1 latest, yours)" in page
+    assert "**Notes**" not in texts(signed(person("page-gail")))  # no notes of her own yet: none drawn
 
 
 def test_a_turn_held_behind_the_persons_own_says_so(store, queue, monkeypatch):

@@ -131,7 +131,7 @@ def _sidebar(settings: Settings, be: ui.Backend):
     settings_box = sidebar.settings_box()
     config, config_error = sidebar.render_sidebar(settings.turn, settings_box)
     tool_sources.render_tool_sources(be.store.redis, settings_box, approve_tools=settings.turn.approve_tools)
-    tool_sources.render_notes()
+    tool_sources.render_notes(person=be.person.id if be.person is not None else None)
     return top, config, config_error
 
 
