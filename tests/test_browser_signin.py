@@ -1,8 +1,9 @@
 """Sign-in as people meet it in Chromium: a real OpenID Connect flow on loopback, against `oidc-provider-mock`
 (its authorize page, where a click picks who signs in), and `streamlit run app.py` with an `[auth]` section in
 its secrets (STREAMLIT_SECRETS_FILES). Two people in two browser contexts: each sees the sign-in page first,
-signs in, chats; neither lists nor opens the other's conversation; Sign out brings the sign-in page back, and
-so does a cookie not signed with the page's secret. Then two page servers on one Redis: a turn started on one
+signs in, chats; neither lists nor opens the other's conversation; Sign out brings the sign-in page back (also
+to a copy of the cookie signed out of, replayed in another browser), and so does a cookie not signed with the
+page's secret. Then two page servers on one Redis: a turn started on one
 is followed on the other by the person who owns it. Tests wait for events, never a fixed sleep."""
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ PEOPLE = {
 SIGN_IN = "Sign in"
 SIGN_OUT = "Sign out"
 SIGN_IN_TEXT = "This demo is shared"  # the sign-in page's own sentence
+SIGNED_OUT_TEXT = "You signed out of this sign-in"  # what it adds for a sign-in ended by Sign out
 NOT_FOUND = "was not found"
 EMPTY_LIST = "Your conversations will be listed here."
 USER_COOKIE = "_streamlit_user"  # streamlit/web/server/starlette/starlette_server_config.py: USER_COOKIE_NAME
@@ -188,6 +190,8 @@ def test_two_people_sign_in_chat_apart_sign_out_and_a_forged_cookie_is_signed_ou
 
             # Sign out: Streamlit clears its cookies and sends the browser to the provider's end_session
             # endpoint (the mock's page asks for a click), which sends it back: the sign-in page again.
+            bobs_cookies = [c for c in bob_context.cookies(url) if c["name"].startswith(USER_COOKIE)]
+            assert bobs_cookies, "Bob's identity cookie, kept to replay after he signs out"
             bob.get_by_test_id("stSidebar").get_by_role("button", name=SIGN_OUT).click()
             bob.wait_for_url("**/oauth2/end_session?*", timeout=STEP_S * 1000)
             bob.get_by_role("button", name="End session").click()
@@ -196,6 +200,20 @@ def test_two_people_sign_in_chat_apart_sign_out_and_a_forged_cookie_is_signed_ou
             assert not [c for c in bob_context.cookies() if c["name"].startswith(USER_COOKIE)]
             bob.goto(url)
             sign_in_page_shown(bob)
+
+            # A copy of the cookie Bob signed out of, replayed in another browser: the server ended that
+            # sign-in, so it reads as signed out, and says why.
+            replay_context = browser.new_context()
+            try:
+                replay_context.add_cookies(bobs_cookies)
+                replay = replay_context.new_page()
+                replay.goto(url)
+                sign_in_page_shown(replay, START_TIMEOUT_S)
+                replay.get_by_text(SIGNED_OUT_TEXT).wait_for(timeout=STEP_S * 1000)
+                body = replay.locator("body").inner_text()
+                assert "Bob" not in body and "Signed in as" not in body, body
+            finally:
+                replay_context.close()
 
             # Alice's claims in a cookie of the right name, signed the way Streamlit signs but with another
             # secret than the page's cookie_secret, or not signed at all: each reads as signed out. The same

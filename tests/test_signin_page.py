@@ -6,6 +6,9 @@ tests/test_browser_signin.py.)"""
 
 from __future__ import annotations
 
+import secrets
+import time
+
 import pytest
 
 from agent.conversation import people
@@ -24,13 +27,14 @@ AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret":
         "client_secret": "demo", "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration"}
 
 
-def signed(who: people.Person | None, cid: str | None = None, auth: dict | None = None):
-    """The page with sign-in configured, as `who` (None: signed out)."""
+def signed(who: people.Person | None, cid: str | None = None, auth: dict | None = None, **claims):
+    """The page with sign-in configured, as `who` (None: signed out), with the identity cookie's other
+    `claims` (an ID token's `iat`, `nonce`, ...)."""
     at = app(cid)
     at.secrets["auth"] = auth or AUTH
     at.user = {"is_logged_in": False} if who is None else {
         "is_logged_in": True, "iss": ISSUER, "sub": who.subject, "email": who.email, "name": who.name,
-        "email_verified": who.email_verified}
+        "email_verified": who.email_verified, **claims}
     at.run()
     assert_no_exception(at)
     return at
@@ -101,6 +105,26 @@ def test_sign_out_brings_the_sign_in_page_back(store, queue):
     at.sidebar.button(key="sign-out").click().run()
     assert [b.label for b in at.button] == ["Sign in"]
     assert not at.chat_input
+
+
+def test_sign_out_ends_that_sign_in_on_the_server_a_copy_of_its_cookie_and_an_open_tab_read_as_signed_out(
+        store, queue):
+    dan = person("page-dan-2", "pd2@example.org")
+    cookie = {"iat": int(time.time()), "exp": int(time.time()) + 3600, "nonce": secrets.token_urlsafe(16)}
+    other_tab = signed(dan, **cookie)  # a tab opened before Sign out, on the same sign-in
+    copied = signed(dan, **cookie)  # the same cookie in another browser
+    assert copied.sidebar.button(key="sign-out")
+    elsewhere = signed(dan, **{**cookie, "nonce": secrets.token_urlsafe(16)})  # Dan's own sign-in elsewhere
+
+    signed(dan, **cookie).sidebar.button(key="sign-out").click().run()
+
+    for page in (signed(dan, **cookie), copied.run(), other_tab.run()):
+        assert_no_exception(page)
+        assert [b.label for b in page.button] == ["Sign in"] and not page.chat_input
+        assert not page.sidebar.button and "You signed out of this sign-in" in texts(page)
+    assert elsewhere.run().chat_input and elsewhere.sidebar.button(key="sign-out")  # another sign-in goes on
+    again = signed(dan, **{**cookie, "iat": cookie["iat"] + 5, "nonce": secrets.token_urlsafe(16)})
+    assert again.chat_input and "Signed in as" in texts(again)  # signing in again makes a new sign-in
 
 
 def test_the_sidebar_shows_the_signed_in_persons_own_notes_only(store, queue, tmp_path, monkeypatch):

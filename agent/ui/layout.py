@@ -138,7 +138,7 @@ def _sidebar(settings: Settings, be: ui.Backend):
 def _conversation_links(settings: Settings, be: ui.Backend, top, cid: str, state: dict | None,
                         read_only: bool = False) -> None:
     if be.person is not None:
-        signin.account(top, be.person)
+        signin.account(top, be.person, be.store.redis)
     top.button("🗨️ New chat", on_click=callbacks.new_chat, width="stretch")
     conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
                                           show_list=settings.show_conversations, mine=not read_only)
