@@ -16,6 +16,7 @@ from agent.conversation.listing import list_conversations
 from agent.queue import new_id, submit_turn
 from agent.tools.acting_for import running_for
 from agent.tools.notes import add_note
+from agent.ui.signin import sign_in_address
 from tests.apptest_page import app, texts
 from tests.conftest import wait_done
 from tests.test_app import app_env, assert_no_exception  # noqa: F401 - app_env: the page's environment
@@ -163,3 +164,18 @@ def test_a_broken_auth_section_shows_nothing_rather_than_everything(store, queue
     page = texts(at)
     assert "Sign-in is not set up correctly" in page, page[-800:]
     assert not at.chat_input and not at.sidebar.button, "not the open playground"
+
+
+@pytest.mark.parametrize(("redirect_uri", "origin", "expected"), [
+    ("http://localhost:8501/oauth2callback", "http://127.0.0.1:8501", "http://localhost:8501/"),
+    ("http://localhost:8501/oauth2callback", "http://localhost:8502", "http://localhost:8501/"),
+    ("https://demo.example.org/app/oauth2callback", "http://demo.example.org", "https://demo.example.org/app/"),
+    ("http://localhost:8501/oauth2callback", "http://localhost:8501", None),
+    ("https://Demo.Example.org/oauth2callback", "https://demo.example.org", None),  # names are not case-sensitive
+    ("http://localhost:8501/oauth2callback", None, None),  # the page's origin unknown: no claim about it
+    (None, "http://127.0.0.1:8501", None),
+    ("not a url", "http://127.0.0.1:8501", None),
+])
+def test_the_sign_in_page_names_the_address_to_sign_in_at_only_when_it_is_open_at_another(
+        redirect_uri, origin, expected):
+    assert sign_in_address(redirect_uri, origin) == expected

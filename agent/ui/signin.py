@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlencode, urlsplit
 
 import redis
 import streamlit as st
@@ -119,10 +120,55 @@ def sign_in_page(offered: list[str], notice: str | None = None) -> None:
                 "signed in here can list, open or change them.")
     if notice:
         st.info(notice, icon="🚪")
+    elsewhere = sign_in_address(_redirect_uri(), page_origin())
+    if elsewhere is not None:  # a sign-in from here would come back signed out, with no word: say where instead
+        cid = st.query_params.get("c")
+        link = f"{elsewhere}?{urlencode({'c': cid})}" if cid else elsewhere
+        st.warning(f"**Open this page at {elsewhere} to sign in.** It is open at {inert(page_origin() or '')}, "
+                   "but sign-in comes back to the address in the page's `redirect_uri`, and its cookie belongs to "
+                   "that address alone: signed in from here, you would land on this page again.", icon="🧭")
+        st.link_button(f"Open {elsewhere}", link, type="primary", icon="🔑")
+        return
     for name in offered:
         label = f"Sign in with {name}" if name else "Sign in"
         st.button(label, key=f"sign-in-{name or 'default'}", type="primary", icon="🔑",
                   on_click=st.login, args=(name,) if name else ())
+
+
+def sign_in_address(redirect_uri: str | None, origin: str | None) -> str | None:
+    """The page's address to sign in at (`redirect_uri` without its `oauth2callback`) when the page is open
+    at another origin than `redirect_uri`'s; None when it is the same, or either is unknown. Streamlit keeps
+    the identity cookie for the redirect_uri's origin and reads it only on a page open at that one."""
+    if not redirect_uri or not origin:
+        return None
+    target, here = urlsplit(redirect_uri), urlsplit(origin)
+    if not target.scheme or not target.netloc or not here.scheme or not here.netloc:
+        return None
+    if (target.scheme.lower(), target.netloc.lower()) == (here.scheme.lower(), here.netloc.lower()):
+        return None
+    return redirect_uri.removesuffix("oauth2callback")
+
+
+def _redirect_uri() -> str | None:
+    try:
+        section = st.secrets.get(AUTH_SECTION)
+    except FileNotFoundError:
+        return None
+    value = section.get("redirect_uri") if isinstance(section, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def page_origin() -> str | None:
+    """The origin the browser has this page open at (its WebSocket's Origin header, which Streamlit compares
+    with the identity cookie's; else the page's URL); None when neither is known (AppTest)."""
+    origin = st.context.headers.get("Origin")
+    if origin:
+        return origin
+    url = st.context.url
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
 def account(sb, person: people.Person, client: redis.Redis) -> None:
