@@ -30,13 +30,14 @@ PEOPLE = (  # offered on the mock's sign-in form; any other name typed there wor
     {"sub": "admin", "email": "admin@example.org", "email_verified": True, "name": "Admin (reads everyone's)"},
 )
 START_S = 20.0  # seconds the mock gets to answer
+SIGN_IN_HOST = "localhost"  # the name in redirect_uri: sign-in works there only (the page says so elsewhere)
 
 
 def main() -> int:
     host, port = os.environ.get("HOST", "127.0.0.1"), os.environ.get("PORT", "8501")
     oidc_port = int(os.environ.get("OIDC_PORT", "9400"))
     issuer = f"http://127.0.0.1:{oidc_port}"
-    secrets_file = write_secrets(issuer, f"http://localhost:{port}/oauth2callback")
+    secrets_file = write_secrets(issuer, f"http://{SIGN_IN_HOST}:{port}/oauth2callback")
     # A terminal's hang-up or a kill ends this script through its `finally`, which stops both children.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _exit_on)
@@ -51,11 +52,14 @@ def main() -> int:
                   file=sys.stderr)
             return 1
         files = [str(p) for p in (ROOT / ".streamlit" / "secrets.toml",) if p.exists()] + [str(secrets_file)]
-        print(f"run-signin: open http://localhost:{port} (not 127.0.0.1: the sign-in cookie belongs to the name in "
-              f"redirect_uri) and sign in as alice, bob or admin (AGENT_ADMINS), or any name.", flush=True)
+        print(f"run-signin: open http://{SIGN_IN_HOST}:{port} (not 127.0.0.1: the sign-in cookie belongs to the name "
+              f"in redirect_uri) and sign in as alice, bob or admin (AGENT_ADMINS), or any name.", flush=True)
         env = {"AGENT_ADMINS": "admin@example.org", **os.environ}
+        # Streamlit prints the address to open as browser.serverAddress says, else as the bound address (127.0.0.1,
+        # where sign-in cannot work): the name in redirect_uri it is.
         page = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", host, "--server.port", port,
+             "--browser.serverAddress", SIGN_IN_HOST,
              *(arg for path in files for arg in ("--secrets.files", path))], cwd=ROOT, env=env)
         while page.poll() is None and mock.poll() is None:
             time.sleep(0.5)

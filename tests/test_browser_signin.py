@@ -1,17 +1,21 @@
 """Sign-in as people meet it in Chromium: a real OpenID Connect flow on loopback, against `oidc-provider-mock`
 (its authorize page, where a click picks who signs in), and `streamlit run app.py` with an `[auth]` section in
 its secrets (STREAMLIT_SECRETS_FILES). Two people in two browser contexts: each sees the sign-in page first,
-signs in, chats; neither lists nor opens the other's conversation; Sign out brings the sign-in page back, and
-so does a cookie not signed with the page's secret. Then two page servers on one Redis: a turn started on one
+signs in, chats; neither lists nor opens the other's conversation; Sign out brings the sign-in page back (also
+to a copy of the cookie signed out of, replayed in another browser), and so does a cookie not signed with the
+page's secret. Then two page servers on one Redis: a turn started on one
 is followed on the other by the person who owns it. Tests wait for events, never a fixed sleep."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -29,6 +33,9 @@ from harness.page import (
     send,
     wait_settled,
 )
+from harness.processes import kill, processes_with_env
+from harness.waiting import wait_for
+from tests.conftest import ROOT
 
 if not chromium_available():
     pytest.skip("Debian's chromium is not installed (no `chromium` on PATH; `apt-get install chromium`)",
@@ -47,6 +54,7 @@ PEOPLE = {
 SIGN_IN = "Sign in"
 SIGN_OUT = "Sign out"
 SIGN_IN_TEXT = "This demo is shared"  # the sign-in page's own sentence
+SIGNED_OUT_TEXT = "You signed out of this sign-in"  # what it adds for a sign-in ended by Sign out
 NOT_FOUND = "was not found"
 EMPTY_LIST = "Your conversations will be listed here."
 USER_COOKIE = "_streamlit_user"  # streamlit/web/server/starlette/starlette_server_config.py: USER_COOKIE_NAME
@@ -188,6 +196,8 @@ def test_two_people_sign_in_chat_apart_sign_out_and_a_forged_cookie_is_signed_ou
 
             # Sign out: Streamlit clears its cookies and sends the browser to the provider's end_session
             # endpoint (the mock's page asks for a click), which sends it back: the sign-in page again.
+            bobs_cookies = [c for c in bob_context.cookies(url) if c["name"].startswith(USER_COOKIE)]
+            assert bobs_cookies, "Bob's identity cookie, kept to replay after he signs out"
             bob.get_by_test_id("stSidebar").get_by_role("button", name=SIGN_OUT).click()
             bob.wait_for_url("**/oauth2/end_session?*", timeout=STEP_S * 1000)
             bob.get_by_role("button", name="End session").click()
@@ -196,6 +206,20 @@ def test_two_people_sign_in_chat_apart_sign_out_and_a_forged_cookie_is_signed_ou
             assert not [c for c in bob_context.cookies() if c["name"].startswith(USER_COOKIE)]
             bob.goto(url)
             sign_in_page_shown(bob)
+
+            # A copy of the cookie Bob signed out of, replayed in another browser: the server ended that
+            # sign-in, so it reads as signed out, and says why.
+            replay_context = browser.new_context()
+            try:
+                replay_context.add_cookies(bobs_cookies)
+                replay = replay_context.new_page()
+                replay.goto(url)
+                sign_in_page_shown(replay, START_TIMEOUT_S)
+                replay.get_by_text(SIGNED_OUT_TEXT).wait_for(timeout=STEP_S * 1000)
+                body = replay.locator("body").inner_text()
+                assert "Bob" not in body and "Signed in as" not in body, body
+            finally:
+                replay_context.close()
 
             # Alice's claims in a cookie of the right name, signed the way Streamlit signs but with another
             # secret than the page's cookie_secret, or not signed at all: each reads as signed out. The same
@@ -257,5 +281,64 @@ def test_a_turn_started_on_one_page_server_is_followed_on_another_on_the_same_re
                 print(f"\nsent on the first server, the answer settled on the second "
                       f"{time.monotonic() - started:.1f} s later; the second showed the turn in flight: {in_flight}")
                 assert followed_at and on_second.get_by_test_id("stChatMessage").count() >= 2
+        finally:
+            context.close()
+
+
+@contextlib.contextmanager
+def run_signin(tmp_path):
+    """`make run-signin` (scripts/run_signin.py) on free ports with a data dir of its own and no workers: its
+    process, the page's port, and what it and Streamlit print (read as they print it). Stopped as a person
+    stops it (SIGTERM: the script stops its page and mock), and whatever is left of them killed."""
+    port, marker, printed = free_port(), f"run-signin-{time.time_ns()}", []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "REDIS_URL"))}
+    env.update(AGENT_DATA_DIR=str(tmp_path / "data"), AGENT_WORKERS="0", AGENT_MCP_CONFIG="off",
+               AGENT_TEST_MARKER=marker, HOST="127.0.0.1", PORT=str(port), OIDC_PORT=str(free_port()))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run_signin.py")], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        yield proc, port, printed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STEP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        redis_pid = tmp_path / "data" / "redis.pid"
+        left = processes_with_env("AGENT_TEST_MARKER", marker)
+        with contextlib.suppress(OSError, ValueError):
+            left.append(int(redis_pid.read_text().strip()))
+        kill(left)
+        reader.join(5)
+
+
+def test_make_run_signin_prints_the_address_sign_in_works_at_and_the_other_one_says_where_to_go(tmp_path, browser):
+    with run_signin(tmp_path) as (proc, port, printed):
+        wait_for(lambda: any("URL:" in line for line in printed) or proc.poll() is not None, START_TIMEOUT_S,
+                 "Streamlit printed its URL")
+        urls = [line.split("URL:", 1)[1].strip() for line in printed if "URL:" in line]
+        assert urls == [f"http://localhost:{port}"], "".join(printed)  # not 127.0.0.1, where sign-in cannot work
+        assert f"open http://localhost:{port} " in "".join(printed)
+
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(f"http://127.0.0.1:{port}/")  # the address the page is bound to, not the one in redirect_uri
+            page.get_by_text(f"Open this page at http://localhost:{port}/ to sign in").wait_for(
+                timeout=START_TIMEOUT_S * 1000)
+            assert page.get_by_role("button", name=SIGN_IN).count() == 0, "no Sign in that would come back here"
+            with context.expect_page(timeout=STEP_S * 1000) as opened:  # Streamlit's link button opens a tab
+                page.get_by_role("link", name=f"Open http://localhost:{port}/").click()
+            page = opened.value
+            page.wait_for_url(f"http://localhost:{port}/**", timeout=STEP_S * 1000)
+            page.get_by_role("button", name=SIGN_IN).click()  # there, sign-in goes through
+            page.wait_for_url("**/oauth2/authorize?*", timeout=STEP_S * 1000)
+            page.get_by_role("button", name="alice", exact=True).click()
+            page.wait_for_selector(CHAT_INPUT, timeout=STEP_S * 1000)
+            signed_in_as(page, "Alice")
         finally:
             context.close()

@@ -19,9 +19,11 @@ from agent.conversation.errors import ConversationGone, StoreError, TooManyTurns
 from agent.conversation.listing import list_conversations
 from agent.conversation.person_store import PersonStore
 from agent.queue import get_queue, job_status, new_id, submit_turn
+from agent.tools.notes import notes_path, read_notes
 from agent.turn import approvals
+from harness import pools
 from harness.waiting import wait_for
-from tests.conftest import FAST, ROOT, wait_done
+from tests.conftest import FAST, ROOT, start_pool, wait_done
 
 ISSUER = "http://127.0.0.1:9/oidc"
 SLOW = FAST.with_changes(model="demo@1~0", job_timeout_s=20, deadline_margin_s=3.0, call_timeout_cap_s=10.0)
@@ -313,3 +315,33 @@ def test_a_turn_whose_job_was_lost_does_not_hold_a_place_against_the_cap(store, 
     fresh = new_id()
     assert ui.send(as_mia, queue, session, fresh, "What is 1+1?", FAST) is not None, session.get(ui.FLASH_KEY)
     assert store.read(lost)["done"] and wait_done(store, fresh)["status"] == "done"
+
+
+def _noted(store, queue, text: str) -> dict:
+    """A turn that asks for a note, approved by its owner: its final state."""
+    cid = send(store, queue, text)
+    wait_for(lambda: (s := store.read(cid)) is not None and s["status"] == "awaiting_approval", timeout_s=10,
+             what="the turn asked to add the note")
+    assert approvals.answer(store, queue, cid, "approved", "on the page").outcome == "ok"
+    return wait_done(store, cid)
+
+
+def test_each_persons_add_note_writes_their_own_notes_the_worker_names_whose(private_redis, tmp_path, monkeypatch):
+    data = tmp_path / "data"  # the workers' data directory, and this test's own
+    monkeypatch.setenv("AGENT_DATA_DIR", str(data))
+    handle = start_pool(private_redis.url, 1, tmp_path / "pool.log", extra_env={"AGENT_DATA_DIR": str(data)})
+    try:
+        pools.wait_for_workers(handle, private_redis.queue_connection, 1)
+        queue = private_redis.queue
+        kate, leo = person("kate"), person("leo")
+        for who, text in ((kate, "note: buy milk"), (leo, "note: call Bob"), (None, "note: water the plants")):
+            ended = _noted(private_redis.store if who is None else door(private_redis.store, who), queue, text)
+            assert ended["status"] == "done"
+            tool_result = next(m for m in ended["history"] if m["role"] == "tool")["content"]
+            assert tool_result == ("Added note 1 to your notes." if who else "Added note 1 to notes.txt.")
+        assert [line.split(" ", 1)[1] for line in read_notes(person=kate.id)] == ["buy milk"]
+        assert [line.split(" ", 1)[1] for line in read_notes(person=leo.id)] == ["call Bob"]
+        assert [line.split(" ", 1)[1] for line in read_notes()] == ["water the plants"]  # a turn with no owner
+        assert notes_path(kate.id).parent == data / "notes"
+    finally:
+        pools.stop_pool(handle, private_redis.url)

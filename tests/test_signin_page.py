@@ -6,11 +6,17 @@ tests/test_browser_signin.py.)"""
 
 from __future__ import annotations
 
+import secrets
+import time
+
 import pytest
 
 from agent.conversation import people
 from agent.conversation.listing import list_conversations
 from agent.queue import new_id, submit_turn
+from agent.tools.acting_for import running_for
+from agent.tools.notes import add_note
+from agent.ui.signin import sign_in_address
 from tests.apptest_page import app, texts
 from tests.conftest import wait_done
 from tests.test_app import app_env, assert_no_exception  # noqa: F401 - app_env: the page's environment
@@ -22,13 +28,14 @@ AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret":
         "client_secret": "demo", "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration"}
 
 
-def signed(who: people.Person | None, cid: str | None = None, auth: dict | None = None):
-    """The page with sign-in configured, as `who` (None: signed out)."""
+def signed(who: people.Person | None, cid: str | None = None, auth: dict | None = None, **claims):
+    """The page with sign-in configured, as `who` (None: signed out), with the identity cookie's other
+    `claims` (an ID token's `iat`, `nonce`, ...)."""
     at = app(cid)
     at.secrets["auth"] = auth or AUTH
     at.user = {"is_logged_in": False} if who is None else {
         "is_logged_in": True, "iss": ISSUER, "sub": who.subject, "email": who.email, "name": who.name,
-        "email_verified": who.email_verified}
+        "email_verified": who.email_verified, **claims}
     at.run()
     assert_no_exception(at)
     return at
@@ -101,6 +108,39 @@ def test_sign_out_brings_the_sign_in_page_back(store, queue):
     assert not at.chat_input
 
 
+def test_sign_out_ends_that_sign_in_on_the_server_a_copy_of_its_cookie_and_an_open_tab_read_as_signed_out(
+        store, queue):
+    dan = person("page-dan-2", "pd2@example.org")
+    cookie = {"iat": int(time.time()), "exp": int(time.time()) + 3600, "nonce": secrets.token_urlsafe(16)}
+    other_tab = signed(dan, **cookie)  # a tab opened before Sign out, on the same sign-in
+    copied = signed(dan, **cookie)  # the same cookie in another browser
+    assert copied.sidebar.button(key="sign-out")
+    elsewhere = signed(dan, **{**cookie, "nonce": secrets.token_urlsafe(16)})  # Dan's own sign-in elsewhere
+
+    signed(dan, **cookie).sidebar.button(key="sign-out").click().run()
+
+    for page in (signed(dan, **cookie), copied.run(), other_tab.run()):
+        assert_no_exception(page)
+        assert [b.label for b in page.button] == ["Sign in"] and not page.chat_input
+        assert not page.sidebar.button and "You signed out of this sign-in" in texts(page)
+    assert elsewhere.run().chat_input and elsewhere.sidebar.button(key="sign-out")  # another sign-in goes on
+    again = signed(dan, **{**cookie, "iat": cookie["iat"] + 5, "nonce": secrets.token_urlsafe(16)})
+    assert again.chat_input and "Signed in as" in texts(again)  # signing in again makes a new sign-in
+
+
+def test_the_sidebar_shows_the_signed_in_persons_own_notes_only(store, queue, tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_DATA_DIR", str(tmp_path / "data"))
+    erin, finn = person("page-erin", "pe@example.org"), person("page-finn", "pf@example.org")
+    for who, text in ((erin, "erin's plan"), (finn, "finn's secret")):
+        with running_for(who.id):
+            add_note(text)
+    add_note("the playground's note")  # a turn with no owner
+    page = texts(signed(erin))
+    assert "erin's plan" in page and "finn's secret" not in page and "the playground's note" not in page
+    assert "**Notes** (`add_note`, 1 latest, yours)" in page
+    assert "**Notes**" not in texts(signed(person("page-gail")))  # no notes of her own yet: none drawn
+
+
 def test_a_turn_held_behind_the_persons_own_says_so(store, queue, monkeypatch):
     monkeypatch.setenv("AGENT_MAX_TURNS_PER_USER", "5")
     erin = person("page-erin", "pe@example.org")
@@ -124,3 +164,18 @@ def test_a_broken_auth_section_shows_nothing_rather_than_everything(store, queue
     page = texts(at)
     assert "Sign-in is not set up correctly" in page, page[-800:]
     assert not at.chat_input and not at.sidebar.button, "not the open playground"
+
+
+@pytest.mark.parametrize(("redirect_uri", "origin", "expected"), [
+    ("http://localhost:8501/oauth2callback", "http://127.0.0.1:8501", "http://localhost:8501/"),
+    ("http://localhost:8501/oauth2callback", "http://localhost:8502", "http://localhost:8501/"),
+    ("https://demo.example.org/app/oauth2callback", "http://demo.example.org", "https://demo.example.org/app/"),
+    ("http://localhost:8501/oauth2callback", "http://localhost:8501", None),
+    ("https://Demo.Example.org/oauth2callback", "https://demo.example.org", None),  # names are not case-sensitive
+    ("http://localhost:8501/oauth2callback", None, None),  # the page's origin unknown: no claim about it
+    (None, "http://127.0.0.1:8501", None),
+    ("not a url", "http://127.0.0.1:8501", None),
+])
+def test_the_sign_in_page_names_the_address_to_sign_in_at_only_when_it_is_open_at_another(
+        redirect_uri, origin, expected):
+    assert sign_in_address(redirect_uri, origin) == expected

@@ -124,7 +124,7 @@ def test_a_job_missing_from_its_queue_is_remembered_from_its_first_sighting_unti
 def test_every_key_a_turn_and_a_delete_leave_is_one_the_key_layout_lists(private_redis):
     import re
 
-    from agent.conversation import keys
+    from agent.conversation import keys, sign_outs
 
     store = private_redis.store  # a Redis of its own: every key in it is one this test made
     cid, tid = begin(store)
@@ -134,6 +134,7 @@ def test_every_key_a_turn_and_a_delete_leave_is_one_the_key_layout_lists(private
     store.publish(cid, tid, {**DOC, "status": "done"}, done=True, summary={"turn_id": tid, "status": "done"})
     gone_cid, _ = begin(store)
     store.delete(gone_cid)
+    sign_outs.sign_out(store.redis, sign_outs.sign_in_id({"iss": "i", "sub": "s", "iat": 1}), "p" + "0" * 20)
     listed = [re.sub(r"\\\{\w+\\\}", "[^:]+", re.escape(line.split()[0]))
               for line in keys.__doc__.splitlines() if line.strip().startswith("agent:")]
     written = [key.decode() for key in store.redis.scan_iter("agent:*")]

@@ -20,6 +20,7 @@ from rq.timeouts import JobTimeoutException
 from agent import tools
 from agent.tools import REGISTRY, ToolError, make_tool, needs_approval, run_tool, schemas
 from agent.tools import docs as docs_tool
+from agent.tools.acting_for import running_for
 from agent.tools.notes import MAX_NOTE_CHARS, MAX_NOTES_BYTES, add_note, notes_path, read_notes
 from agent.tools.waiting import wait
 
@@ -679,6 +680,41 @@ def test_add_note_does_not_write_through_a_symbolic_link(notes_dir, tmp_path):
     notes_path().symlink_to(target)
     assert not run_tool("add_note", args(text="buy milk"), 5).ok
     assert not target.exists()
+
+
+ALICE, BOB = "p" + "a" * 20, "p" + "b" * 20  # person ids, as agent.conversation.people makes them
+
+
+def test_each_persons_notes_are_their_own_and_a_turn_with_no_owner_writes_the_shared_file(notes_dir):
+    # run_tool runs the tool in a thread of its own: whose turn it is must reach it there.
+    with running_for(ALICE):
+        assert run_tool("add_note", args(text="alice's note"), 5).output == "Added note 1 to your notes."
+    with running_for(BOB):
+        assert run_tool("add_note", args(text="bob's note"), 5).output == "Added note 1 to your notes."
+    assert run_tool("add_note", args(text="nobody's note"), 5).output == "Added note 1 to notes.txt."
+    assert notes_path(ALICE) == notes_dir / "notes" / f"{ALICE}.txt"
+    assert [line.split(" ", 1)[1] for line in read_notes(person=ALICE)] == ["alice's note"]
+    assert [line.split(" ", 1)[1] for line in read_notes(person=BOB)] == ["bob's note"]
+    assert [line.split(" ", 1)[1] for line in read_notes()] == ["nobody's note"]
+    assert read_notes(person="p" + "c" * 20) == []  # someone with no notes yet sees none of anyone else's
+
+
+def test_a_persons_full_notes_file_names_itself(notes_dir):
+    notes_path(ALICE).parent.mkdir(parents=True)
+    notes_path(ALICE).write_bytes(b"x" * (MAX_NOTES_BYTES - 10) + b"\n")
+    with running_for(ALICE):
+        result = run_tool("add_note", args(text="one more"), 5)
+    assert not result.ok and f"clear notes/{ALICE}.txt in the data directory" in result.output
+
+
+@pytest.mark.parametrize("owner", ["../notes", "p" + "A" * 20, "alice", "p" + "a" * 20 + "/x"])
+def test_an_owner_that_is_no_person_id_never_names_a_file(notes_dir, owner):
+    with running_for(owner):
+        result = run_tool("add_note", args(text="buy milk"), 5)
+    assert not result.ok and "no note was added" in result.output
+    assert not notes_dir.exists() or not any(notes_dir.rglob("*.txt"))
+    with pytest.raises(ValueError):
+        notes_path(owner)
 
 
 # --- arguments of any shape: a tool error or checked keywords, never an exception ---

@@ -43,6 +43,10 @@ Beside the conversations:
     agent:person:{person}    hash: who the person is (issuer, subject, name, email), written at sign-in,
                              for the operator's `--owner`
     agent:people:by-email    hash: an email, lower-cased, to the id of the person who last signed in with it
+    agent:signed-out:{sign_in}
+                             string: the id of the person who signed out of that sign-in (a digest of its
+                             identity claims, agent/conversation/sign_outs.py); while it lives (31 days:
+                             longer than the identity cookie's signature holds) the cookie signs nobody in
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
@@ -129,3 +133,7 @@ def person_turns(person_id: str) -> str:
 
 def person_record(person_id: str) -> str:
     return f"{KEY_PREFIX}person:{person_id}"
+
+
+def signed_out_key(sign_in_id: str) -> str:
+    return f"{KEY_PREFIX}signed-out:{sign_in_id}"

@@ -11,6 +11,7 @@ sure end for arbitrary Python.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import json
 import os
@@ -98,7 +99,9 @@ class _ToolThread:
         self.outcome: dict = {}
         self.finished = threading.Event()
         self.stopped = False  # a stop request ended or cut the run
-        self.thread = threading.Thread(target=self._work, args=(func, kwargs), name=f"tool-{name}", daemon=True)
+        # In the caller's context: whose turn it runs (acting_for.py) goes with it.
+        self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._work, func, kwargs),
+                                       name=f"tool-{name}", daemon=True)
         self.thread.start()
 
     def _work(self, func: Callable, kwargs: dict) -> None:

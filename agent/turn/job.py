@@ -6,6 +6,7 @@ it, from the state.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from agent.conversation.store import Store
 from agent.queue import JOB_FUNCTION, get_queue
 from agent.runtime.connection import state_client
 from agent.settings import TurnConfig, least_state_ttl_s, state_ttl_from_env
+from agent.tools import acting_for
 from agent.turn import heartbeat
 from agent.turn.loop import Turn
 from agent.turn.resume import Resumption, resume_or_end
@@ -53,7 +55,7 @@ def _job_started_at() -> tuple[float, str]:
 def run_turn(conversation_id: str, turn_id: str) -> str:
     """The job function (the only one a worker runs)."""
     with job_alarm.watching():
-        return _run(conversation_id, turn_id)
+        return contextvars.copy_context().run(_run, conversation_id, turn_id)  # what it sets ends with it
 
 
 def _run(conversation_id: str, turn_id: str) -> str:
@@ -65,6 +67,7 @@ def _run(conversation_id: str, turn_id: str) -> str:
         return "gone"
     if state["turn_id"] != turn_id or state["done"]:
         return "stale"
+    acting_for.set_person(state["owner"])  # whose turn its tools run in: the state says, never the model
     config = TurnConfig.from_dict(state["config"] or {})
     # The page may give a turn a longer job timeout than the one AGENT_STATE_TTL was checked against:
     # its conversation must still outlive the longest wait for its next write (see settings.state_ttl_s).

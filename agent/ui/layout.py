@@ -131,14 +131,14 @@ def _sidebar(settings: Settings, be: ui.Backend):
     settings_box = sidebar.settings_box()
     config, config_error = sidebar.render_sidebar(settings.turn, settings_box)
     tool_sources.render_tool_sources(be.store.redis, settings_box, approve_tools=settings.turn.approve_tools)
-    tool_sources.render_notes()
+    tool_sources.render_notes(person=be.person.id if be.person is not None else None)
     return top, config, config_error
 
 
 def _conversation_links(settings: Settings, be: ui.Backend, top, cid: str, state: dict | None,
                         read_only: bool = False) -> None:
     if be.person is not None:
-        signin.account(top, be.person)
+        signin.account(top, be.person, be.store.redis)
     top.button("🗨️ New chat", on_click=callbacks.new_chat, width="stretch")
     conversations_ui.render_conversations(top, be.store, cid, exists=state is not None,
                                           show_list=settings.show_conversations, mine=not read_only)

@@ -59,7 +59,12 @@ def main() -> None:
         _fatal("The page could not start its services", str(exc),
                "Check REDIS_URL (or unset it to use the embedded Redis), then reload this page.")
         return
-    person = signin.signed_in(settings)
+    try:
+        person = signin.signed_in(settings, be.store.redis)
+    except redis.RedisError as exc:
+        log.warning("redis failed during a page run: %s", exc)
+        redis_down(exc)
+        return
     if person is False:  # the sign-in page was drawn instead
         return
     try:

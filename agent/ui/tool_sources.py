@@ -74,16 +74,19 @@ def render_tool_sources(client: redis.Redis, sb=None, *, approve_tools: tuple[st
                         f"{ASKS_MARK} marks a tool that asks you first.")
 
 
-def render_notes(sb=None) -> None:
+def render_notes(sb=None, person: str | None = None) -> None:
     """The demo's add_note file, under the settings: the visible effect of a tool a person approved. Nothing
-    is drawn until a note exists (the notes of this machine's data directory, where its workers write)."""
+    is drawn until a note exists (the notes of this machine's data directory, where its workers write).
+    With sign-in, `person`'s own notes only (the id of the person signed in); else those of turns with no owner."""
     try:
-        notes = read_notes()
-    except OSError:
+        notes = read_notes(person=person)
+    except (OSError, ValueError):
         return
     if not notes:
         return
     sb = st.sidebar if sb is None else sb
-    sb.caption(f"📝 **Notes** (`add_note`, {len(notes)} latest, in `{notes_path().name}`)",
-               help="Each line was written by the add_note tool after a person approved it.")
+    where = "yours" if person else f"in `{notes_path().name}`"
+    sb.caption(f"📝 **Notes** (`add_note`, {len(notes)} latest, {where})",
+               help="Each line was written by the add_note tool after a person approved it"
+                    + (", in a turn of yours: nobody else signed in here sees them." if person else "."))
     sb.code("\n".join(notes), language=None, wrap_lines=True)
