@@ -100,6 +100,12 @@ def deep(depth: int, shape: str, ctx: Context) -> str:
 
 
 @server.tool()
+def meta(ctx: Context) -> str:
+    """Answers with the `_meta` its request carried, as JSON (an idempotency key goes there)."""
+    return json.dumps(dict(ctx.request_context.meta or {}))
+
+
+@server.tool()
 def noise(lines: int) -> str:
     """Prints that many lines of non-JSON to stdout, then answers "quiet"."""
     write_stdout(NOISE_LINE * lines)

@@ -30,6 +30,7 @@ from agent.runtime.embedded_redis import EmbeddedRedis
 from agent.tools import REGISTRY, mcp_stdio, needs_approval, run_tool, schemas, sources
 from agent.tools.catalogue import CATALOGUE_KEY, read_catalogue
 from agent.tools.mcp import (
+    IDEMPOTENCY_META_KEY,
     MAX_DESCRIPTION_CHARS,
     MAX_SCHEMA_BYTES,
     MAX_TOOLS_PER_SERVER,
@@ -307,6 +308,16 @@ def test_a_hanging_mcp_tool_ends_as_a_tool_error_at_its_timeout_and_the_server_s
     assert not result.ok and "did not answer within" in result.output and "hostile" in result.output
     assert 0.7 < elapsed < 1.0 + 1.0
     assert run_tool("hostile__echo", json.dumps({"text": "still here"}), 5).output == "still here"
+
+
+def test_a_call_carries_its_idempotency_key_in_the_requests_meta(hub):
+    # The key a turn gives each call (its turn and call, the same after a resume) reaches the server as
+    # `_meta.idempotencyKey`, for a server that dedupes side effects; no key, no entry.
+    result = run_tool("hostile__meta", "{}", 5, idempotency_key="turn-1:call_7")
+    assert result.ok, result.output
+    assert json.loads(result.output).get(IDEMPOTENCY_META_KEY) == "turn-1:call_7"
+    result = run_tool("hostile__meta", "{}", 5)
+    assert IDEMPOTENCY_META_KEY not in json.loads(result.output)
 
 
 def test_an_error_result_ends_as_a_tool_error_that_says_so(hub):

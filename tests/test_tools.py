@@ -79,6 +79,35 @@ def test_schema_hides_timeout_s_and_requires_only_parameters_without_defaults():
     assert built.parameters["required"] == ["city", "count"]
 
 
+def test_a_tool_may_take_its_calls_idempotency_key_which_the_model_is_never_offered(registered):
+    def keyed(text: str, *, idempotency_key: str) -> str:
+        """Echo with the key."""
+        return f"{idempotency_key} {text}"
+
+    built = make_tool(keyed)
+    assert built.takes_idempotency_key and list(built.parameters["properties"]) == ["text"]
+    registered(keyed)
+    result = run_tool("keyed", json.dumps({"text": "hi"}), 5, idempotency_key="t1:call_2")
+    assert result.ok and result.output == "t1:call_2 hi", result
+    # The model cannot set it: it is no argument of the schema, and one sent anyway is refused.
+    sent = run_tool("keyed", json.dumps({"text": "hi", "idempotency_key": "forged"}), 5, idempotency_key="t1:call_2")
+    assert not sent.ok and "idempotency_key" in sent.output
+
+
+def test_an_idempotency_key_parameter_must_be_a_keyword_only_str():
+    def positional(idempotency_key: str) -> str:
+        """Bad."""
+        return ""
+
+    def not_text(*, idempotency_key: int) -> str:
+        """Bad."""
+        return ""
+
+    for bad in (positional, not_text):
+        with pytest.raises(TypeError, match="idempotency_key must be keyword-only and a str"):
+            make_tool(bad)
+
+
 def test_schemas_are_in_openai_tools_format_for_the_built_in_tools():
     listed = schemas(["calculator", "current_time", "search_docs", "wait"])
     assert [s["function"]["name"] for s in listed] == ["calculator", "current_time", "search_docs", "wait"]

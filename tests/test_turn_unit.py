@@ -9,6 +9,7 @@ import pytest
 import redis
 from rq.timeouts import JobTimeoutException
 
+from agent import tools
 from agent.conversation.store import Store
 from agent.deadline import Clock
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
@@ -16,6 +17,7 @@ from agent.queue import new_id
 from agent.turn.loop import Turn
 from agent.turn.policies import EAGER_PUBLISHED_TOOLS
 from agent.turn.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
+from agent.turn.tool_runs import UNRECORDED_START_RESULT
 from tests.conftest import FAST
 
 
@@ -252,8 +254,10 @@ def test_tools_that_would_leave_no_time_to_answer_are_not_run_and_the_last_call_
         Completion("Here is what I have."),
     )
     deadline_s = FAST.job_timeout_s - FAST.deadline_margin_s
-    # 0.6 s left: a model call fits (its minimum is 0.5 s), but not a tool and a call after it.
-    turn = make_turn(store, started_at=time.time() - (deadline_s - FAST.min_call_s - 0.1))
+    # 0.6 s left: a model call fits (its minimum is 0.5 s), but not a tool and a call after it. The turn's
+    # clock stands still, so a busy machine cannot spend those 0.1 s before the call starts.
+    now = time.time()
+    turn = make_turn(store, started_at=now - (deadline_s - FAST.min_call_s - 0.1), clock=lambda: now)
     assert turn.run() == "done"
     assert model.calls[1]["tools"] == [], "the last call goes without tools"
     state = store.read(turn.context.writer.conversation_id)
@@ -303,3 +307,63 @@ def test_a_stop_during_a_retry_wait_says_it_came_while_waiting_to_try_again(stor
     assert turn.run() == "cancelled"
     ending = store.read(turn.context.writer.conversation_id)["history"][-1]["content"]
     assert ending == "Stopped at your request, while waiting 2.0 s before trying the model call again."
+
+
+def test_a_tool_not_safe_to_repeat_starts_only_once_its_start_and_every_result_before_it_are_stored(
+        redis_client, scripted_model):
+    # Mixed with quick tools that are safe to repeat (batched), each side-effecting call finds, in Redis,
+    # its own call id as the running step and a result for every call before it: a resume after a loss at
+    # any point knows the one call that may have taken effect.
+    store = RecordingStore(redis_client, ttl_s=600)
+    seen: list[tuple[str, dict]] = []
+
+    def effect(n: int, *, idempotency_key: str) -> str:
+        """Not safe to repeat."""
+        state = store.read(turn.context.writer.conversation_id)
+        seen.append((idempotency_key, state))
+        return f"effect {n}"
+
+    tools.tool(effect, source="tests")
+    try:
+        calls = [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') if i % 3 else
+                 ToolCall(f"e{i}", "effect", json.dumps({"n": i})) for i in range(12)]
+        scripted_model(Completion(None, calls), Completion("done"))
+        turn = make_turn(store, clock=frozen_clock())
+        assert turn.run() == "done"
+    finally:
+        tools.REGISTRY.pop("effect", None)
+    turn_id = turn.context.writer.turn_id
+    assert [key for key, _ in seen] == [f"{turn_id}:e{i}" for i in range(0, 12, 3)]
+    for key, state in seen:
+        call_id = key.split(":")[1]
+        assert state["current_step"]["call_id"] == call_id, state["current_step"]
+        before = [c.id for c in calls[: [c.id for c in calls].index(call_id)]]
+        stored = [m["tool_call_id"] for m in state["history"] if m["role"] == "tool"]
+        assert stored == before, (call_id, stored)
+
+
+def test_a_tool_not_safe_to_repeat_is_not_run_when_its_start_cannot_be_stored(redis_client, scripted_model):
+    ran = []
+
+    class StartRefused(RecordingStore):
+        def publish(self, conversation_id, turn_id, doc, **kwargs):
+            if (doc.get("current_step") or {}).get("name") == "effect":
+                raise redis.ConnectionError("Redis went away")
+            return super().publish(conversation_id, turn_id, doc, **kwargs)
+
+    def effect(*, idempotency_key: str) -> str:
+        """Not safe to repeat."""
+        ran.append(idempotency_key)
+        return "done it"
+
+    tools.tool(effect, source="tests")
+    try:
+        store = StartRefused(redis_client, ttl_s=600)
+        model = scripted_model(Completion(None, [ToolCall("e1", "effect", "{}")]), Completion("could not"))
+        turn = make_turn(store)
+        assert turn.run() == "done"
+    finally:
+        tools.REGISTRY.pop("effect", None)
+    assert ran == []
+    sent = [m for m in model.calls[1]["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in sent] == [UNRECORDED_START_RESULT]
