@@ -6,8 +6,9 @@ per run, seeded from the runner's seed and the run number, and draws a fault for
 hang, trickle, 429 (with and without Retry-After), 500/503/529, a socket closed before any
 reply, a reset in the middle of the body, malformed JSON, the wrong schema, tool calls that
 fail (unknown tool, bad arguments, path-like time zones, calculator escapes), slow tools, a
-slow reply, or a good answer. Every reply it completed is recorded, so the runner can check
-that what reached the chat is what the model said, once and in order.
+reply of many side-effecting ledger calls among quick ones, a slow reply, or a good answer. Every
+reply it completed is recorded, so the runner can check that what reached the chat is what the model
+said, once and in order.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CALL_FAULTS: dict[str, int] = {
     "tool_path_timezone": 2,
     "tool_escape": 2,
     "tool_slow": 4,
+    "tool_ledger": 3,
     "slow_answer": 4,
     "hang": 5,
     "trickle": 5,
@@ -51,8 +53,10 @@ CALL_FAULTS: dict[str, int] = {
 }
 # Runs that also get a process fault lean on slow calls, so the fault lands mid-turn.
 SLOW_CALL_FAULTS: dict[str, int] = {
-    "slow_answer": 6, "tool_slow": 6, "tool_ok": 4, "hang": 2, "trickle": 3, "429_retry_after": 2, "answer": 2,
+    "slow_answer": 6, "tool_slow": 6, "tool_ledger": 6, "tool_ok": 4, "hang": 2, "trickle": 3, "429_retry_after": 2,
+    "answer": 2,
 }
+LEDGER_CALLS = (6, 16)  # a tool_ledger reply asks for this many calls (at random, both included)
 ESCAPES = (
     "().__class__.__bases__[0].__subclasses__()",
     "__import__('os').system('touch /tmp/agent-faults-pwned')",
@@ -194,6 +198,13 @@ def tool_message(kind: str, model: str, number: int, rng: random.Random, slow_to
         calls = [_call(model, number, 0, "calculator", {"expression": rng.choice(ESCAPES)})]
     elif kind == "tool_slow":
         calls = [_call(model, number, 0, "wait", {"seconds": round(rng.uniform(0.2, slow_tool_max_s), 2)})]
+    elif kind == "tool_ledger":
+        # Side effects (faults/ledger.py) among quick tools that are safe to repeat, whose results go out in
+        # batches: a process fault lands between any two of them, or inside one.
+        calls = [_call(model, number, i, "ledger", {"entry": f"{model}-{number}-{i}",
+                                                    "pause_s": round(rng.uniform(0.0, 0.15), 3)})
+                 if rng.random() < 0.6 else _call(model, number, i, "calculator", {"expression": f"{i}*{i}"})
+                 for i in range(rng.randint(*LEDGER_CALLS))]
     else:
         raise ValueError(kind)
     return {"role": "assistant", "content": None, "tool_calls": calls}

@@ -12,8 +12,13 @@ A client per run polls the state like the page does (and, like the page and the 
 (checks.py). The runner prints the figures and exits 1 on any violation or stuck turn.
 
 A turn whose worker was hard-killed is resumed on another worker while a resume and the time for
-one are left (agent/turn/resume.py): the report counts the turns resumed, their resume steps, and
-the share of hard-killed turns that still ended `done`.
+one are left (agent/turn/resume.py): such runs get clocks long enough for a resume wherever the kill
+lands (`clocks_for`), and the report counts the turns resumed, their resume steps, and the share of
+hard-killed turns that still ended `done`.
+
+Some replies ask for a dozen side-effecting `ledger` calls (faults/ledger.py) among quick tools that
+are safe to repeat, so that kills land inside batches of results: after the runs, no ledger call may
+have run twice, and every call whose result says it was written must be in the ledger.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from agent.runtime.loopback_server import LoopbackServer
 from agent.settings import TurnConfig
 from agent.turn.heartbeat import HEARTBEAT_TTL_S
 from faults.checks import check_observations
+from faults.ledger import ledger_problems, read_ledger
 from faults.provider import FaultProvider
 from harness.follow import states
 from harness.pools import start_pool, stop_pool
@@ -75,6 +81,9 @@ STATE_TTL_S = 6 * 3600  # seconds: every run's state outlives the whole run, for
 
 PROCESS_FAULTS = {"kill_job": 30, "kill_worker": 20, "sigterm": 20, "redis_pause": 15, "redis_restart": 15}
 HARD_KILLS = ("kill_job", "kill_worker")
+# Seconds added to a hard-killed run's job timeout: its heartbeat lapses and the watch resumes it ~WATCH_DETECT_S
+# after the kill, which lands up to the base job timeout into the turn; the resume then has time for calls.
+RESUMABLE_EXTRA_S = 8
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,13 @@ class RunResult:
         return self.fault_applied and self.plan.process_fault in HARD_KILLS
 
 
+def clocks_for(options: Options, plan: Plan) -> TurnConfig:
+    """The run's clocks: a hard-killed run's job timeout leaves room to resume wherever the kill lands."""
+    if plan.process_fault in HARD_KILLS:
+        return options.clocks.with_changes(job_timeout_s=options.clocks.job_timeout_s + RESUMABLE_EXTRA_S)
+    return options.clocks
+
+
 def make_plans(options: Options) -> list[Plan]:
     rng = random.Random(f"plans:{options.seed}")
     plans = []
@@ -164,10 +180,12 @@ class FaultLab:
         self.redis_lock = threading.Lock()  # one Redis fault at a time
         self.outages: list[tuple[float, float]] = []  # (start, end) epoch seconds of Redis faults
         self.closed_port = _closed_port()
+        self.ledger = workdir / "ledger.txt"  # what the workers' ledger tool wrote (faults/ledger.py)
 
     def start_pool(self, worker_class: str) -> None:
         self.pool = start_pool(self.url, self.options.concurrency, self.pool_log, worker_class=worker_class,
-                               demo=False, env={"OPENAI_API_KEY": CANARY_KEY, "AGENT_STATE_TTL": str(STATE_TTL_S)},
+                               demo=False, env={"OPENAI_API_KEY": CANARY_KEY, "AGENT_STATE_TTL": str(STATE_TTL_S),
+                                                "AGENT_TOOLS": "faults.ledger", "LEDGER_FILE": str(self.ledger)},
                                queue_connection=self.queue_connection)
 
     def stop_pool(self) -> None:
@@ -260,7 +278,8 @@ def run_one(lab: FaultLab, plan: Plan) -> RunResult:
     turn_id = new_id()
     result = RunResult(plan=plan, conversation_id=cid)
     base_url = f"http://127.0.0.1:{lab.closed_port}/v1" if plan.refused else lab.provider.url
-    config = options.clocks.with_changes(model=model, base_url=base_url)
+    clocks = clocks_for(options, plan)
+    config = clocks.with_changes(model=model, base_url=base_url)
     text = f"run {plan.index}: what is 17*23, and what time is it in Tokyo?"
     submitted = result.submitted_at = time.time()
     _retry(lambda: submit_turn(store, lab.queue, cid, text, config, turn_id=turn_id))
@@ -270,7 +289,7 @@ def run_one(lab: FaultLab, plan: Plan) -> RunResult:
         injector = threading.Thread(target=_inject_later, args=(lab, plan, job_id, result), daemon=True)
         injector.start()
 
-    limit_s = submitted + options.clocks.job_timeout_s + LOST_GRACE_S + STUCK_AFTER_S - time.time()
+    limit_s = submitted + clocks.job_timeout_s + LOST_GRACE_S + STUCK_AFTER_S - time.time()
     last_check, done_at = 0.0, None
     for state in states(store, cid, timeout_s=limit_s, interval_s=POLL_S, tolerate=(redis.RedisError,)):
         # A client sees Redis down as "reconnecting" and keeps polling: an error is a poll that saw nothing.
@@ -285,7 +304,7 @@ def run_one(lab: FaultLab, plan: Plan) -> RunResult:
         if done_at is not None and time.monotonic() - done_at > SETTLE_S:
             break
     if injector is not None:
-        injector.join(timeout=options.clocks.job_timeout_s + 10)
+        injector.join(timeout=clocks.job_timeout_s + 10)
     finish_result(lab, plan, result, turn_id, text, model, job_id)
     return result
 
@@ -315,7 +334,7 @@ def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, te
     rq_job = _fetch(lab, job_id)
     if job_timeout_at is None and rq_job is not None and rq_job.started_at is not None:
         started_at = rq_job.started_at.timestamp()
-        job_timeout_at = started_at + lab.options.clocks.job_timeout_s
+        job_timeout_at = started_at + clocks_for(lab.options, plan).job_timeout_s
     if rq_job is not None:
         status = rq_job.get_status(refresh=False)
         exc = ""
@@ -327,7 +346,7 @@ def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, te
     if job_timeout_at is None:
         return  # the job never started: the turn ended (e.g. lost) before any clock ran
     final_write = final["updated_at"]
-    deadline_at = job_timeout_at - lab.options.clocks.deadline_margin_s
+    deadline_at = job_timeout_at - clocks_for(lab.options, plan).deadline_margin_s
     result.final_minus_deadline_s = final_write - deadline_at
     result.final_minus_job_timeout_s = final_write - job_timeout_at
     hard_kill = result.hard_killed
@@ -432,16 +451,41 @@ def run_faults(options: Options, *, out=None) -> dict:
                             print(f"... {len(results)}/{options.runs} runs", file=out, flush=True)
             finally:
                 lab.stop_pool()
-        # After every run: nothing moved after done, and the canary key reached no key.
+        # After every run: nothing moved after done, the canary key reached no key, no side effect ran twice.
         for result in results:
             _recheck(lab, result)
         leaks = _canary_leaks(lab)
+        ledger = read_ledger(lab.ledger)
+        twice = ledger_problems(ledger)
+        unwritten = _unwritten_results(results, {key for key, _ in ledger})
     finally:
         lab.close()
         shutil.rmtree(workdir, ignore_errors=True)
     report = summarize(options, results, time.monotonic() - started, leaks)
+    report.update(ledger_entries=len(ledger), ledger_twice=twice, ledger_results_unwritten=unwritten,
+                  ledger_runs=sum("tool_ledger" in r.call_faults for r in results),
+                  ledger_runs_hard_killed=sum("tool_ledger" in r.call_faults and r.hard_killed for r in results))
+    report["invariant_violations"] += len(twice) + len(unwritten)
     print_report(report, out)
     return report
+
+
+def _unwritten_results(results: list[RunResult], written: set[str]) -> list[str]:
+    """Ledger calls whose stored result says they were written, but whose line is not in the ledger."""
+    missing = []
+    for result in results:
+        final = result.observed[-1] if result.observed else None
+        if final is None or not final["done"]:
+            continue
+        names = {c.get("id"): (c.get("function") or {}).get("name") for m in final["history"]
+                 for c in m.get("tool_calls") or []}
+        for message in final["history"]:
+            call_id = message.get("tool_call_id")
+            if (message.get("role") == "tool" and names.get(call_id) == "ledger"
+                    and str(message.get("content")).startswith("written: ")
+                    and f"{final['turn_id']}:{call_id}" not in written):
+                missing.append(f"run {result.plan.index}: {call_id} says written, but is not in the ledger")
+    return missing
 
 
 def _recheck(lab: FaultLab, result: RunResult) -> None:
@@ -586,7 +630,10 @@ def print_report(report: dict, out) -> None:
         f"tool calls not run again after a lost worker {report['lost_tool_results']}\n"
         f"hard-killed turns ended done {report['hard_killed_done']} of {report['hard_kills']}"
         f" ({_share(report['hard_killed_done_share'])}; endings {report['hard_killed_statuses']}); "
-        f"final write - kill: p50 {_fmt(k['p50'])}, max {_fmt(k['max'])}",
+        f"final write - kill: p50 {_fmt(k['p50'])}, max {_fmt(k['max'])}\n"
+        f"ledger: {report['ledger_entries']} side effects in {report['ledger_runs']} runs "
+        f"({report['ledger_runs_hard_killed']} hard-killed); run twice {len(report['ledger_twice'])}, "
+        f"results without their side effect {len(report['ledger_results_unwritten'])}",
         file=out, flush=True,
     )
     for run in report["rq_timeout_runs"]:
@@ -596,6 +643,8 @@ def print_report(report: dict, out) -> None:
         print(f"resumed run {run['run']} [{run['class']}] fault={run['fault']} {run['note']!r} "
               f"attempt={run['attempt']} steps={run['resume_steps']} status={run['status']} ending={run['error']}"
               + (f" {run['message']!r}" if run["message"] else ""), file=out)
+    for problem in report["ledger_twice"] + report["ledger_results_unwritten"]:
+        print(f"LEDGER: {problem}", file=out)
     if report["canary_leaks"]:
         print(f"CANARY KEY LEAKED: {report['canary_leaks']}", file=out)
 
