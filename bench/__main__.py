@@ -116,7 +116,10 @@ METHOD = {
     "three-tool turn ({latency} s calls) in-process with its heartbeat and with heartbeat.beating made a no-op, "
     "back to back, {pairs} pairs; on / off, median. watch_redis: 100 running turns fabricated (index, meta, live "
     "mark) on a Redis with no pool; TurnWatch.sweep once a second for {watch_seconds} s, then 100 heartbeat SETs "
-    "a second for as long; INFO commandstats deltas (INFO left out) per second, per supervisor for the watch.",
+    "a second for as long; INFO commandstats deltas (INFO left out) per second, per supervisor for the watch. "
+    "side_effect_cost: a turn of 16 calls of a tool that is not safe to repeat (each start stored before it runs, "
+    "each result written as it returns) against 16 of one that is (results in batches), in-process on the lab's "
+    "Redis, the model answering at once, {pairs} pairs back to back; extra_ms_p50 and writes per turn.",
     "approvals": "Tools that ask a person first, on {approvals_workers} simple workers with their pool's watch (a "
     "look every 1 s). start_beside_parked: plain one-call turns (demo@0~0) one at a time, enqueue to the job's "
     "start (the state's enqueued_at to its started_at, RQ's stamp), {approvals_runs} with nothing parked (after 2 "

@@ -147,6 +147,12 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         out.append((f"heartbeat_overhead (turn with / without it, {call} calls)",
                     f"{lost['heartbeat_overhead']['ratio']:.4f}", "<= 1.02",
                     _check(goals.get("heartbeat_overhead_ratio"))))
+        once = lost["side_effect_cost"]
+        out.append((f"{once['calls']} side-effecting tool calls, each start stored first, against {once['calls']} "
+                    "safe to repeat (p50, model answering at once)",
+                    f"+{once['extra_ms_p50']:g} ms ({once['once_ms']['p50']:g} / {once['repeatable_ms']['p50']:g} ms; "
+                    f"{once['once_writes']:g} / {once['repeatable_writes']:g} writes)", "<= +50 ms",
+                    _check(goals.get("side_effect_extra_ms_p50"))))
         redis_cost = lost["watch_redis"]
         for label, key in (("the watch, per supervisor", "watch_per_supervisor"), ("their heartbeats", "heartbeats")):
             figures = redis_cost[key]

@@ -1,5 +1,6 @@
 """A turn outlives its worker: how soon a SIGKILLed worker's turn goes on, whether it ends `done`, and
-what the heartbeat and the pool's watch cost (agent/turn/heartbeat.py, agent/hosting/turn_watch.py).
+what the heartbeat, the pool's watch, and storing each side effect's start before it runs cost
+(agent/turn/heartbeat.py, agent/hosting/turn_watch.py, agent/turn/tool_runs.py).
 
 `python -m bench.resume [--quick]` runs this section alone on a lab of its own and prints its figures.
 """
@@ -7,6 +8,7 @@ what the heartbeat and the pool's watch cost (agent/turn/heartbeat.py, agent/hos
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -34,6 +36,7 @@ from harness.waiting import wait_for
 
 WORKERS = 4  # a killed worker's turn needs an idle one; the pool restarts the dead one meanwhile
 RESUME_GOAL_S = 5.0  # p95, kill to the resumed attempt's first write
+SIDE_EFFECT_GOAL_MS = 50.0  # p50: what storing 16 side effects' starts adds to a turn (a model call takes seconds)
 WATCHED_TURNS = 100  # running turns fabricated for the watch's Redis cost
 OBSERVE_S = 30.0  # seconds to wait for any one event
 TURN_S = 90.0  # seconds for a resumed turn to end (default clocks: a 120 s job timeout)
@@ -154,6 +157,92 @@ def heartbeat_overhead(lab: Lab, pool: PoolProcess, pairs: int, latency_s: float
             "on_s": summary(on, 1, 3), "off_s": summary(off, 1, 3)}
 
 
+SIDE_EFFECT_CALLS = 16  # a reply's tool calls, the most one reply may run
+
+
+class _Calls16:
+    """An in-process model: one reply of SIDE_EFFECT_CALLS calls of `tool`, then the answer."""
+
+    def __init__(self, tool: str):
+        self.tool, self.replied = tool, False
+
+    def complete(self, messages, tools, timeout, stop=None, on_text=None):
+        from agent.providers.base import Completion, ToolCall
+
+        if self.replied:
+            return Completion("done")
+        self.replied = True
+        return Completion(None, [ToolCall(f"c{i}", self.tool, json.dumps({"n": i}))
+                                 for i in range(SIDE_EFFECT_CALLS)])
+
+
+def side_effect_cost(lab: Lab, pairs: int) -> dict:
+    """A turn of 16 calls of a tool that is not safe to repeat (each call's start stored before it runs, its
+    result written as it returns) against the same turn whose tool is safe to repeat (results in batches):
+    in this process, on the lab's Redis, the model answering at once, so the figure is the writes' cost
+    alone; back to back, order alternating; ratio = once / repeatable per pair, median."""
+    from agent import tools
+    from agent.turn import loop
+
+    def bench_effect(n: int) -> str:
+        """Not safe to repeat."""
+        return f"effect {n}"
+
+    def bench_repeatable(n: int) -> str:
+        """Safe to repeat."""
+        return f"repeatable {n}"
+
+    bench_repeatable.safe_to_repeat = True
+    for function in (bench_effect, bench_repeatable):
+        tools.tool(function, source="bench")
+    writes = {"n": 0}
+    publish = type(lab.store).publish
+
+    def counted(self, *args, **kwargs):
+        writes["n"] += 1
+        return publish(self, *args, **kwargs)
+
+    make_provider = loop.make_provider
+    config = TurnConfig(model="demo")
+
+    def turn(tool: str) -> tuple[float, int]:
+        cid, turn_id = new_id(), new_id()
+        doc = {"status": "queued", "error": None, "config": config.to_dict(), "job_id": "job-" + turn_id,
+               "enqueued_at": time.time()}
+        lab.store.begin_turn(cid, turn_id, {"role": "user", "content": "16 calls"}, doc)
+        loop.make_provider = lambda _: _Calls16(tool)
+        writes["n"] = 0
+        try:
+            began = time.perf_counter()
+            done = loop.Turn.create(lab.store, cid, turn_id, config, started_at=time.time(),
+                                    history=[{"role": "user", "content": "16 calls"}], doc=dict(doc),
+                                    persisted_len=1).run()
+            took = time.perf_counter() - began
+        finally:
+            loop.make_provider = make_provider
+        assert done == "done", done
+        return took, writes["n"]
+
+    type(lab.store).publish = counted
+    try:
+        turn("bench_effect")  # warm
+        once, repeatable, once_writes, repeatable_writes = [], [], [], []
+        for i in range(pairs):
+            for tool in (("bench_effect", "bench_repeatable") if i % 2 else ("bench_repeatable", "bench_effect")):
+                took, n = turn(tool)
+                (once if tool == "bench_effect" else repeatable).append(took)
+                (once_writes if tool == "bench_effect" else repeatable_writes).append(n)
+    finally:
+        type(lab.store).publish = publish
+        for name in ("bench_effect", "bench_repeatable"):
+            tools.REGISTRY.pop(name, None)
+    ratios = [a / b for a, b in zip(once, repeatable, strict=True)]
+    return {"calls": SIDE_EFFECT_CALLS, "ratio": round(statistics.median(ratios), 3),
+            "once_ms": summary(once, 1000, 1), "repeatable_ms": summary(repeatable, 1000, 1),
+            "extra_ms_p50": round((statistics.median(once) - statistics.median(repeatable)) * 1000, 1),
+            "once_writes": statistics.median(once_writes), "repeatable_writes": statistics.median(repeatable_writes)}
+
+
 def _commands(lab: Lab) -> dict[str, tuple[int, int]]:
     """(calls, usec) per command, INFO itself left out."""
     stats = lab.client.info("commandstats")
@@ -213,6 +302,8 @@ def resume_figures(lab: Lab, *, call_kills: int, other_rounds: int, watch_second
                    latency_s: float, rng: random.Random, say: Callable[[str], None] = lambda _: None) -> dict:
     say(f"resume: the watch's Redis commands over {WATCHED_TURNS} running turns")
     out = {"watch_redis": watch_cost(lab, watch_seconds)}
+    say(f"resume: {SIDE_EFFECT_CALLS} side-effecting calls against {SIDE_EFFECT_CALLS} that are safe to repeat")
+    out["side_effect_cost"] = side_effect_cost(lab, pairs)
     pool = lab.pool(WORKERS, DEFAULT_WORKER_CLASS)
     try:
         say("resume: the heartbeat on and off")
@@ -227,7 +318,8 @@ def resume_figures(lab: Lab, *, call_kills: int, other_rounds: int, watch_second
 def goals(section: dict) -> dict:
     return {"resume_kill_to_first_write_p95": section["kill_to_first_write_s"]["p95"] <= RESUME_GOAL_S,
             "resume_done_share": section["done_share"] == 1.0,
-            "heartbeat_overhead_ratio": section["heartbeat_overhead"]["ratio"] <= 1.02}
+            "heartbeat_overhead_ratio": section["heartbeat_overhead"]["ratio"] <= 1.02,
+            "side_effect_extra_ms_p50": section["side_effect_cost"]["extra_ms_p50"] <= SIDE_EFFECT_GOAL_MS}
 
 
 def main(argv: list[str] | None = None) -> int:
