@@ -175,8 +175,9 @@ def test_the_command_line_answers_once_and_says_when_there_is_nothing_to_answer(
     listed = [line for line in cli("list", "--limit", "1000").stdout.splitlines() if conversation_id in line]
     assert listed and "[awaiting approval]" in listed[0], listed
     shown = cli("show", conversation_id)
-    assert shown.returncode == 0 and "[approval needed] calculator with" in shown.stdout
-    assert f"python -m agent approve {conversation_id}" in shown.stdout
+    request_id = store.read(conversation_id)["approval"]["id"]
+    assert shown.returncode == 0 and f"[approval needed] request {request_id}: calculator with" in shown.stdout
+    assert f"python -m agent approve {conversation_id} --request {request_id}" in shown.stdout
     first = cli("approve", conversation_id)
     assert first.returncode == 0, first.stderr
     second = cli("deny", conversation_id)

@@ -34,13 +34,14 @@ from agent.conversation.store import Store
 from agent.providers.base import ToolCall
 from agent.queue import enqueue_turn, job_id_for, queue_wait_s
 from agent.settings import TurnConfig, least_state_ttl_s
-from agent.text.redaction import cut
+from agent.text.visible import visible_json
+from agent.tools.registry import ToolError, decode_arguments
 from agent.turn.exits import TurnClosed
 from agent.turn.writer import StateWriter
 
 log = logging.getLogger(__name__)
 
-RECORDED_CHARS = 2000  # characters of a call's arguments kept in its request
+MAX_SHOWN_CHARS = 16_000  # characters of a call's arguments as shown to a person; longer ones are refused unasked
 MAX_EXPIRED_PER_LOOK = 100  # requests expired per look of one supervisor, the oldest first
 WAIT_POLL_S = 0.5  # seconds between looks for the answer, when the job waits for it itself (safeguards off)
 # Who answered, in words: the page and the command line say so; an expiry is nobody.
@@ -62,10 +63,34 @@ class TurnParked(Exception):  # noqa: N818 - not an error: the loop's way out wh
         self.call = call
 
 
+def shown_arguments(call: ToolCall) -> str:
+    """A call's arguments as a person is asked to approve them: exactly what the tool receives (decoded:
+    a key given twice once, with the value the tool gets), whole, with every character a reader would
+    not see shown as its escape. ToolError when they cannot be: not a JSON object, or longer than
+    MAX_SHOWN_CHARS once shown (the call is then refused, and nobody is asked)."""
+    shown = visible_json(decode_arguments(call.name, call.arguments))
+    if len(shown) > MAX_SHOWN_CHARS:
+        raise ToolError(f"the arguments for {call.name} are {len(shown):,} characters as a person would be shown "
+                        f"them, and at most {MAX_SHOWN_CHARS:,} can be shown whole")
+    return shown
+
+
+def refusal_unless_shown(call: ToolCall) -> str | None:
+    """The error a call that asks a person first gets instead, when its arguments cannot be shown to them
+    whole and exactly as the tool would receive them; None when they can."""
+    try:
+        shown_arguments(call)
+    except ToolError as exc:
+        return (f"Error: not run, and nobody was asked to approve it: {exc}. Send the call again with arguments "
+                "that can be shown whole.")
+    return None
+
+
 def request_for(call: ToolCall, config: TurnConfig, now: float, steps_before: int) -> Approval:
-    """A new request for approval of `call`, expiring AGENT_APPROVAL_TIMEOUT from now."""
+    """A new request for approval of `call`, expiring AGENT_APPROVAL_TIMEOUT from now, with its arguments
+    as the tool receives them (shown_arguments: a call whose arguments cannot be shown never asks)."""
     return Approval(id=secrets.token_hex(8), call_id=call.id, name=call.name,
-                    arguments=cut(call.arguments, RECORDED_CHARS), asked_at=now,
+                    arguments=shown_arguments(call), asked_at=now,
                     expires_at=now + config.approval_timeout_s, answer=None, answered_at=None, answered_by=None,
                     job_id=None, steps_before=steps_before)
 
@@ -138,6 +163,7 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
     step = make_step(state["turn_id"], request.get("steps_before", 0) + 1, Kind.APPROVAL, request["name"],
                      request["asked_at"], now, decision, deadline_at=state["deadline_at"],
                      job_timeout_at=state["job_timeout_at"], answered_by=by, call_id=request["call_id"],
+                     request_id=request["id"],
                      arguments=request["arguments"], detail=_detail(decision, by, now - request["asked_at"]))
     outcome, _ = store.answer(conversation_id, state["turn_id"], request["id"], doc, step, new_owner=owner,
                               ttl_s=least_state_ttl_s(config))
