@@ -100,6 +100,8 @@ def lost_worker_check(
         approvals.answer(store, get_queue(queue_connection), conversation_id, Outcome.EXPIRED, approvals.BY_NOBODY,
                          request_id=meta["approval"]["id"], now=now)
         return False
+    if approvals.requeue_if_stranded(store, get_queue(queue_connection), meta, now):
+        return False  # answered, but its continuation never reached the queue: it is there now (not lost)
     reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False

@@ -55,10 +55,11 @@ def on_answer(be: ui.Backend, cid: str, request_id: str, decision: str) -> None:
         by = f"by {be.person.name} on the page" if be.person is not None else approvals.BY_PAGE
         answered = approvals.answer(be.store, be.queue, cid, decision, by, request_id=request_id)
     except redis.RedisError as exc:
+        # Nothing was recorded: the answer is taken in one script, and a failed enqueue after it is not raised.
         session[ui.FLASH_KEY] = ("error", f"The answer was not recorded: Redis is not answering "
                                           f"({type(exc).__name__}). Try again.", None)
         return
-    if not answered.taken:
+    if not answered.taken or not answered.queued:
         session[ui.FLASH_KEY] = ("info", inert(answered.message), None)
 
 
