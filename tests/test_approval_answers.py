@@ -9,7 +9,11 @@ Real Redis (the session's, or a test's own), real RQ workers, the demo model.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+
+import redis
 
 from agent.contract import Outcome, Status, carried
 from agent.conversation.keys import Keys
@@ -20,8 +24,9 @@ from agent.runtime.connection import queue_client
 from agent.turn import approvals
 from agent.turn.approvals import BY_CLI, BY_NOBODY, BY_PAGE
 from harness.waiting import wait_for
-from tests.conftest import FAST, wait_done
+from tests.conftest import FAST, ROOT, wait_done
 from tests.test_approvals import ASKS, parked, tool_results
+from tests.test_resume import workers  # noqa: F401 - a pool on a test's own Redis
 from tests.test_signin import SLOW, door, person, send
 
 MARGIN_S = 1.0  # seconds of slack on every time bound
@@ -116,3 +121,49 @@ def test_an_admins_answer_on_someone_elses_turn_says_it_is_read_only(store, queu
     assert store.read(cid)["status"] == Status.AWAITING_APPROVAL
     assert approvals.answer(door(store, owner), queue, cid, Outcome.DENIED, BY_PAGE, request_id=request["id"]).taken
     wait_done(store, cid)
+
+
+def test_with_redis_full_an_answer_is_recorded_whole_or_not_at_all_and_its_turn_goes_on(
+        private_redis, workers, base_env):  # noqa: F811
+    """Redis a few KiB short of its limit: the answer's script may pass and the enqueue after it fail, or the
+    script itself be refused (nothing recorded). Either way nothing is half done: once memory is freed, the
+    pool's watch queues the continuation and the turn ends with the tool's result."""
+    store, queue, client = private_redis.store, private_redis.queue, private_redis.client
+    recorded = None
+    for slack in range(256, 16_384, 256):  # how much room the answer finds varies a little from run to run
+        cid, request = park_by_hand(store, queue, expires_in_s=600)
+        client.config_set("maxmemory", used_memory(client) + slack)
+        try:
+            answered = approvals.answer(store, queue, cid, Outcome.APPROVED, BY_CLI, request_id=request["id"])
+        except redis.RedisError:  # the script refused whole: nothing recorded, the request still waits
+            client.config_set("maxmemory", 0)
+            assert store.read_meta(cid)["approval"]["answer"] is None
+            continue
+        finally:
+            client.config_set("maxmemory", 0)
+        if answered.taken and not answered.queued:
+            recorded = cid, request
+            break
+    assert recorded is not None, "no room found where the answer fits and its job does not"
+    cid, request = recorded
+    state = store.read_meta(cid)
+    assert state["status"] == Status.QUEUED and not SafeJob.exists(state["job_id"], connection=queue.connection)
+    # The command line, Redis full: one line, never a traceback.
+    other, other_request = park_by_hand(store, queue, expires_in_s=600)
+    client.config_set("maxmemory", used_memory(client) - 1_000_000)
+    try:
+        cli = subprocess.run([sys.executable, "-m", "agent", "approve", other, "--request", other_request["id"]],
+                             cwd=ROOT, env={**base_env, "REDIS_URL": private_redis.url}, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+    finally:
+        client.config_set("maxmemory", 0)
+    assert "Traceback" not in cli.stderr and cli.stderr.count("\n") == 1, cli.stderr
+    assert cli.returncode == 1 and "Redis is full" in cli.stderr
+    # Memory freed, a pool (and its watch) running: the answered turn goes on.
+    workers(1)
+    final = wait_done(store, cid, timeout_s=approvals.CONTINUATION_GRACE_S + 30)
+    assert final["status"] == Status.DONE and tool_results(final)[request["call_id"]] == "42"
+
+
+def used_memory(client) -> int:
+    return int(client.info("memory")["used_memory"])

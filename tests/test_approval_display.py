@@ -28,7 +28,7 @@ from tests.scripted_server import chat_reply, tool_call
 from tests.test_app import app_env  # noqa: F401 - the page's environment
 from tests.test_approvals import parked, tool_results
 
-# The tester's case: a harmless first value, 1,990 newlines of padding, and the value the tool gets.
+# A harmless first value, 1,990 newlines of padding, and the value the tool gets.
 PADDED_TWICE = '{"text": "remember to water the plants"' + "\n" * 1990 + ', "text": "EVIL payload"}'
 RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: "\u202e000,01$" reads "$10,000"
 HIDDEN_SAMPLES = ["\u202e", "\u202d", "\u2066", "\u2067", "\u2068", "\u2069", "\u200e", "\u200f", "\u061c",

@@ -19,6 +19,7 @@ import streamlit as st
 from agent.contract import TOOL_NAME, Approval, Outcome, Status
 from agent.conversation.well_formed import number
 from agent.conversation.words import STATUS_LABELS
+from agent.runtime.connection import is_disk_error, is_memory_error, redis_problem
 from agent.text.markdown import inert
 from agent.text.visible import shown_json_text
 from agent.turn import approvals
@@ -56,8 +57,9 @@ def on_answer(be: ui.Backend, cid: str, request_id: str, decision: str) -> None:
         answered = approvals.answer(be.store, be.queue, cid, decision, by, request_id=request_id)
     except redis.RedisError as exc:
         # Nothing was recorded: the answer is taken in one script, and a failed enqueue after it is not raised.
-        session[ui.FLASH_KEY] = ("error", f"The answer was not recorded: Redis is not answering "
-                                          f"({type(exc).__name__}). Try again.", None)
+        why = redis_problem(exc) if is_memory_error(exc) or is_disk_error(exc) else \
+            f"Redis is not answering ({type(exc).__name__})"
+        session[ui.FLASH_KEY] = ("error", f"The answer was not recorded: {why}. Try again.", None)
         return
     if not answered.taken or not answered.queued:
         session[ui.FLASH_KEY] = ("info", inert(answered.message), None)
