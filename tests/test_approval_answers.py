@@ -25,6 +25,7 @@ from agent.turn import approvals
 from agent.turn.approvals import BY_CLI, BY_NOBODY, BY_PAGE
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, wait_done
+from tests.test_app import app_env  # noqa: F401 - the page's environment
 from tests.test_approvals import ASKS, parked, tool_results
 from tests.test_resume import workers  # noqa: F401 - a pool on a test's own Redis
 from tests.test_signin import SLOW, door, person, send
@@ -167,3 +168,20 @@ def test_with_redis_full_an_answer_is_recorded_whole_or_not_at_all_and_its_turn_
 
 def used_memory(client) -> int:
     return int(client.info("memory")["used_memory"])
+
+
+def test_an_admins_page_on_someone_elses_parked_turn_says_it_is_read_only(store, queue, pool, monkeypatch,
+                                                                          app_env):  # noqa: F811
+    from tests.apptest_page import texts
+    from tests.test_signin_page import signed
+
+    monkeypatch.setenv("AGENT_ADMINS", "boss-asks@example.org")
+    owner, boss = person("lee-asks", "lee-asks@example.org"), person("boss-asks", "boss-asks@example.org")
+    cid = send(door(store, owner), queue, "What is 6*7?", config=FAST.with_changes(approve_tools=("calculator",)))
+    request = parked(store, cid)["approval"]
+    at = signed(boss, cid)
+    page = texts(at)
+    assert "read-only for you" in page and "Waiting for your approval" not in page, page[-1500:]
+    assert f"approve-{request['id']}" not in [b.key for b in at.button]
+    assert approvals.answer(door(store, owner), queue, cid, Outcome.DENIED, BY_PAGE, request_id=request["id"]).taken
+    wait_done(store, cid)

@@ -21,6 +21,7 @@ from agent.turn import approvals
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, ask, wait_done
 from tests.scripted_server import chat_reply, tool_call
+from tests.test_app import app_env  # noqa: F401 - the page's environment
 from tests.test_approvals import parked, tool_results
 
 PTY_WAIT_S = 60.0  # seconds a CLI under a pty gets to print its prompt (it starts Python and connects to Redis)
@@ -145,3 +146,25 @@ def test_a_bare_approve_on_a_terminal_shows_the_request_and_asks_first(pool, sto
     assert status == 0 and f"request {second['id']}" in output and '"expression": "2+2"' in output, output
     final = wait_done(store, cid)
     assert tool_results(final) == {"call_a": "2", "call_b": approvals.DENIED_RESULT}
+
+
+def test_a_button_drawn_for_one_request_never_answers_the_next(pool, store, queue, scripted, app_env):  # noqa: F811
+    from tests.apptest_page import app, texts
+    from tests.test_app import assert_no_exception
+
+    cid = ask(store, queue, "two notes", two_asks(scripted))
+    first = parked(store, cid)["approval"]
+    at = app(cid)
+    at.run()
+    stale = at.button(key=f"approve-{first['id']}")
+    # Answered elsewhere; the turn goes on and parks on the reply's second call.
+    assert approvals.answer(store, queue, cid, Outcome.APPROVED, approvals.BY_CLI, request_id=first["id"]).taken
+    second = next_request(store, cid, first["id"])["approval"]
+    stale.click().run()  # the page still shows the first request's card
+    assert_no_exception(at)
+    assert "already answered: approved from the command line" in texts(at)
+    state = store.read(cid)
+    assert state["approval"]["id"] == second["id"] and state["approval"]["answer"] is None
+    assert at.button(key=f"approve-{second['id']}"), "the page now shows the second request"
+    approvals.answer(store, queue, cid, Outcome.DENIED, approvals.BY_PAGE, request_id=second["id"])
+    wait_done(store, cid)

@@ -125,11 +125,17 @@ def tool_name_markdown(name) -> str:
     return inert(name or "a tool")
 
 
-def parked_status(state: dict) -> None:
-    """The status panel of a parked turn: no spinner, no budget bar, no queue place: no job runs."""
+def parked_status(state: dict, *, read_only: bool = False) -> None:
+    """The status panel of a parked turn: no spinner, no budget bar, no queue place: no job runs. `read_only`:
+    someone else's (an admin's look), whose request only its owner can answer."""
     request = state.get("approval") or {}
     name = tool_name_markdown(request.get("name"))
     with st.container(border=True):
+        if read_only:
+            st.markdown(f"**✋ Waiting for its owner's approval** to run {name}")
+            st.caption("This conversation is read-only for you: it belongs to someone else, and only they can "
+                       "answer its request for approval. No job is running meanwhile.")
+            return
         st.markdown(f"**{STATUS_LABELS[Status.AWAITING_APPROVAL]}** to run {name}")
         st.caption("No job is running: the worker that asked was freed, and no clock of the turn runs while you "
                    "decide. Once you answer, the turn goes on in a new job with a fresh set of clocks.")
