@@ -252,9 +252,10 @@ def stranded(state: State | None) -> bool:
 def requeue_if_stranded(store: Store, queue: Queue, state: State | None, now: float | None = None) -> bool:
     """A front end's look at one turn: True when it is answered and its continuation is not on the queue: not
     lost (the answer stands), and enqueued again once the answerer has had CONTINUATION_GRACE_S to do it."""
-    if not stranded(state) or SafeJob.exists(state["job_id"], connection=queue.connection):
-        return False
     now = time.time() if now is None else now
+    if (not stranded(state) or SafeJob.exists(state["job_id"], connection=queue.connection)
+            or now - (state["enqueued_at"] or now) >= queue_wait_s(store.ttl_s)):  # waited its longest: not kept
+        return False
     if now - (state["enqueued_at"] or now) >= CONTINUATION_GRACE_S:
         _requeue(store, queue, state)
     return True
