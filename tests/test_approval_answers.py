@@ -21,7 +21,7 @@ from agent.hosting.lost_worker import lost_worker_check
 from agent.providers.base import ToolCall
 from agent.queue import SafeJob, get_queue, job_status, new_id, submit_turn
 from agent.runtime.connection import queue_client
-from agent.turn import approvals
+from agent.turn import approvals, continuations
 from agent.turn.approvals import BY_CLI, BY_NOBODY, BY_PAGE
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, wait_done
@@ -83,11 +83,11 @@ def test_an_answer_whose_continuation_never_reached_the_queue_stands_and_the_wat
     # A page that opens it meanwhile does not end it as lost: the answer stands.
     assert not lost_worker_check(store, queue.connection, cid)
     assert not store.read_meta(cid)["done"]
-    final = wait_done(store, cid, timeout_s=approvals.CONTINUATION_GRACE_S + 20)
+    final = wait_done(store, cid, timeout_s=continuations.GRACE_S + 20)
     assert final["status"] == Status.DONE and tool_results(final)[request["call_id"]] == "42"
     # Its entry in the watch's index goes at its next look, the turn having moved on.
     wait_for(lambda: store.redis.zscore("agent:approvals:continuing", cid) is None,
-             approvals.CONTINUATION_GRACE_S + 1 + MARGIN_S, "the continuation forgotten")
+             continuations.GRACE_S + 1 + MARGIN_S, "the continuation forgotten")
 
 
 def test_continuations_count_against_their_owners_share(store, queue, pool):
@@ -162,7 +162,7 @@ def test_with_redis_full_an_answer_is_recorded_whole_or_not_at_all_and_its_turn_
     assert cli.returncode == 1 and "Redis is full" in cli.stderr
     # Memory freed, a pool (and its watch) running: the answered turn goes on.
     workers(1)
-    final = wait_done(store, cid, timeout_s=approvals.CONTINUATION_GRACE_S + 30)
+    final = wait_done(store, cid, timeout_s=continuations.GRACE_S + 30)
     assert final["status"] == Status.DONE and tool_results(final)[request["call_id"]] == "42"
 
 

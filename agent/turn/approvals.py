@@ -26,19 +26,16 @@ import secrets
 import time
 from dataclasses import dataclass
 
-import redis
 from rq import Queue
-from rq.rate_limit import RateLimit
 
 from agent.contract import Approval, Kind, Outcome, State, Status, carried, make_step
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 from agent.providers.base import ToolCall
-from agent.queue import MAX_SHARE, SafeJob, enqueue_turn, job_id_for, queue_wait_s, share_key
-from agent.runtime.connection import redis_problem
 from agent.settings import TurnConfig, least_state_ttl_s
 from agent.text.visible import visible_json
 from agent.tools.registry import ToolError, decode_arguments
+from agent.turn import continuations
 from agent.turn.exits import TurnClosed
 from agent.turn.writer import StateWriter
 
@@ -46,8 +43,6 @@ log = logging.getLogger(__name__)
 
 MAX_SHOWN_CHARS = 16_000  # characters of a call's arguments as shown to a person; longer ones are refused unasked
 MAX_EXPIRED_PER_LOOK = 100  # requests expired (and continuations looked for) per look of one supervisor
-CONTINUATION_GRACE_S = 5.0  # seconds after an answer before the watch looks for its continuation on the queue
-CONTINUATION_MARK = "-approval-"  # in the id of the job that continues a turn after an answer
 WAIT_POLL_S = 0.5  # seconds between looks for the answer, when the job waits for it itself (safeguards off)
 # Who answered, in words: the page and the command line say so; an expiry is nobody.
 BY_PAGE, BY_CLI, BY_NOBODY = "on the page", "from the command line", "nobody: it expired"
@@ -155,7 +150,7 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
 
     The answer is recorded first (scripts/answer.lua: once, and a person's only before the request expires by
     Redis's clock), then its continuation is enqueued: should that enqueue fail (Redis full, or gone, in
-    between), the answer stands and the pool's watch enqueues the continuation (`requeue_stranded`)."""
+    between), the answer stands and the pool's watch enqueues the continuation (continuations.py)."""
     now = time.time() if now is None else now
     state = store.read_meta(conversation_id)
     if state is None:
@@ -170,7 +165,7 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
     answered = Approval(**{**request, "answer": decision, "answered_at": now, "answered_by": by})
     doc = carried(state)
     if config.safeguards:  # a continuation, on a fresh set of clocks, owns the turn from here
-        answered["job_id"] = owner = continuation_job_id(state["turn_id"], request["id"])
+        answered["job_id"] = owner = continuations.continuation_id(state["turn_id"], request["id"])
         doc.update(status=Status.QUEUED, job_id=owner, enqueued_at=now, started_at=None, deadline_at=None,
                    job_timeout_at=None, current_step=None)
     else:  # the job that asked waits for the answer itself, and goes on with it
@@ -184,7 +179,7 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
                      arguments=request["arguments"], detail=_detail(decision, by, now - request["asked_at"]))
     outcome, _ = store.answer(conversation_id, state["turn_id"], request["id"], doc, step, new_owner=owner,
                               ttl_s=least_state_ttl_s(config), decision=decision,
-                              look_at=now + CONTINUATION_GRACE_S if config.safeguards else None)
+                              look_at=now + continuations.GRACE_S if config.safeguards else None)
     if outcome == "late":  # expired by Redis's clock, not yet by the watch: it is expired here, as the watch would
         answer(store, queue, conversation_id, Outcome.EXPIRED, BY_NOBODY, request_id=request["id"])
         return Answered("answered", f"Too late: the request to approve {request['name']} expired before this answer "
@@ -194,87 +189,16 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
     if outcome != "ok":
         return not_pending(store, conversation_id, store.read_meta(conversation_id), request_id)
     log.info("turn %s: the request to approve %s was %s (%s)", state["turn_id"], request["name"], decision, by)
-    if config.safeguards and not _enqueue_continuation(store, queue, conversation_id, state, owner, config):
+    if config.safeguards and not continuations.enqueue(store, queue, conversation_id, state, owner, config):
         return Answered("ok", f"{_WORDS[decision].capitalize()}: {request['name']}. The answer is recorded; Redis "
                               "refused its job for now, and the pool's watch queues it once Redis takes it.",
                         queued=False)
     return Answered("ok", f"{_WORDS[decision].capitalize()}: {request['name']}. The turn goes on.")
 
 
-def continuation_job_id(turn_id: str, request_id: str) -> str:
-    """The job that continues a turn after the answer to its request `request_id`."""
-    return f"{job_id_for(turn_id)}{CONTINUATION_MARK}{request_id}"
-
-
-def _enqueue_continuation(store: Store, queue: Queue, conversation_id: str, state: State, job_id: str,
-                          config: TurnConfig) -> bool:
-    """Enqueue the job that continues an answered turn, counted against its owner's fair share of the workers
-    (a signed-in person's: see submit_turn), behind the turns already waiting; at the front when the turn is
-    nobody's (the local playground, which has no share). False when Redis refused it (logged)."""
-    person = state.get("owner")
-    share = min(MAX_SHARE, config.share) if person and config.share > 0 else 0
-    try:
-        enqueue_turn(queue, conversation_id, state["turn_id"], job_id, job_timeout_s=config.job_timeout_s,
-                     wait_s=queue_wait_s(store.ttl_s), at_front=not share,
-                     rate_limit=RateLimit(share_key(person), share) if share else None)
-    except redis.RedisError as exc:
-        log.warning("turn %s: its answer is recorded, but its continuation was not queued (%s); the pool's watch "
-                    "queues it", state["turn_id"], redis_problem(exc))
-        return False
-    return True
-
-
-def requeue_stranded(store: Store, queue: Queue, now: float | None = None) -> int:
-    """Enqueue again each continuation an answer recorded but the queue never got (Redis refused it, or went
-    away, between the two); forget those seen on the queue, or whose turn moved on. Returns how many were
-    enqueued again."""
-    now = time.time() if now is None else now
-    requeued = 0
-    for conversation_id in store.flags.continuations_due(now, MAX_EXPIRED_PER_LOOK):
-        state = store.read_meta(conversation_id)
-        if not stranded(state) or SafeJob.exists(state["job_id"], connection=queue.connection):
-            store.flags.continued(conversation_id)
-            continue
-        store.flags.look_again(conversation_id, now + CONTINUATION_GRACE_S)
-        requeued += _requeue(store, queue, state)
-    return requeued
-
-
-def stranded(state: State | None) -> bool:
-    """An answered turn still waiting for the continuation its answer named (whether that job exists is the
-    queue's to say)."""
-    approval = (state or {}).get("approval") or {}
-    return bool(state and not state["done"] and state["status"] == Status.QUEUED and not state["started_at"]
-                and approval.get("answer") and state["job_id"] and approval.get("job_id") == state["job_id"]
-                and CONTINUATION_MARK in state["job_id"])
-
-
-def requeue_if_stranded(store: Store, queue: Queue, state: State | None, now: float | None = None) -> bool:
-    """A front end's look at one turn: True when it is answered and its continuation is not on the queue: not
-    lost (the answer stands), and enqueued again once the answerer has had CONTINUATION_GRACE_S to do it."""
-    now = time.time() if now is None else now
-    if (not stranded(state) or SafeJob.exists(state["job_id"], connection=queue.connection)
-            or now - (state["enqueued_at"] or now) >= queue_wait_s(store.ttl_s)):  # waited its longest: not kept
-        return False
-    if now - (state["enqueued_at"] or now) >= CONTINUATION_GRACE_S:
-        _requeue(store, queue, state)
-    return True
-
-
-def _requeue(store: Store, queue: Queue, state: State) -> bool:
-    """Enqueue a stranded continuation again, once however many watches and front ends find it."""
-    if not store.flags.requeue_once(state["job_id"], CONTINUATION_GRACE_S):
-        return False
-    config = TurnConfig.from_dict(state["config"] or {})
-    if not _enqueue_continuation(store, queue, state["conversation_id"], state, state["job_id"], config):
-        return False
-    log.info("turn %s: its continuation never reached the queue; queued it now", state["turn_id"])
-    return True
-
-
 def expire_due(store: Store, queue: Queue, now: float | None = None) -> int:
     """Expire every request whose time is up (the oldest first), and enqueue again the continuations the queue
-    never got (`requeue_stranded`); returns how many requests were expired."""
+    never got (continuations.requeue_stranded); returns how many requests were expired."""
     now = time.time() if now is None else now
     expired = 0
     for conversation_id in store.flags.approvals_due(now, MAX_EXPIRED_PER_LOOK):
@@ -283,7 +207,7 @@ def expire_due(store: Store, queue: Queue, now: float | None = None) -> int:
             expired += 1
         elif result.outcome != "read-only":  # answered, ended or gone meanwhile without its entry removed
             store.flags.not_parked(conversation_id)
-    requeue_stranded(store, queue, now)
+    continuations.requeue_stranded(store, queue, MAX_EXPIRED_PER_LOOK, now)
     return expired
 
 

@@ -23,7 +23,7 @@ from agent.queue import JOB_FUNCTION, get_queue
 from agent.runtime.connection import state_client
 from agent.settings import TurnConfig, least_state_ttl_s, state_ttl_from_env
 from agent.turn import heartbeat
-from agent.turn.approvals import CONTINUATION_MARK
+from agent.turn.continuations import MARK as CONTINUATION_MARK
 from agent.turn.loop import Turn
 from agent.turn.resume import Resumption, resume_or_end
 from agent.turn.tool_runs import answer_every_call
