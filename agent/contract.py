@@ -191,7 +191,8 @@ class Approval(TypedDict):
     id: str  # the request's id: an answer names it, so it is taken once
     call_id: str  # the model's tool call it is about
     name: str  # the tool, as the model sees it
-    arguments: str  # the call's arguments as JSON text, redacted and cut (shown inert)
+    arguments: str  # the call's arguments as the tool receives them: decoded JSON written again, whole, with every
+    # character a reader would not see escaped (agent/turn/approvals.py shown_arguments; shown inert)
     asked_at: float
     expires_at: float
     answer: str | None  # None while pending; then an Outcome in ANSWERS

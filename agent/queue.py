@@ -12,6 +12,7 @@ import copy
 import re
 import time
 import uuid
+from dataclasses import replace
 
 import redis
 from rq import Queue, Worker
@@ -188,6 +189,8 @@ def submit_turn(
     conversation it has seen, so one that expired or was deleted meanwhile is not started afresh.
     """
     text = clean_message(text)
+    share = share if store.person and share > 0 else 0
+    config = replace(config, share=share)  # kept with the turn: its continuations count against it too
     turn_id = turn_id or new_id()
     job_id = job_id_for(turn_id)
     doc = queued_doc(config.to_dict(), job_id, time.time(), tracing.submit_span(conversation_id, turn_id,
@@ -199,7 +202,7 @@ def submit_turn(
     if new or not SafeJob.exists(job_id, connection=queue.connection):
         enqueue_turn(queue, conversation_id, turn_id, job_id, job_timeout_s=config.job_timeout_s,
                      wait_s=queue_wait_s(store.ttl_s),
-                     rate_limit=RateLimit(share_key(store.person), share) if store.person and share > 0 else None)
+                     rate_limit=RateLimit(share_key(store.person), share) if share else None)
     return turn_id
 
 
@@ -210,8 +213,9 @@ def share_key(person_id: str) -> str:
 
 def enqueue_turn(queue: Queue, conversation_id: str, turn_id: str, job_id: str, *, job_timeout_s: int, wait_s: int,
                  at_front: bool = False, rate_limit: RateLimit | None = None) -> None:
-    """Enqueue the job that runs a turn (ids only, never who asked): its first run (`rate_limit`: a person's
-    share of the workers), or its resume or continuation (agent/turn/resume.py, approvals.py: at the front)."""
+    """Enqueue the job that runs a turn (ids only, never who asked): its first run or its continuation after an
+    answer (`rate_limit`: a person's share of the workers; approvals.py), or its resume (agent/turn/resume.py: at
+    the front)."""
     queue.enqueue(
         JOB_FUNCTION,
         conversation_id,

@@ -90,6 +90,9 @@ class TurnConfig:
     # and how long a request waits for an answer before it expires.
     approve_tools: tuple[str, ...] = ()
     approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
+    # A signed-in person's fair share of the workers (their turns queued or running at once; 0: none), which
+    # the continuation after an answer counts against too (agent/queue.py submit_turn, agent/turn/approvals.py).
+    share: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

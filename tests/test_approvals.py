@@ -175,16 +175,19 @@ def test_the_command_line_answers_once_and_says_when_there_is_nothing_to_answer(
     listed = [line for line in cli("list", "--limit", "1000").stdout.splitlines() if conversation_id in line]
     assert listed and "[awaiting approval]" in listed[0], listed
     shown = cli("show", conversation_id)
-    assert shown.returncode == 0 and "[approval needed] calculator with" in shown.stdout
-    assert f"python -m agent approve {conversation_id}" in shown.stdout
-    first = cli("approve", conversation_id)
+    request_id = store.read(conversation_id)["approval"]["id"]
+    assert shown.returncode == 0 and f"[approval needed] request {request_id}: calculator with" in shown.stdout
+    assert f"python -m agent approve {conversation_id} --request {request_id}" in shown.stdout
+    bare = cli("approve", conversation_id)  # no terminal to show the request on, and no request named
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "--request" in bare.stderr
+    first = cli("approve", conversation_id, "--request", request_id)
     assert first.returncode == 0, first.stderr
-    second = cli("deny", conversation_id)
+    second = cli("deny", conversation_id, "--request", request_id)
     assert second.returncode == 2 and second.stderr.count("\n") == 1
     assert "already answered: approved from the command line" in second.stderr
     final = wait_done(store, conversation_id)
     assert final["status"] == Status.DONE
-    none = cli("approve", "no-such-conversation")
+    none = cli("approve", "no-such-conversation", "--request", request_id)
     assert none.returncode == 2 and none.stderr.count("\n") == 1
 
 
@@ -204,7 +207,7 @@ def test_with_safeguards_off_the_job_waits_holding_its_worker_until_the_queue_ki
 
 def asking_cli(env: dict, message: str) -> tuple[subprocess.Popen, str, list[str]]:
     """`ask` with the app's own services, followed until it tells the request on stderr: (the process, the
-    conversation id, the stderr lines so far)."""
+    conversation id, the stderr lines so far; request_told gives the request's id)."""
     proc = subprocess.Popen([sys.executable, "-m", "agent", "ask", message], env=env, cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -217,14 +220,21 @@ def asking_cli(env: dict, message: str) -> tuple[subprocess.Popen, str, list[str
     return proc, lines[0].split("conversation ", 1)[1].split(",", 1)[0], lines
 
 
+def request_told(lines: list[str]) -> str:
+    """The id of the request `ask` told on stderr."""
+    return re.search(r"^\[approval needed\] request ([0-9a-f]+):", "".join(lines), re.M)[1]
+
+
 def test_ask_shows_the_request_says_how_to_answer_and_follows_to_the_end(base_env):
     env = {**base_env, "AGENT_WORKERS": "1", "AGENT_APPROVE_TOOLS": "calculator"}
     proc, cid, lines = asking_cli(env, "What is 6*7?")
     try:
-        told = "".join(lines)
+        told, request_id = "".join(lines), request_told(lines)
         assert "calculator" in told and "6*7" in told
-        assert f"python -m agent approve {cid}" in told and f"python -m agent deny {cid}" in told
-        approved = subprocess.run([sys.executable, "-m", "agent", "approve", cid], env=env, cwd=ROOT,
+        assert f"python -m agent approve {cid} --request {request_id}" in told
+        assert f"python -m agent deny {cid} --request {request_id}" in told
+        approved = subprocess.run([sys.executable, "-m", "agent", "approve", cid, "--request", request_id], env=env,
+                                  cwd=ROOT,
                                   capture_output=True, text=True, timeout=60)
         assert approved.returncode == 0, approved.stderr
         out, err = proc.communicate(timeout=60)
@@ -247,7 +257,7 @@ def stop_cli(proc: subprocess.Popen) -> None:
 
 def test_a_parked_turn_survives_a_restart_of_everything_and_can_still_be_answered(base_env):
     env = {**base_env, "AGENT_WORKERS": "1", "AGENT_APPROVE_TOOLS": "calculator"}
-    proc, cid, _ = asking_cli(env, "What is 6*7?")
+    proc, cid, lines = asking_cli(env, "What is 6*7?")
     tree = [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
     embedded = EmbeddedRedis(Path(env["AGENT_DATA_DIR"]))
     server = embedded.pid
@@ -267,8 +277,8 @@ def test_a_parked_turn_survives_a_restart_of_everything_and_can_still_be_answere
     finally:
         stop_cli(proc)
     # Redis starts again from its append-only file: the request is still there, and can be answered.
-    approved = subprocess.run([sys.executable, "-m", "agent", "approve", cid], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=90)
+    approved = subprocess.run([sys.executable, "-m", "agent", "approve", cid, "--request", request_told(lines)],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert approved.returncode == 0, approved.stderr
     # Any pool serves the continuation: this `ask` starts one, which takes it first (it is at the front).
     other = subprocess.run([sys.executable, "-m", "agent", "ask", "hello"], env=env, cwd=ROOT,

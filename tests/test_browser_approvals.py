@@ -2,7 +2,8 @@
 workers, AGENT_APPROVE_TOOLS=calculator) driven by Debian's Chromium through Playwright. The question makes
 the model ask for the calculator: the request appears in the turn with its countdown; a click on Approve
 brings the tool's step and the answer; a second tab open on the conversation sees the request, then the
-answer, without a click. Tests wait for events, never a fixed sleep."""
+answer, without a click; a request whose arguments hold a right-to-left override shows its escape. Tests
+wait for events, never a fixed sleep."""
 
 from __future__ import annotations
 
@@ -83,6 +84,23 @@ def test_approve_in_the_browser_runs_the_tool_and_a_second_tab_follows_without_a
             assert "Approved on the page" in text, text[-2000:]
             assert not any(b in text for b in BUSY_TEXTS), text[-1500:]
             assert tab.get_by_test_id("stException").count() == 0
+    except BaseException:
+        with contextlib.suppress(Exception):
+            first.screenshot(path=SCREENSHOT, full_page=True)
+        raise
+
+
+def test_a_request_shows_a_right_to_left_override_as_its_escape_in_the_browser(server, tabs):
+    """`000,01$` after U+202E reads `$10,000` where the browser acts on it: the card shows the escape."""
+    first, _ = tabs
+    try:
+        open_chat(first, server.url)
+        send(first, "note: pay \u202e000,01$ now")
+        seen.wait_request(first, PARK_S)
+        card = first.locator("[data-testid='stCode']").filter(has_text="text").first.inner_text()
+        assert "\u202e" not in card and "pay \\u202e000,01$ now" in card, ascii(card)
+        first.get_by_role("button", name="🚫 Deny").click()
+        first.get_by_text("Declined on the page").first.wait_for(timeout=FOLLOW_S * 1000)
     except BaseException:
         with contextlib.suppress(Exception):
             first.screenshot(path=SCREENSHOT, full_page=True)

@@ -31,6 +31,7 @@ from agent.conversation.turns import split_turns
 from agent.hosting import services
 from agent.settings import Settings
 from agent.text.plain_text import plain_text, terminal_safe
+from agent.text.visible import shown_json_text
 
 EXIT_OK, EXIT_USAGE = 0, 2
 MAX_LIST = 10_000  # the most `list --limit` prints
@@ -147,15 +148,17 @@ def _show(state, title: str | None, owner: str | None = None) -> None:
             else:
                 for call in message.get("tool_calls") or []:
                     function = call.get("function") or {}
-                    _out(f"  [calls {function.get('name')}] {function.get('arguments')}", escape=True)
+                    arguments = shown_json_text(str(function.get("arguments") or "{}"), indent=None)
+                    _out(f"  [calls {function.get('name')}] {arguments}", escape=True)
                 if message.get("content"):
                     _out(plain_text(message["content"]), escape=True)
         _out(f"[{(turn.summary or {}).get('status')}]", escape=True)
     request = state.get("approval")
     if state.get("status") == Status.AWAITING_APPROVAL and request and not request.get("answer"):
-        _out(f"[approval needed] {request['name']} with {request['arguments']}: `python -m agent approve "
-             f"{state['conversation_id']}` or `deny {state['conversation_id']}`, before {_when(request['expires_at'])}",
-             escape=True)
+        cid, rid = state["conversation_id"], request["id"]
+        _out(f"[approval needed] request {rid}: {request['name']} with "
+             f"{shown_json_text(request['arguments'], indent=None)}: `python -m agent approve {cid} --request {rid}` "
+             f"or `deny {cid} --request {rid}`, before {_when(request['expires_at'])}", escape=True)
 
 
 def _out(text: str, *, escape: bool) -> None:

@@ -48,6 +48,7 @@ from agent.queue import BadMessage, clean_message, get_queue, new_id, running_wo
 from agent.runtime.connection import describe, is_disk_error, is_memory_error, redis_problem
 from agent.settings import Settings, settings_for_command
 from agent.text.plain_text import terminal_safe
+from agent.text.visible import shown_json_text
 from agent.tools.registry import TOOL_NAME
 
 EXIT_USAGE = 2
@@ -370,10 +371,11 @@ class Follower:
             return
         self.told_request = request["id"]
         wait_s = max(0.0, request["expires_at"] - time.time())
-        print(terminal_safe(f"[approval needed] the model wants to run {request['name']} with "
-                            f"{request['arguments']}"), file=sys.stderr, flush=True)
-        print(f"  answer with `python -m agent approve {self.conversation_id}` or `python -m agent deny "
-              f"{self.conversation_id}` (or on the page); it expires in {wait_s:.0f} s", file=sys.stderr, flush=True)
+        print(terminal_safe(f"[approval needed] request {request['id']}: the model wants to run {request['name']} "
+                            f"with {shown_json_text(request['arguments'], indent=None)}"), file=sys.stderr, flush=True)
+        print(terminal_safe(f"  answer with `python -m agent approve {self.conversation_id} --request {request['id']}` "
+                            f"or `python -m agent deny {self.conversation_id} --request {request['id']}` (or on the "
+                            f"page); it expires in {wait_s:.0f} s"), file=sys.stderr, flush=True)
 
     def hint_if_no_worker(self) -> None:
         """Once, a turn still queued after WORKER_HINT_AFTER_S with no worker running says how to start one."""

@@ -5,7 +5,8 @@ how each turn ended). Pure: no I/O.
 Everything stored is untrusted text, and a viewer opening the Markdown must fetch nothing and run
 nothing, even one that renders raw HTML. So every part of it written there goes one of three ways:
 messages are quoted as the page shows them (images as their alt text, links only to web pages and
-mail addresses) and with no raw HTML at all (`no_html_markdown`); tool arguments and results go in
+mail addresses) and with no raw HTML at all (`no_html_markdown`); tool arguments (decoded, each key once,
+every character a reader would not see as its escape: agent/text/visible.py) and results go in
 fenced blocks whose fence is longer than any backtick run inside, so no content can end one; every
 other stored text (the title, a tool's name, a status, an error's kind) is one line with each Markdown
 character escaped (`inert`) or, for names, a code span no backtick can end. The JSON is the data as
@@ -21,6 +22,7 @@ from agent.contract import Kind, Outcome, Role, State
 from agent.conversation.turns import TurnView, split_turns
 from agent.conversation.words import exported_words
 from agent.text.markdown import inert, no_html_markdown
+from agent.text.visible import shown_json_text
 
 FORMATS = ("md", "json")
 
@@ -58,8 +60,8 @@ def _message(message: dict) -> list[str]:
         lines += ["**Assistant:**", "", _quoted(content), ""]
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        lines += [f"**Tool call:** `{_code_span(function.get('name'))}`", "", *_fenced(function.get("arguments"),
-                                                                                       "json"), ""]
+        arguments = shown_json_text(str(function.get("arguments") or "{}"))  # as the tool receives them
+        lines += [f"**Tool call:** `{_code_span(function.get('name'))}`", "", *_fenced(arguments, "json"), ""]
     return lines
 
 
@@ -67,8 +69,9 @@ def _approval(step: dict) -> str:
     """A request for approval and its answer: approved, declined, or expired (nobody answered: not a decline)."""
     answer = {Outcome.APPROVED: "approved", Outcome.DENIED: "declined", Outcome.EXPIRED: "expired"}.get(
         step.get("outcome"), inert(_one_line(step.get("outcome"))))
+    request = f", request `{_code_span(step.get('request_id'))}`" if step.get("request_id") else ""
     return (f"*Approval of `{_code_span(step.get('name'))}`: {answer} ({inert(_one_line(step.get('detail')))}), "
-            f"at {_when(step.get('ended_at'))}.*")
+            f"at {_when(step.get('ended_at'))}{request}.*")
 
 
 def _ending(turn: TurnView) -> str:

@@ -9,9 +9,11 @@ import redis
 
 from agent.conversation.keys import (
     APPROVALS_KEY,
+    CONTINUING_KEY,
     RUNNING_KEY,
     Keys,
     job_off_queue_since,
+    job_requeued,
     turn_alive,
     turn_cancel,
     turn_claim,
@@ -94,6 +96,23 @@ class Flags:
     def not_parked(self, conversation_id: str) -> None:
         """Forget a conversation in the approvals index (it ended, or is gone, without its entry removed)."""
         self.client.zrem(APPROVALS_KEY, conversation_id)
+
+    # -- the answered turns whose continuation must still reach the queue ---------------------------------
+
+    def continuations_due(self, now: float, limit: int) -> list[str]:
+        """The answered conversations whose continuation is due for a look by `now` (at most `limit`)."""
+        return [_text(member) for member in self.client.zrangebyscore(CONTINUING_KEY, "-inf", now, 0, limit)]
+
+    def look_again(self, conversation_id: str, at: float) -> None:
+        self.client.zadd(CONTINUING_KEY, {conversation_id: at}, xx=True)
+
+    def requeue_once(self, job_id: str, ttl_s: float) -> bool:
+        """The first of the watches and front ends that finds a job missing enqueues it again, for `ttl_s`."""
+        return bool(self.client.set(job_requeued(job_id), "1", nx=True, px=max(1, round(ttl_s * 1000))))
+
+    def continued(self, conversation_id: str) -> None:
+        """The continuation is on the queue (or its turn moved on): nothing more to look at."""
+        self.client.zrem(CONTINUING_KEY, conversation_id)
 
 
 def _text(value):

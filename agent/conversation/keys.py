@@ -34,6 +34,12 @@ Beside the conversations:
                              scored by when the request expires: what the pool's supervisors look at to
                              expire it (agent/turn/approvals.py), never a key scan; the meta hash's
                              `approval` field holds the pending request's id, so an answer is taken once
+    agent:approvals:continuing
+                             sorted set: the conversations whose request was answered and whose
+                             continuation job must still be seen on the queue, scored by when to look:
+                             the answer is recorded before its job is enqueued, so a job that never
+                             reached the queue (Redis full, or gone, in between) is enqueued again by
+                             the pool's watch (agent/turn/approvals.py)
     agent:person:{person}:conversations
                              sorted set: the conversations a signed-in person owns, scored by when they
                              last wrote in them (sent, renamed): that person's list, never a key scan
@@ -50,6 +56,8 @@ Beside the conversations:
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
+    agent:job:{job}:requeued string "1", for a few seconds: a continuation that never reached the queue is
+                             being enqueued again, by one watch or front end only (agent/turn/approvals.py)
     agent:tools:catalogue    string: one JSON document, the tool sources the workers have, for the page
                              (agent/tools/catalogue.py)
 
@@ -66,6 +74,7 @@ INDEX_KEY = f"{KEY_PREFIX}conversations"
 CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
 RUNNING_KEY = f"{KEY_PREFIX}turns:running"
 APPROVALS_KEY = f"{KEY_PREFIX}approvals:pending"
+CONTINUING_KEY = f"{KEY_PREFIX}approvals:continuing"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PEOPLE_BY_EMAIL_KEY = f"{KEY_PREFIX}people:by-email"
@@ -117,6 +126,10 @@ def turn_cancel(turn_id: str) -> str:
 
 def job_off_queue_since(job_id: str) -> str:
     return f"{KEY_PREFIX}job:{job_id}:off-queue-since"
+
+
+def job_requeued(job_id: str) -> str:
+    return f"{KEY_PREFIX}job:{job_id}:requeued"
 
 
 def turn_alive(turn_id: str) -> str:

@@ -172,10 +172,11 @@ class Store(StoreReads):
                                  ttl_s=max(ttl_s, self.ttl_s), hold=hold)
 
     def answer(self, conversation_id: str, turn_id: str, request_id: str, doc: TurnDoc, step: Step, *,
-               new_owner: str, ttl_s: int) -> tuple[str, int]:
+               new_owner: str, ttl_s: int, decision: str = "", look_at: float | None = None) -> tuple[str, int]:
         """Answer a parked turn's request once; the job `new_owner` continues it (see Writes.answer)."""
         return self._writes.answer(conversation_id, turn_id, request_id, doc, step, new_owner=new_owner,
-                                   ttl_s=max(ttl_s, self.ttl_s), person=self.person)
+                                   ttl_s=max(ttl_s, self.ttl_s), person=self.person, decision=decision,
+                                   look_at=look_at)
 
     def delete(self, conversation_id: str) -> bool:
         """Delete a conversation; a turn in flight is asked to stop first, and its later writes are

@@ -25,6 +25,7 @@ from agent.conversation.errors import (
 )
 from agent.conversation.keys import (
     APPROVALS_KEY,
+    CONTINUING_KEY,
     INDEX_KEY,
     RUNNING_KEY,
     Keys,
@@ -160,15 +161,19 @@ class Writes:
             raise _refusal(exc) from exc
 
     def answer(self, conversation_id: str, turn_id: str, request_id: str, doc: TurnDoc, step: Step, *,
-               new_owner: str, ttl_s: int, person: str = "") -> tuple[str, int]:
+               new_owner: str, ttl_s: int, person: str = "", decision: str = "",
+               look_at: float | None = None) -> tuple[str, int]:
         """Answer the pending request `request_id`, once (scripts/answer.lua): ("ok", version), or ("taken",
-        0) when that request is not the one waiting, ("ended", 0) or ("gone", 0)."""
+        0) when that request is not the one waiting, ("late", 0) when Redis's clock says it expired before
+        a person's `decision` came, ("ended", 0) or ("gone", 0). `look_at`: the answer enqueues a
+        continuation, which the pool's watch looks for on the queue from then (agent:approvals:continuing)."""
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
         outcome, version = self.scripts.answer(
-            keys=[keys.meta, keys.steps, keys.events, APPROVALS_KEY, INDEX_KEY, keys.history, keys.turns, keys.live],
+            keys=[keys.meta, keys.steps, keys.events, APPROVALS_KEY, INDEX_KEY, keys.history, keys.turns, keys.live,
+                  CONTINUING_KEY],
             args=[turn_id, request_id, _dumps(doc), _dumps(step), new_owner, conversation_id,
-                  repr(doc["updated_at"]), ttl_s, person])
+                  repr(doc["updated_at"]), ttl_s, person, decision, "" if look_at is None else repr(look_at)])
         return _text(outcome), int(version)
 
     def turn_in_flight(self, conversation_id: str) -> str | None:

@@ -20,7 +20,7 @@ from agent.conversation.store import Store
 from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a silent turn counts as lost
 from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.settings import TurnConfig
-from agent.turn import approvals
+from agent.turn import approvals, continuations
 from agent.turn.resume import resume_or_end
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
@@ -100,6 +100,8 @@ def lost_worker_check(
         approvals.answer(store, get_queue(queue_connection), conversation_id, Outcome.EXPIRED, approvals.BY_NOBODY,
                          request_id=meta["approval"]["id"], now=now)
         return False
+    if continuations.requeue_if_stranded(store, get_queue(queue_connection), meta, now):
+        return False  # answered, but its continuation never reached the queue: it is there now (not lost)
     reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False

@@ -154,18 +154,25 @@ def schemas(names: Iterable[str] | None = None) -> list[dict]:
     ]
 
 
-def check_arguments(found: Tool, arguments_json: str | None) -> dict:
-    """The keyword arguments for the tool's function, from the model's JSON; ToolError says what is wrong."""
+def decode_arguments(name: str, arguments_json: str | None) -> dict:
+    """A call's arguments decoded as its tool receives them (a key given twice: the last value, as JSON
+    readers do), before any check against the tool's parameters; ToolError says what is wrong. What a
+    person is asked to approve is shown from this same value (agent/turn/approvals.py)."""
     text = "{}" if arguments_json is None or not str(arguments_json).strip() else str(arguments_json)
     try:  # some models send "" for a tool without parameters
         arguments = bounded_json.loads(text)
     except bounded_json.TooDeep as exc:
-        raise ToolError(f"arguments for {found.name} are {exc}") from None
+        raise ToolError(f"arguments for {name} are {exc}") from None
     except ValueError as exc:
-        raise ToolError(f"arguments for {found.name} are not valid JSON ({exc})") from None
+        raise ToolError(f"arguments for {name} are not valid JSON ({exc})") from None
     if not isinstance(arguments, dict):
-        raise ToolError(f"arguments for {found.name} must be a JSON object, not {type(arguments).__name__}")
-    arguments = scrub_json(arguments)  # "\\ud800" is valid JSON, but no UTF-8 text
+        raise ToolError(f"arguments for {name} must be a JSON object, not {type(arguments).__name__}")
+    return scrub_json(arguments)  # "\\ud800" is valid JSON, but no UTF-8 text
+
+
+def check_arguments(found: Tool, arguments_json: str | None) -> dict:
+    """The keyword arguments for the tool's function, from the model's JSON; ToolError says what is wrong."""
+    arguments = decode_arguments(found.name, arguments_json)
     if found.arguments is None:
         return {"arguments": arguments}  # the tool's own server checks them against its schema
     huge = _past_float_range(arguments)

@@ -32,16 +32,17 @@ from agent.contract import Approval, Kind, Outcome, State, Status, carried, make
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 from agent.providers.base import ToolCall
-from agent.queue import enqueue_turn, job_id_for, queue_wait_s
 from agent.settings import TurnConfig, least_state_ttl_s
-from agent.text.redaction import cut
+from agent.text.visible import visible_json
+from agent.tools.registry import ToolError, decode_arguments
+from agent.turn import continuations
 from agent.turn.exits import TurnClosed
 from agent.turn.writer import StateWriter
 
 log = logging.getLogger(__name__)
 
-RECORDED_CHARS = 2000  # characters of a call's arguments kept in its request
-MAX_EXPIRED_PER_LOOK = 100  # requests expired per look of one supervisor, the oldest first
+MAX_SHOWN_CHARS = 16_000  # characters of a call's arguments as shown to a person; longer ones are refused unasked
+MAX_EXPIRED_PER_LOOK = 100  # requests expired (and continuations looked for) per look of one supervisor
 WAIT_POLL_S = 0.5  # seconds between looks for the answer, when the job waits for it itself (safeguards off)
 # Who answered, in words: the page and the command line say so; an expiry is nobody.
 BY_PAGE, BY_CLI, BY_NOBODY = "on the page", "from the command line", "nobody: it expired"
@@ -62,10 +63,34 @@ class TurnParked(Exception):  # noqa: N818 - not an error: the loop's way out wh
         self.call = call
 
 
+def shown_arguments(call: ToolCall) -> str:
+    """A call's arguments as a person is asked to approve them: exactly what the tool receives (decoded:
+    a key given twice once, with the value the tool gets), whole, with every character a reader would
+    not see shown as its escape. ToolError when they cannot be: not a JSON object, or longer than
+    MAX_SHOWN_CHARS once shown (the call is then refused, and nobody is asked)."""
+    shown = visible_json(decode_arguments(call.name, call.arguments))
+    if len(shown) > MAX_SHOWN_CHARS:
+        raise ToolError(f"the arguments for {call.name} are {len(shown):,} characters as a person would be shown "
+                        f"them, and at most {MAX_SHOWN_CHARS:,} can be shown whole")
+    return shown
+
+
+def refusal_unless_shown(call: ToolCall) -> str | None:
+    """The error a call that asks a person first gets instead, when its arguments cannot be shown to them
+    whole and exactly as the tool would receive them; None when they can."""
+    try:
+        shown_arguments(call)
+    except ToolError as exc:
+        return (f"Error: not run, and nobody was asked to approve it: {exc}. Send the call again with arguments "
+                "that can be shown whole.")
+    return None
+
+
 def request_for(call: ToolCall, config: TurnConfig, now: float, steps_before: int) -> Approval:
-    """A new request for approval of `call`, expiring AGENT_APPROVAL_TIMEOUT from now."""
+    """A new request for approval of `call`, expiring AGENT_APPROVAL_TIMEOUT from now, with its arguments
+    as the tool receives them (shown_arguments: a call whose arguments cannot be shown never asks)."""
     return Approval(id=secrets.token_hex(8), call_id=call.id, name=call.name,
-                    arguments=cut(call.arguments, RECORDED_CHARS), asked_at=now,
+                    arguments=shown_arguments(call), asked_at=now,
                     expires_at=now + config.approval_timeout_s, answer=None, answered_at=None, answered_by=None,
                     job_id=None, steps_before=steps_before)
 
@@ -102,33 +127,45 @@ def wait_for_answer(writer: StateWriter, request: Approval, stops) -> str:
 
 @dataclass(frozen=True)
 class Answered:
-    """What became of an answer: `outcome` "ok", "answered" (it was answered already), "none" (nothing to
-    answer) or "gone" (no such conversation), and one sentence that says so."""
+    """What became of an answer: `outcome` "ok", "answered" (it was answered already, or expired), "none"
+    (nothing to answer, or not that request), "read-only" (someone else's conversation) or "gone" (no such
+    conversation), and one sentence that says so."""
 
     outcome: str
     message: str
+    queued: bool = True  # taken, and its continuation is on the queue (False: the pool's watch queues it)
 
     @property
     def taken(self) -> bool:
         return self.outcome == "ok"
 
 
+READ_ONLY = ("This conversation is read-only for you: it belongs to someone else, and only they can answer its "
+             "request for approval.")
+
+
 def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: str, *,
            request_id: str | None = None, now: float | None = None) -> Answered:
-    """Answer the conversation's pending request (`request_id`: only that one) with an Outcome in ANSWERS."""
+    """Answer the conversation's pending request (`request_id`: only that one) with an Outcome in ANSWERS.
+
+    The answer is recorded first (scripts/answer.lua: once, and a person's only before the request expires by
+    Redis's clock), then its continuation is enqueued: should that enqueue fail (Redis full, or gone, in
+    between), the answer stands and the pool's watch enqueues the continuation (continuations.py)."""
     now = time.time() if now is None else now
     state = store.read_meta(conversation_id)
     if state is None:
         return Answered("gone", f"No conversation {conversation_id} (it expired, or was deleted).")
+    if not store.owns(state):
+        return Answered("read-only", READ_ONLY)
     request = state.get("approval")
     if (state["done"] or state["status"] != Status.AWAITING_APPROVAL or not request or request.get("answer")
             or (request_id is not None and request.get("id") != request_id)):
-        return _not_pending(state, request_id)
+        return not_pending(store, conversation_id, state, request_id)
     config = TurnConfig.from_dict(state["config"] or {})
     answered = Approval(**{**request, "answer": decision, "answered_at": now, "answered_by": by})
     doc = carried(state)
     if config.safeguards:  # a continuation, on a fresh set of clocks, owns the turn from here
-        answered["job_id"] = owner = f"{job_id_for(state['turn_id'])}-approval-{request['id']}"
+        answered["job_id"] = owner = continuations.continuation_id(state["turn_id"], request["id"])
         doc.update(status=Status.QUEUED, job_id=owner, enqueued_at=now, started_at=None, deadline_at=None,
                    job_timeout_at=None, current_step=None)
     else:  # the job that asked waits for the answer itself, and goes on with it
@@ -138,42 +175,75 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
     step = make_step(state["turn_id"], request.get("steps_before", 0) + 1, Kind.APPROVAL, request["name"],
                      request["asked_at"], now, decision, deadline_at=state["deadline_at"],
                      job_timeout_at=state["job_timeout_at"], answered_by=by, call_id=request["call_id"],
+                     request_id=request["id"],
                      arguments=request["arguments"], detail=_detail(decision, by, now - request["asked_at"]))
     outcome, _ = store.answer(conversation_id, state["turn_id"], request["id"], doc, step, new_owner=owner,
-                              ttl_s=least_state_ttl_s(config))
+                              ttl_s=least_state_ttl_s(config), decision=decision,
+                              look_at=now + continuations.GRACE_S if config.safeguards else None)
+    if outcome == "late":  # expired by Redis's clock, not yet by the watch: it is expired here, as the watch would
+        answer(store, queue, conversation_id, Outcome.EXPIRED, BY_NOBODY, request_id=request["id"])
+        return Answered("answered", f"Too late: the request to approve {request['name']} expired before this answer "
+                                    "came (nobody answered in time), so the tool was not run.")
+    if outcome == "gone" and store.read_meta(conversation_id) is not None:
+        return Answered("read-only", READ_ONLY)
     if outcome != "ok":
-        return _not_pending(store.read_meta(conversation_id), request_id)
-    if config.safeguards:
-        enqueue_turn(queue, conversation_id, state["turn_id"], owner, job_timeout_s=config.job_timeout_s,
-                     wait_s=queue_wait_s(store.ttl_s), at_front=True)
+        return not_pending(store, conversation_id, store.read_meta(conversation_id), request_id)
     log.info("turn %s: the request to approve %s was %s (%s)", state["turn_id"], request["name"], decision, by)
+    if config.safeguards and not continuations.enqueue(store, queue, conversation_id, state, owner, config):
+        return Answered("ok", f"{_WORDS[decision].capitalize()}: {request['name']}. The answer is recorded; Redis "
+                              "refused its job for now, and the pool's watch queues it once Redis takes it.",
+                        queued=False)
     return Answered("ok", f"{_WORDS[decision].capitalize()}: {request['name']}. The turn goes on.")
 
 
 def expire_due(store: Store, queue: Queue, now: float | None = None) -> int:
-    """Expire every request whose time is up (the oldest first); returns how many were expired."""
+    """Expire every request whose time is up (the oldest first), and enqueue again the continuations the queue
+    never got (continuations.requeue_stranded); returns how many requests were expired."""
     now = time.time() if now is None else now
     expired = 0
     for conversation_id in store.flags.approvals_due(now, MAX_EXPIRED_PER_LOOK):
         result = answer(store, queue, conversation_id, Outcome.EXPIRED, BY_NOBODY, now=now)
         if result.taken:
             expired += 1
-        else:  # answered, ended or gone meanwhile without its entry removed
+        elif result.outcome != "read-only":  # answered, ended or gone meanwhile without its entry removed
             store.flags.not_parked(conversation_id)
+    continuations.requeue_stranded(store, queue, MAX_EXPIRED_PER_LOOK, now)
     return expired
 
 
-def _not_pending(state: State | None, request_id: str | None) -> Answered:
+def not_pending(store: Store, conversation_id: str, state: State | None, request_id: str | None = None) -> Answered:
+    """Why there is nothing to answer (`request_id`: that request) in the conversation whose state is `state`."""
     if state is None:
-        return Answered("gone", "The conversation is gone (it expired, or was deleted).")
+        return Answered("gone", f"No conversation {conversation_id} (it expired, or was deleted).")
     request = state.get("approval")
     if request and request.get("answer") and (request_id is None or request.get("id") == request_id):
-        if request["answer"] == Outcome.EXPIRED:
-            return Answered("answered", f"The request to approve {request['name']} expired (nobody answered in "
-                                        "time): it can no longer be answered.")
-        return Answered("answered", f"The request to approve {request['name']} was already answered: "
-                                    f"{_WORDS.get(request['answer'], request['answer'])} {request.get('answered_by')}.")
+        return _answered_already(request)
+    if request_id is not None:  # a named request: answered earlier (its step says how), or not this turn's
+        earlier = _answer_step(store.read(conversation_id), request_id)
+        if earlier is not None:
+            return _answered_already({"name": earlier.get("name"), "answer": earlier.get("outcome"),
+                                      "answered_by": earlier.get("answered_by")}, request_id)
+        if (request and not request.get("answer") and not state["done"]
+                and state["status"] == Status.AWAITING_APPROVAL):
+            return Answered("none", f"Request {request_id} is not the one waiting: the turn waits for request "
+                                    f"{request['id']} (to run {request['name']}); see it before you answer it.")
+        return Answered("none", f"Nothing to answer: no request {request_id} is waiting in this conversation.")
     return Answered("none", "Nothing to answer: the conversation's turn is not waiting for an approval.")
+
+
+def _answered_already(request: dict, request_id: str | None = None) -> Answered:
+    which = f"request {request_id} to approve" if request_id else "request to approve"
+    if request.get("answer") == Outcome.EXPIRED:
+        return Answered("answered", f"The {which} {request.get('name')} expired (nobody answered in time): it can "
+                                    "no longer be answered.")
+    return Answered("answered", f"The {which} {request.get('name')} was already answered: "
+                                f"{_WORDS.get(request.get('answer'), request.get('answer'))} "
+                                f"{request.get('answered_by')}.")
+
+
+def _answer_step(state: State | None, request_id: str) -> dict | None:
+    return next((step for step in (state or {}).get("steps") or []
+                 if step.get("kind") == Kind.APPROVAL and step.get("request_id") == request_id), None)
 
 
 _WORDS = {Outcome.APPROVED: "approved", Outcome.DENIED: "declined", Outcome.EXPIRED: "expired"}

@@ -25,6 +25,7 @@ from agent.runtime.connection import state_client
 from agent.settings import TurnConfig, least_state_ttl_s, state_ttl_from_env
 from agent.tools import acting_for
 from agent.turn import heartbeat
+from agent.turn.continuations import MARK as CONTINUATION_MARK
 from agent.turn.loop import Turn
 from agent.turn.resume import Resumption, resume_or_end
 from agent.turn.tool_runs import answer_every_call
@@ -74,6 +75,9 @@ def _run(conversation_id: str, turn_id: str) -> str:
     store.ttl_s = max(store.ttl_s, least_state_ttl_s(config))
     if job_id and state["job_id"] == job_id and _continues(state, job_id):
         return _continue(store, conversation_id, state, config, job_id, started_at)
+    if job_id and CONTINUATION_MARK in job_id:  # a continuation run again (delivered twice): never a fresh turn
+        log.info("turn %s: continuation %s has nothing to do (it ran already)", turn_id, job_id)
+        return "duplicate"
     if job_id and state["attempt"] > 0 and state["job_id"] == job_id:
         return _resume(store, conversation_id, state, config, job_id)
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):

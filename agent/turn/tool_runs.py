@@ -8,7 +8,7 @@ output, the error of a refused call, or a note that it never ran because time or
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -99,7 +99,10 @@ class ToolRuns:
         return tool_registry.needs_approval(call.name, self.context.config.approve_tools)
 
     def asking_last(self, planned: list[PlannedCall]) -> list[PlannedCall]:
-        """The calls that need no approval first, in order; then those that ask a person, in order."""
+        """The calls that need no approval first, in order; then those that ask a person, in order. One that
+        asks but cannot show its arguments whole is refused unasked (approvals.refusal_unless_shown)."""
+        planned = [replace(item, refusal=approvals.refusal_unless_shown(item.call))
+                   if item.refusal is None and self.asks_first(item.call) else item for item in planned]
         asking = [item.refusal is None and self.asks_first(item.call) for item in planned]
         return ([item for item, asks in zip(planned, asking, strict=True) if not asks]
                 + [item for item, asks in zip(planned, asking, strict=True) if asks])

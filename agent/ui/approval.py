@@ -12,7 +12,6 @@ it): a parked turn costs the server nothing per second.
 from __future__ import annotations
 
 import datetime as dt
-import json
 
 import redis
 import streamlit as st
@@ -20,11 +19,15 @@ import streamlit as st
 from agent.contract import TOOL_NAME, Approval, Outcome, Status
 from agent.conversation.well_formed import number
 from agent.conversation.words import STATUS_LABELS
+from agent.runtime.connection import is_disk_error, is_memory_error, redis_problem
 from agent.text.markdown import inert
+from agent.text.visible import shown_json_text
 from agent.turn import approvals
 from agent.ui import state as ui
 
 COUNTDOWN_HEIGHT_PX = 26
+ARGUMENTS_HEIGHT_PX = 420  # long arguments scroll inside their block (all of them are there), the buttons stay near
+ARGUMENTS_LINES = 18  # lines of arguments shown before their block scrolls
 
 # The browser counts down from what was left when the page drew it: its own clock may differ from the
 # server's, the time elapsed since does not. Only two numbers are put in; nothing else varies.
@@ -53,10 +56,12 @@ def on_answer(be: ui.Backend, cid: str, request_id: str, decision: str) -> None:
         by = f"by {be.person.name} on the page" if be.person is not None else approvals.BY_PAGE
         answered = approvals.answer(be.store, be.queue, cid, decision, by, request_id=request_id)
     except redis.RedisError as exc:
-        session[ui.FLASH_KEY] = ("error", f"The answer was not recorded: Redis is not answering "
-                                          f"({type(exc).__name__}). Try again.", None)
+        # Nothing was recorded: the answer is taken in one script, and a failed enqueue after it is not raised.
+        why = redis_problem(exc) if is_memory_error(exc) or is_disk_error(exc) else \
+            f"Redis is not answering ({type(exc).__name__})"
+        session[ui.FLASH_KEY] = ("error", f"The answer was not recorded: {why}. Try again.", None)
         return
-    if not answered.taken:
+    if not answered.taken or not answered.queued:
         session[ui.FLASH_KEY] = ("info", inert(answered.message), None)
 
 
@@ -67,8 +72,12 @@ def request_card(be: ui.Backend, cid: str, request: Approval, now: float) -> Non
     with st.container(border=True, key=f"approval-{request['id']}"):
         st.markdown(f"**✋ The assistant wants to run {name}.** It asks you first: nothing runs until you "
                     "answer.")
-        st.caption("With these arguments:")
-        st.code(_pretty(request.get("arguments")), language="json", wrap_lines=True)
+        st.caption(f"Request `{request_id_text(request['id'])}`, with these arguments, exactly as the tool will "
+                   "receive them (each key once; characters you could not see are shown as escapes such as "
+                   "`\\u202e`):")
+        shown = shown_arguments(request.get("arguments"))
+        st.code(shown, language="json", wrap_lines=True,
+                height=ARGUMENTS_HEIGHT_PX if shown.count("\n") > ARGUMENTS_LINES or len(shown) > 2000 else "content")
         st.caption(expiry_text(request, now))
         expires_at = number(request.get("expires_at"))
         if expires_at is not None:
@@ -98,14 +107,14 @@ def expiry_text(request: Approval, now: float) -> str:
             "the tool is then not run, and the assistant answers without it.")
 
 
-def _pretty(arguments) -> str:
-    """The arguments as indented JSON when they are JSON; the text as it is otherwise (it was cut)."""
-    if not isinstance(arguments, str):
-        return ""
-    try:
-        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-    except (ValueError, RecursionError):
-        return arguments
+def shown_arguments(arguments) -> str:
+    """The request's arguments as the tool receives them (a request stores them so: approvals.py), with
+    every character a reader would not see escaped, also in a state stored before it did."""
+    return shown_json_text(arguments) if isinstance(arguments, str) else ""
+
+
+def request_id_text(request_id) -> str:
+    return "".join(ch for ch in str(request_id) if ch.isalnum())[:64]
 
 
 def tool_name_markdown(name) -> str:
@@ -116,11 +125,17 @@ def tool_name_markdown(name) -> str:
     return inert(name or "a tool")
 
 
-def parked_status(state: dict) -> None:
-    """The status panel of a parked turn: no spinner, no budget bar, no queue place: no job runs."""
+def parked_status(state: dict, *, read_only: bool = False) -> None:
+    """The status panel of a parked turn: no spinner, no budget bar, no queue place: no job runs. `read_only`:
+    someone else's (an admin's look), whose request only its owner can answer."""
     request = state.get("approval") or {}
     name = tool_name_markdown(request.get("name"))
     with st.container(border=True):
+        if read_only:
+            st.markdown(f"**✋ Waiting for its owner's approval** to run {name}")
+            st.caption("This conversation is read-only for you: it belongs to someone else, and only they can "
+                       "answer its request for approval. No job is running meanwhile.")
+            return
         st.markdown(f"**{STATUS_LABELS[Status.AWAITING_APPROVAL]}** to run {name}")
         st.caption("No job is running: the worker that asked was freed, and no clock of the turn runs while you "
                    "decide. Once you answer, the turn goes on in a new job with a fresh set of clocks.")

@@ -187,7 +187,7 @@ def _follow_body(settings: Settings, be: ui.Backend, cid: str, turn_id: str | No
         places = _live_places()
         places.body.empty()
         with places.status.container():
-            approval.parked_status(state)
+            approval.parked_status(state, read_only=not be.store.owns(state))
         places.chart.empty()
     elif phase == ui.IDLE:
         st.empty()  # in place of the frame of a turn that was in flight: it goes at once, not at the run's end
@@ -327,7 +327,7 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> N
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
     if state["status"] == Status.AWAITING_APPROVAL:  # no job runs: no bar, no queue place, no spinner
-        approval.parked_status(state)
+        approval.parked_status(state, read_only=not be.store.owns(state))
         return
     with st.container(border=True):
         if state["status"] == Status.QUEUED:

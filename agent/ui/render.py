@@ -25,6 +25,7 @@ from agent.conversation.well_formed import Malformed, number, parse_json
 from agent.conversation.words import KIND_HEADLINES, status_words
 from agent.providers.streaming import token_count
 from agent.text.markdown import inert, safe_markdown
+from agent.text.visible import visible, visible_json
 from agent.ui.guard import drawn_or_said
 from agent.ui.timeline import timeline_chart
 
@@ -51,22 +52,24 @@ def _parsed_arguments(arguments):
 
 
 def _pretty_arguments(arguments) -> str:
+    """Indented, each character a reader would not see (a bidirectional override, a zero-width space) as
+    its escape (agent/text/visible.py)."""
     try:
-        return json.dumps(_parsed_arguments(arguments), indent=2, ensure_ascii=False)
+        return visible_json(_parsed_arguments(arguments))
     except Malformed:
-        return arguments if isinstance(arguments, str) else ""
+        return visible(arguments) if isinstance(arguments, str) else ""
 
 
 def _short_arguments(arguments) -> str:
     try:
         parsed = _parsed_arguments(arguments)
     except Malformed:
-        return str(arguments if arguments is not None else "")[:40]
+        return visible(str(arguments if arguments is not None else "")[:40])
     if isinstance(parsed, dict):
         text = ", ".join(f"{v}" if len(parsed) == 1 else f"{k}={v}" for k, v in parsed.items())
     else:
         text = str(parsed)
-    return text if len(text) <= 48 else text[:45] + "…"
+    return visible(text if len(text) <= 48 else text[:45] + "…")
 
 
 TOOL_ICONS = {Outcome.OK: "🔧", Outcome.STOPPED: "⏹️"}  # any other outcome: ⚠️
