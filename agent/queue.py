@@ -14,17 +14,17 @@ import time
 import uuid
 
 import redis
-from rq import Queue, Worker
+from rq import Queue
 from rq.callbacks import Callback
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.rate_limit import RateLimit
-from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from agent import tracing
 from agent.contract import Role, queued_doc
 from agent.conversation.store import Store
+from agent.conversation.workers import live_workers
 from agent.runtime import json_only
 from agent.settings import TurnConfig
 
@@ -257,10 +257,11 @@ def queue_position(queue: Queue, job_id: str) -> int | None:
 
 
 def running_workers(queue: Queue) -> int:
-    """How many workers are registered for this queue."""
-    return Worker.count(connection=queue.connection, queue=queue)
+    """How many workers are there now: those that beat (agent/conversation/workers.py), not RQ's
+    registrations, which a killed worker leaves behind for minutes."""
+    return live_workers(queue.connection)[0]
 
 
-def running_count(queue: Queue) -> int:
-    # cleanup=False: a cleanup from a non-main thread (a Streamlit script) can raise (rq#2135).
-    return StartedJobRegistry(queue=queue).get_job_count(cleanup=False)
+def worker_counts(queue: Queue) -> tuple[int, int]:
+    """(workers there now, how many of them are busy with a turn)."""
+    return live_workers(queue.connection)

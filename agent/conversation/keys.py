@@ -46,6 +46,10 @@ Beside the conversations:
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
+    agent:workers            set: the names of the workers that beat (agent/conversation/workers.py)
+    agent:worker:{name}:alive
+                             string: the worker's state (`idle`, `busy`, ...), renewed every second with
+                             a TTL of 3 s by the worker itself: what the page counts as its workers
     agent:tools:catalogue    string: one JSON document, the tool sources the workers have, for the page
                              (agent/tools/catalogue.py)
 
@@ -61,6 +65,7 @@ KEY_PREFIX = "agent:"
 INDEX_KEY = f"{KEY_PREFIX}conversations"
 CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
 RUNNING_KEY = f"{KEY_PREFIX}turns:running"
+WORKERS_KEY = f"{KEY_PREFIX}workers"
 APPROVALS_KEY = f"{KEY_PREFIX}approvals:pending"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -117,6 +122,10 @@ def job_off_queue_since(job_id: str) -> str:
 
 def turn_alive(turn_id: str) -> str:
     return f"{KEY_PREFIX}turn:{turn_id}:alive"
+
+
+def worker_alive(name: str) -> str:
+    return f"{KEY_PREFIX}worker:{name}:alive"
 
 
 def person_conversations(person_id: str) -> str:
