@@ -169,6 +169,13 @@ class Ending:
                    "so this reply could not be finished. You can send your message again.")
 
     @classmethod
+    def not_queued(cls, problem: str) -> Ending:
+        """The turn was accepted, but its job could not be put on the queue: it never runs."""
+        return cls(Status.FAILED, ErrorKind.NOT_QUEUED,
+                   f"This message could not be put on the queue, so no worker will answer it: {problem}. "
+                   "Send it again once that is solved.")
+
+    @classmethod
     def queue_expired(cls, reason: str) -> Ending:
         return cls(Status.FAILED, ErrorKind.QUEUE_EXPIRED,
                    f"No worker was free to start this reply: {reason}, so it was dropped without running. "

@@ -9,6 +9,7 @@ import redis
 
 from agent.conversation.keys import (
     APPROVALS_KEY,
+    RESERVED_KEY,
     RUNNING_KEY,
     Keys,
     job_off_queue_since,
@@ -45,6 +46,10 @@ class Flags:
     def on_queue(self, job_id: str) -> None:
         """The job is on its queue: forget any earlier sighting of it missing."""
         self.client.delete(job_off_queue_since(job_id))
+
+    def release_reservation(self, turn_id: str) -> None:
+        """The turn will write no ending (its conversation was deleted): its memory reservation goes (room.py)."""
+        self.client.zrem(RESERVED_KEY, turn_id)
 
     # -- the turns running, and their heartbeats ---------------------------------------------------
 

@@ -46,6 +46,10 @@ Beside the conversations:
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
+    agent:memory:reserved    sorted set: the turns accepted and not ended, each holding a reservation of Redis's
+                             memory for its final write (agent/conversation/room.py), scored by when the
+                             reservation lapses: new turns are refused when they would not fit; a turn's
+                             ending releases it, first thing, so that the ending lands even at maxmemory
     agent:workers            set: the names of the workers that beat (agent/conversation/workers.py)
     agent:worker:{name}:alive
                              string: the worker's state (`idle`, `busy`, ...), renewed every second with
@@ -66,6 +70,7 @@ INDEX_KEY = f"{KEY_PREFIX}conversations"
 CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
 RUNNING_KEY = f"{KEY_PREFIX}turns:running"
 WORKERS_KEY = f"{KEY_PREFIX}workers"
+RESERVED_KEY = f"{KEY_PREFIX}memory:reserved"
 APPROVALS_KEY = f"{KEY_PREFIX}approvals:pending"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
 CONVERSATION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
