@@ -8,6 +8,14 @@ Several supervisors may notice the same loss: the store hands the turn over once
 
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
 index of parked turns scored by expiry: one range read when none is due.
+
+A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
+nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'
+renewals, queued behind the stall like everyone's commands, can land: each looks lapsed for a moment.
+So the watch times its own looks: when two good looks are more than REDIS_AWAY_S apart (its reads failed
+or stalled, or it was itself held up), Redis was away for longer than a heartbeat can bridge, and a lapsed
+mark is not taken for a lost worker until the workers have had a whole HEARTBEAT_TTL_S of Redis back to
+renew theirs. The hand-over itself (scripts/resume.lua) is refused while the lost job's mark is there.
 """
 
 from __future__ import annotations
@@ -24,13 +32,16 @@ from agent.conversation.store import Store
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
 from agent.turn.approvals import expire_due
-from agent.turn.heartbeat import HEARTBEAT_TTL_S
+from agent.turn.heartbeat import HEARTBEAT_S, HEARTBEAT_TTL_S
 from agent.turn.resume import resume_or_end
 
 log = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # seconds between looks at the running turns
 MAX_WATCHED = 1000  # running turns looked at per look, the soonest job timeout first
+# Seconds between two good looks past which Redis (or this watch) counts as having been away: a heartbeat
+# renewed every HEARTBEAT_S lapses only when its worker could not reach Redis for about this long.
+REDIS_AWAY_S = HEARTBEAT_TTL_S - HEARTBEAT_S
 
 
 def lost_job_reason(queue_connection: redis.Redis, job_id: str, now: float) -> str | None:
@@ -59,12 +70,34 @@ class TurnWatch:
         self.stopping = threading.Event()
         self.resumed = 0
         self.expired = 0  # requests for approval this watch expired
+        self.last_look: float | None = None  # time.monotonic() at the end of the last look that reached Redis
+        self.trust_lapses_from = 0.0  # time.monotonic() from which a lapsed heartbeat means a lost worker
+        self.held_off = 0  # looks at which lapsed heartbeats were let be, Redis having been away
 
     def sweep(self) -> None:
+        try:
+            self._sweep()
+        except redis.RedisError:
+            self.last_look = None  # Redis did not answer: the next good look starts a grace
+            raise
+
+    def redis_was_away(self, now: float) -> bool:
+        """A good look ends at `now`: True while lapsed heartbeats are to be let be, because Redis (or this
+        watch) was away until a moment ago and the workers have not yet had HEARTBEAT_TTL_S to renew."""
+        if self.last_look is None or now - self.last_look > REDIS_AWAY_S:
+            self.trust_lapses_from = now + HEARTBEAT_TTL_S
+            if self.last_look is not None:
+                log.info("turn watch: Redis did not answer for %.1f s; heartbeats get %g s to be renewed before a "
+                         "lapsed one counts", now - self.last_look, HEARTBEAT_TTL_S)
+        self.last_look = now
+        return now < self.trust_lapses_from
+
+    def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))
         flags = self.store.flags
         running = flags.running(MAX_WATCHED)
         if not running:
+            self.redis_was_away(time.monotonic())
             return
         owners = flags.owners(running)
         in_flight = []
@@ -75,6 +108,9 @@ class TurnWatch:
                 flags.not_running(conversation_id)  # ended (or gone) without its index entry removed
         now = time.time()
         beating = flags.alive([turn_id for _, turn_id, _ in in_flight])
+        if self.redis_was_away(time.monotonic()):
+            self.held_off += not all(beating)
+            return
         for (conversation_id, turn_id, owner), alive in zip(in_flight, beating, strict=True):
             if alive or not owner:
                 continue

@@ -11,6 +11,8 @@ local turn_id, lost, new, max_resumes, alive_ms = ARGV[1], ARGV[2], ARGV[3], ton
 local current = redis.call('HMGET', meta, 'turn_id', 'done', 'owner', 'attempt')
 if current[1] ~= turn_id or current[2] ~= '0' then return {'ended', '0'} end
 if (current[3] or '') ~= lost then return {'taken', current[4] or '0'} end
+-- Its mark is back (the worker beat again since the caller looked, e.g. once a paused Redis resumed): not lost.
+if redis.call('GET', alive) == lost then return {'taken', current[4] or '0'} end
 local attempt = tonumber(current[4] or '0')
 if attempt >= max_resumes then return {'spent', tostring(attempt)} end
 attempt = attempt + 1
