@@ -135,8 +135,12 @@ class Ending:
                    f"The queue's job timeout ({job_timeout_s} s) stopped this turn before it could finish.")
 
     @classmethod
-    def shutdown(cls) -> Ending:
-        return cls(Status.CANCELLED, ErrorKind.SHUTDOWN, "The worker shut down while writing this reply.")
+    def app_stopped(cls, why: str) -> Ending:
+        """The app (its workers) was stopped while the turn ran, and the turn could not be handed over to the
+        app's next start (agent/turn/shutdown.py): not a person's Stop."""
+        return cls(Status.FAILED, ErrorKind.SHUTDOWN,
+                   f"The app was stopped while this reply was being written, and the reply could not go on after "
+                   f"it: {why}. You can send your message again.")
 
     @classmethod
     def internal(cls, error_name: str) -> Ending:

@@ -164,10 +164,11 @@ class Store(StoreReads):
                                        owner=owner)
 
     def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
-               alive_ms: int) -> tuple[str, int]:
-        """Hand a turn whose worker was lost to a new job, exactly once (see Writes.resume)."""
+               alive_ms: int, by_itself: bool = False) -> tuple[str, int]:
+        """Hand a turn whose worker was lost (or, `by_itself`, whose app is stopping) to a new job, exactly once
+        (see Writes.resume)."""
         return self._writes.resume(conversation_id, turn_id, lost_owner, new_owner, max_resumes=max_resumes,
-                                   alive_ms=alive_ms)
+                                   alive_ms=alive_ms, by_itself=by_itself)
 
     def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,
              expires_at: float, ttl_s: int, hold: bool = False) -> int:

@@ -146,12 +146,13 @@ class Writes:
         return _text(outcome)
 
     def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
-               alive_ms: int) -> tuple[str, int]:
+               alive_ms: int, by_itself: bool = False) -> tuple[str, int]:
         """Hand the turn from a lost job to a new one, once (scripts/resume.lua): ("ok", the new attempt),
-        ("taken", _) when another job owns it, ("ended", _) when it is not in flight, ("spent", resumes made)."""
+        ("taken", _) when another job owns it or the lost one beats again, ("ended", _) when it is not in flight,
+        ("spent", resumes made). `by_itself`: the owner hands it over (its app is stopping), beating still."""
         outcome, attempt = self.scripts.resume(
             keys=[Keys.of(conversation_id).meta, turn_alive(turn_id)],
-            args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms])
+            args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms, "1" if by_itself else "0"])
         return _text(outcome), int(attempt)
 
     def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,
