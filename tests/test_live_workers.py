@@ -45,3 +45,31 @@ def test_a_worker_that_stops_is_no_longer_counted_at_once(private_redis, tmp_pat
     finally:
         pools.stop_pool(handle, private_redis.url)
     assert running_workers(private_redis.queue) == 0, "a worker that stopped takes its mark with it"
+
+
+def test_the_page_counts_no_dead_worker_and_says_that_none_is_running(private_redis, tmp_path):
+    from tests.apptest_page import app, page_environment, texts
+
+    handle = start_pool(private_redis.url, 2, tmp_path / "pool.log")
+    try:
+        pools.wait_for_workers(handle, private_redis.queue_connection, 2)
+        os.kill(handle.proc.pid, signal.SIGKILL)  # the supervisor, and with it its workers
+        wait_for(lambda: running_workers(private_redis.queue) == 0, GONE_WITHIN_S, "no worker counted")
+    finally:
+        pools.stop_pool(handle, private_redis.url)
+    assert Worker.count(connection=private_redis.queue_connection) == 2, "RQ still lists the dead workers"
+    cid = ask(private_redis.store, private_redis.queue, "hello", FAST)
+    with page_environment(private_redis.url, {"AGENT_WORKERS": "0", "AGENT_PROVIDER": "demo"}):
+        at = app(cid)
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        page = texts(at)
+    assert "place 1 in the queue · 0 workers, 0 busy" in page.replace("*", ""), page
+    assert "No worker is running. Start one with `python worker.py`" in page
+
+
+def test_with_workers_of_its_own_the_page_says_it_is_starting_them_again():
+    from agent.ui.follower import no_worker_text
+
+    assert no_worker_text(2).startswith("No worker is running: this app's workers stopped, and it is starting them")
+    assert "python worker.py" in no_worker_text(0) and "python worker.py" not in no_worker_text(2)
