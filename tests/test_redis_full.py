@@ -134,3 +134,23 @@ def test_a_worker_waits_while_redis_is_full_and_works_once_it_has_room(private_r
     finally:
         fill(private_redis.client, 0)
         pools.stop_pool(handle, private_redis.url)
+
+
+def test_a_full_redis_does_not_make_a_live_worker_or_its_turn_look_lost(private_redis):
+    from agent.conversation import workers
+    from agent.turn.heartbeat import ALIVE_MS, HEARTBEAT_S, HEARTBEAT_TTL_S
+
+    client, flags = private_redis.client, private_redis.store.flags
+    flags.start_running("conversation", "turn", "job", time.time() + 60, ALIVE_MS)
+    workers.beat(client, "worker-1", "busy")
+    fill(client, 1)
+    try:
+        end = time.monotonic() + HEARTBEAT_TTL_S + 1  # past the TTL of the marks written before it was full
+        while time.monotonic() < end:
+            flags.beat("turn", "job", ALIVE_MS)
+            workers.beat(client, "worker-1", "busy")
+            time.sleep(HEARTBEAT_S / 2)
+        assert flags.alive(["turn"]) == [True]
+        assert workers.live_workers(client) == (1, 1)
+    finally:
+        fill(client, 0)

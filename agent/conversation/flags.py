@@ -17,6 +17,7 @@ from agent.conversation.keys import (
     turn_cancel,
     turn_claim,
 )
+from agent.conversation.lua import source
 
 OFF_QUEUE_MARK_TTL_S = 600  # seconds a job's off-queue mark lives: far past the grace that reads it
 
@@ -26,6 +27,7 @@ class Flags:
 
     def __init__(self, client: redis.Redis):
         self.client = client
+        self._beat = client.register_script(source("beat"))
 
     def claim_turn(self, turn_id: str, job_id: str, ttl_s: int) -> bool:
         """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
@@ -62,7 +64,8 @@ class Flags:
             pipe.execute()
 
     def beat(self, turn_id: str, job_id: str, alive_ms: int) -> None:
-        self.client.set(turn_alive(turn_id), job_id, px=alive_ms)
+        """Renew the job's mark (scripts/beat.lua: taken even when Redis is full, while the mark is there)."""
+        self._beat(keys=[turn_alive(turn_id)], args=[job_id, alive_ms])
 
     def running(self, limit: int) -> list[str]:
         """The conversations whose turn is running, the soonest job timeout first (at most `limit`)."""

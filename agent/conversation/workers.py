@@ -21,11 +21,17 @@ _ALIVE_MS = int(WORKER_ALIVE_S * 1000)
 
 
 def beat(client: redis.Redis, name: str, state: str) -> None:
-    """This worker is there, in `state` (one pipeline: its mark and its name in the set of names)."""
+    """This worker is there, in `state` (one pipeline: its mark and its name in the set of names). While
+    Redis is full (it refuses SET and SADD), a mark that is there still has its TTL renewed (PEXPIRE adds
+    nothing): a full Redis does not make the workers look gone."""
     with client.pipeline(transaction=False) as pipe:
+        pipe.pexpire(worker_alive(name), _ALIVE_MS)
         pipe.set(worker_alive(name), state, px=_ALIVE_MS)
         pipe.sadd(WORKERS_KEY, name)
-        pipe.execute()
+        renewed, *written = pipe.execute(raise_on_error=False)
+    refused = next((result for result in written if isinstance(result, Exception)), None)
+    if refused is not None and not (renewed is True or renewed == 1):
+        raise refused
 
 
 def gone(client: redis.Redis, name: str) -> None:
