@@ -70,12 +70,12 @@ def test_forty_turns_sent_at_once_to_a_small_redis_each_end_in_the_chat_or_are_r
 def test_an_accepted_turns_ending_lands_when_redis_is_full(private_redis):
     cid = new_id()
     submit_turn(private_redis.store, private_redis.queue, cid, "hello", FAST)
-    assert private_redis.client.zscore("agent:memory:reserved", private_redis.store.read_meta(cid)["turn_id"])
+    turn_id = private_redis.store.read_meta(cid)["turn_id"]
+    assert private_redis.client.zscore("agent:memory:reserved", f"{cid} {turn_id}"), "its memory is reserved"
     fill(private_redis.client, 1)  # one byte: every write that needs memory is refused
     try:
         with pytest.raises(redis.RedisError):
             private_redis.client.set("anything", "x")
-        turn_id = private_redis.store.read_meta(cid)["turn_id"]
         assert write_ending(private_redis.store, cid, turn_id, Ending.worker_lost("a test said so"))
     finally:
         fill(private_redis.client, 0)
@@ -154,3 +154,27 @@ def test_a_full_redis_does_not_make_a_live_worker_or_its_turn_look_lost(private_
         assert workers.live_workers(client) == (1, 1)
     finally:
         fill(client, 0)
+
+
+
+def test_an_accepted_turn_whose_job_is_gone_ends_saying_so_with_no_page_open(private_redis, tmp_path):
+    """Its sender died between accepting it and enqueuing its job (or the job was lost): the pool's watch,
+    not only a page, finds it in the index of accepted turns and ends it with the reason."""
+    from agent.hosting.lost_worker import CALLBACK_GRACE_S
+    from agent.hosting.turn_watch import STRANDED_EVERY_S
+
+    cid = new_id()
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(queue_module, "enqueue_turn", lambda *args, **kwargs: None)  # the sender dies here
+    try:
+        submit_turn(private_redis.store, private_redis.queue, cid, "hello", FAST)
+    finally:
+        monkey.undo()
+    assert private_redis.store.read_meta(cid)["status"] == "queued"
+    handle = start_pool(private_redis.url, 1, tmp_path / "pool.log")  # its watch; no page, no CLI
+    try:
+        final = wait_done(private_redis.store, cid, timeout_s=STRANDED_EVERY_S + CALLBACK_GRACE_S + 10)
+    finally:
+        pools.stop_pool(handle, private_redis.url)
+    assert final["status"] == "failed" and "its job is gone from the queue" in final["error"]["message"]
+    assert private_redis.client.zcard("agent:memory:reserved") == 0

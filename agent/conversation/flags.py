@@ -49,9 +49,15 @@ class Flags:
         """The job is on its queue: forget any earlier sighting of it missing."""
         self.client.delete(job_off_queue_since(job_id))
 
-    def release_reservation(self, turn_id: str) -> None:
-        """The turn will write no ending (its conversation was deleted): its memory reservation goes (room.py)."""
-        self.client.zrem(RESERVED_KEY, turn_id)
+    def release_reservation(self, conversation_id: str, turn_id: str) -> None:
+        """The turn will write no ending (its conversation was deleted or expired): its memory reservation goes
+        (room.py)."""
+        self.client.zrem(RESERVED_KEY, f"{conversation_id} {turn_id}")
+
+    def accepted(self, limit: int) -> list[tuple[str, str]]:
+        """(conversation, turn) of the turns accepted and not ended, the oldest first (at most `limit`)."""
+        members = [_text(member).partition(" ") for member in self.client.zrange(RESERVED_KEY, 0, limit - 1)]
+        return [(conversation_id, turn_id) for conversation_id, _, turn_id in members if turn_id]
 
     # -- the turns running, and their heartbeats ---------------------------------------------------
 

@@ -46,10 +46,12 @@ Beside the conversations:
     agent:job:{job}:off-queue-since
                              string: epoch seconds a queued job was first seen missing from its queue
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
-    agent:memory:reserved    sorted set: the turns accepted and not ended, each holding a reservation of Redis's
-                             memory for its final write (agent/conversation/room.py), scored by when the
-                             reservation lapses: new turns are refused when they would not fit; a turn's
-                             ending releases it, first thing, so that the ending lands even at maxmemory
+    agent:memory:reserved    sorted set: the turns accepted and not ended (`{conversation} {turn}`), each
+                             holding a reservation of Redis's memory for its final write
+                             (agent/conversation/room.py), scored by when the reservation lapses: new turns
+                             are refused when they would not fit; a turn's ending releases it, first thing,
+                             so that the ending lands even at maxmemory. The pool's watch reads it too, for
+                             the accepted turns whose job is gone (agent/hosting/turn_watch.py)
     agent:workers            set: the names of the workers that beat (agent/conversation/workers.py)
     agent:worker:{name}:alive
                              string: the worker's state (`idle`, `busy`, ...), renewed every second with

@@ -189,8 +189,8 @@ class Store(StoreReads):
         if turn_id is not None:
             self.flags.request_cancel(turn_id, DELETED_MARKER_TTL_S)
         deleted = self._writes.delete(conversation_id, self.person)
-        if deleted and turn_id is not None:
-            self.flags.release_reservation(turn_id)  # its ending will never be written: nothing to reserve for
+        if deleted and turn_id is not None:  # its ending will never be written: nothing to reserve memory for
+            self.flags.release_reservation(conversation_id, turn_id)
         return deleted
 
     def was_deleted(self, conversation_id: str) -> bool:

@@ -7,7 +7,11 @@ not waiting for a worker: started yet silent, failed, stopped, finished without 
 Several supervisors may notice the same loss: the store hands the turn over once (resume.py).
 
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
-index of parked turns scored by expiry: one range read when none is due.
+index of parked turns scored by expiry: one range read when none is due. Every STRANDED_EVERY_S it also
+reads the accepted turns (the index of their memory reservations, agent/conversation/room.py), the
+oldest first, and their jobs' records, in three round trips: a turn whose job is gone (refused by a full
+Redis, or never enqueued by a sender that died) is ended with the reason by the front ends' own check
+(lost_worker.py), so that no accepted turn waits for ever when no page is open.
 
 A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
 nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'
@@ -29,6 +33,7 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.conversation.store import Store
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
 from agent.turn.approvals import expire_due
@@ -42,6 +47,7 @@ MAX_WATCHED = 1000  # running turns looked at per look, the soonest job timeout 
 # Seconds between two good looks past which Redis (or this watch) counts as having been away: a heartbeat
 # renewed every HEARTBEAT_S lapses only when its worker could not reach Redis for about this long.
 REDIS_AWAY_S = HEARTBEAT_TTL_S - HEARTBEAT_S
+STRANDED_EVERY_S = 5.0  # seconds between two looks for accepted turns whose job is gone
 
 
 def lost_job_reason(queue_connection: redis.Redis, job_id: str, now: float) -> str | None:
@@ -73,6 +79,8 @@ class TurnWatch:
         self.last_look: float | None = None  # time.monotonic() at the end of the last look that reached Redis
         self.trust_lapses_from = 0.0  # time.monotonic() from which a lapsed heartbeat means a lost worker
         self.held_off = 0  # looks at which lapsed heartbeats were let be, Redis having been away
+        self.stranded = 0  # accepted turns whose job was gone, ended by this watch
+        self.next_stranded_look = 0.0  # time.monotonic() of the next look for them
 
     def sweep(self) -> None:
         try:
@@ -92,8 +100,35 @@ class TurnWatch:
         self.last_look = now
         return now < self.trust_lapses_from
 
+    def end_stranded(self) -> None:
+        """End the accepted turns whose job is gone (the front ends' check decides, and words it); forget the
+        reservations of turns that ended, or whose conversation went, without releasing them."""
+        flags = self.store.flags
+        accepted = flags.accepted(MAX_WATCHED)
+        if not accepted:
+            return
+        owners = flags.owners([conversation_id for conversation_id, _ in accepted])
+        waiting = []
+        for (conversation_id, turn_id), (current, done, owner, _) in zip(accepted, owners, strict=True):
+            if current != turn_id or done != "0":
+                flags.release_reservation(conversation_id, turn_id)
+            elif owner:  # "" while parked on a request for approval: no job to look for
+                waiting.append((conversation_id, owner))
+        if not waiting:
+            return
+        with self.queue_connection.pipeline(transaction=False) as pipe:
+            for _, owner in waiting:
+                pipe.exists(SafeJob.key_for(owner))
+            found = pipe.execute()
+        for (conversation_id, _), exists in zip(waiting, found, strict=True):
+            if not exists:
+                self.stranded += lost_worker_check(self.store, self.queue_connection, conversation_id)
+
     def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))
+        if time.monotonic() >= self.next_stranded_look:
+            self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
+            self.end_stranded()
         flags = self.store.flags
         running = flags.running(MAX_WATCHED)
         if not running:

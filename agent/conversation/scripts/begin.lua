@@ -61,5 +61,5 @@ redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs({meta, history, turns, steps, events}) do redis.call('EXPIRE', key, ttl) end
 redis.call('ZADD', index, updated_at, conversation_id)
 redis.call('ZREMRANGEBYSCORE', reserved, '-inf', updated_at)  -- reservations that lapsed unreleased
-redis.call('ZADD', reserved, reserve_until, turn_id)
+redis.call('ZADD', reserved, reserve_until, conversation_id .. ' ' .. turn_id)
 return {'ok', tostring(version)}

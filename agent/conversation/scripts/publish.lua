@@ -30,7 +30,7 @@ if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
   return redis.error_reply('CONFLICT the history moved')
 end
 if done == '1' then
-  redis.call('ZREM', KEYS[10], turn_id)
+  redis.call('ZREM', KEYS[10], conversation_id .. ' ' .. turn_id)
   redis.call('DEL', live)
 end
 local i, added = 14, #summary
