@@ -82,6 +82,7 @@ class ErrorKind(StrEnum):
     WORKER = "worker"
     WORKER_LOST = "worker_lost"
     QUEUE_EXPIRED = "queue_expired"
+    NOT_QUEUED = "not_queued"  # accepted, but its job could not be put on the queue (Redis refused it)
     EMPTY_REPLY = "empty_reply"  # the model answered with no text and no tool call
 
 

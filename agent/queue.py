@@ -8,6 +8,7 @@ here unpickles: importing this module makes RQ's default serializer JSON (agent/
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import time
@@ -15,18 +16,20 @@ import uuid
 from dataclasses import replace
 
 import redis
-from rq import Queue, Worker
+from rq import Queue
 from rq.callbacks import Callback
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.rate_limit import RateLimit
-from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from agent import tracing
 from agent.contract import Role, queued_doc
+from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
+from agent.conversation.workers import live_workers
 from agent.runtime import json_only
+from agent.runtime.connection import redis_problem
 from agent.settings import TurnConfig
 
 json_only.install()  # before any queue, job or worker of this process loads a job
@@ -200,10 +203,22 @@ def submit_turn(
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
     # enqueued twice is harmless: only the first to claim the turn runs it.
     if new or not SafeJob.exists(job_id, connection=queue.connection):
-        enqueue_turn(queue, conversation_id, turn_id, job_id, job_timeout_s=config.job_timeout_s,
-                     wait_s=queue_wait_s(store.ttl_s),
-                     rate_limit=RateLimit(share_key(store.person), share) if share else None)
+        try:
+            enqueue_turn(queue, conversation_id, turn_id, job_id, job_timeout_s=config.job_timeout_s,
+                         wait_s=queue_wait_s(store.ttl_s),
+                         rate_limit=RateLimit(share_key(store.person), share) if share else None)
+        except redis.RedisError as exc:
+            not_queued(store, conversation_id, turn_id, exc)
+            raise
     return turn_id
+
+
+def not_queued(store: Store, conversation_id: str, turn_id: str, exc: redis.RedisError) -> None:
+    """The turn was accepted but its job was refused (Redis full, or gone meanwhile): end it with the reason,
+    so that it does not wait for a job that does not exist. The ending lands even at Redis's maxmemory (it
+    releases the turn's reservation first, room.py); with Redis gone, the front ends' check ends it later."""
+    with contextlib.suppress(redis.RedisError):
+        write_ending(store, conversation_id, turn_id, Ending.not_queued(redis_problem(exc)))
 
 
 def share_key(person_id: str) -> str:
@@ -261,10 +276,11 @@ def queue_position(queue: Queue, job_id: str) -> int | None:
 
 
 def running_workers(queue: Queue) -> int:
-    """How many workers are registered for this queue."""
-    return Worker.count(connection=queue.connection, queue=queue)
+    """How many workers are there now: those that beat (agent/conversation/workers.py), not RQ's
+    registrations, which a killed worker leaves behind for minutes."""
+    return live_workers(queue.connection)[0]
 
 
-def running_count(queue: Queue) -> int:
-    # cleanup=False: a cleanup from a non-main thread (a Streamlit script) can raise (rq#2135).
-    return StartedJobRegistry(queue=queue).get_job_count(cleanup=False)
+def worker_counts(queue: Queue) -> tuple[int, int]:
+    """(workers there now, how many of them are busy with a turn)."""
+    return live_workers(queue.connection)

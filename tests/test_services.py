@@ -180,3 +180,31 @@ def test_a_cli_without_workers_says_so_and_a_sigterm_stops_it_cleanly(private_en
     assert "none is running" in stderr and "python worker.py" in stderr
     assert wait_gone("AGENT_TEST_MARKER", private_env) == []
     assert EmbeddedRedis().pid is None  # its Redis stopped with it
+
+
+def test_a_killed_pool_is_started_again_and_its_running_turn_resumed(private_env):
+    """The page's server starts its pool again when the pool is killed; the new pool's watch resumes the
+    turn the dead one's worker was running, inside its clocks, and its workers take the next message."""
+    from agent.queue import get_queue, worker_counts
+    from tests.conftest import FAST, ask, wait_done
+    from tests.test_resume import read_when, running
+
+    slow = FAST.with_changes(model="demo@3~0", job_timeout_s=30, deadline_margin_s=4.0, call_timeout_cap_s=10.0)
+    settings = Settings.from_env({"AGENT_WORKERS": "1"})
+    try:
+        started = services.ensure(settings)
+        store, queue = started.store(settings), get_queue(started.queue_connection())
+        cid = ask(store, queue, "hello", slow)
+        read_when(store, cid, running, 30, "the turn runs")
+        killed = started.pool.proc.pid
+        os.kill(killed, signal.SIGKILL)  # its worker dies with it (PR_SET_PDEATHSIG), and its watch
+        wait_for(lambda: started.pool.proc.pid != killed and started.pool_restarts == 1, 30, "a new pool")
+        final = wait_done(store, cid, 40)
+        assert final["status"] == "done", (final["status"], final["error"])
+        assert [s["attempt"] for s in final["steps"] if s["kind"] == "resume"] == [1]
+        assert final["updated_at"] < final["job_timeout_at"]
+        assert wait_for(lambda: worker_counts(queue) == (1, 0), 10, "the new pool's worker counted, idle")
+        assert wait_done(store, ask(store, queue, "What is 6*7?", FAST), 30)["status"] == "done"
+    finally:
+        services.shutdown()
+    assert wait_gone("AGENT_TEST_MARKER", private_env) == []

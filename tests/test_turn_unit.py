@@ -92,12 +92,14 @@ def test_job_timeout_exception_propagates_after_the_ending_is_written(store, scr
     assert state["error"]["kind"] == "job_timeout"
 
 
-def test_a_shutdown_inside_a_call_still_writes_the_ending_and_propagates(store, scripted_model):
+def test_a_shutdown_inside_a_call_that_cannot_be_handed_over_ends_saying_the_app_was_stopped(store, scripted_model):
     scripted_model(SystemExit(1))
-    turn = make_turn(store)
+    turn = make_turn(store)  # run by no queued job: nothing for the app's next start to continue
     with pytest.raises(SystemExit):
         turn.run()
-    assert store.read(turn.context.writer.conversation_id)["status"] == "cancelled"
+    state = store.read(turn.context.writer.conversation_id)
+    assert state["status"] == "failed", "not a person's Stop"  # handed over when it can be: test_shutdown_handover.py
+    assert state["error"]["kind"] == "shutdown" and state["error"]["message"].startswith("The app was stopped")
 
 
 def test_an_unexpected_error_ends_the_turn_failed_with_a_readable_message(store, scripted_model):

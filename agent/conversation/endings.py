@@ -135,8 +135,12 @@ class Ending:
                    f"The queue's job timeout ({job_timeout_s} s) stopped this turn before it could finish.")
 
     @classmethod
-    def shutdown(cls) -> Ending:
-        return cls(Status.CANCELLED, ErrorKind.SHUTDOWN, "The worker shut down while writing this reply.")
+    def app_stopped(cls, why: str) -> Ending:
+        """The app (its workers) was stopped while the turn ran, and the turn could not be handed over to the
+        app's next start (agent/turn/shutdown.py): not a person's Stop."""
+        return cls(Status.FAILED, ErrorKind.SHUTDOWN,
+                   f"The app was stopped while this reply was being written, and the reply could not go on after "
+                   f"it: {why}. You can send your message again.")
 
     @classmethod
     def internal(cls, error_name: str) -> Ending:
@@ -167,6 +171,13 @@ class Ending:
                    f"may be (AGENT_MAX_RESUMES). You can send your message again." if resumes else
                    f"The worker was lost ({reason}), and resuming on another worker is off (AGENT_MAX_RESUMES=0), "
                    "so this reply could not be finished. You can send your message again.")
+
+    @classmethod
+    def not_queued(cls, problem: str) -> Ending:
+        """The turn was accepted, but its job could not be put on the queue: it never runs."""
+        return cls(Status.FAILED, ErrorKind.NOT_QUEUED,
+                   f"This message could not be put on the queue, so no worker will answer it: {problem}. "
+                   "Send it again once that is solved.")
 
     @classmethod
     def queue_expired(cls, reason: str) -> Ending:

@@ -10,6 +10,7 @@ import redis
 from agent.conversation.keys import (
     APPROVALS_KEY,
     CONTINUING_KEY,
+    RESERVED_KEY,
     RUNNING_KEY,
     Keys,
     job_off_queue_since,
@@ -18,6 +19,7 @@ from agent.conversation.keys import (
     turn_cancel,
     turn_claim,
 )
+from agent.conversation.lua import source
 
 OFF_QUEUE_MARK_TTL_S = 600  # seconds a job's off-queue mark lives: far past the grace that reads it
 
@@ -27,6 +29,7 @@ class Flags:
 
     def __init__(self, client: redis.Redis):
         self.client = client
+        self._beat = client.register_script(source("beat"))
 
     def claim_turn(self, turn_id: str, job_id: str, ttl_s: int) -> bool:
         """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
@@ -48,6 +51,16 @@ class Flags:
         """The job is on its queue: forget any earlier sighting of it missing."""
         self.client.delete(job_off_queue_since(job_id))
 
+    def release_reservation(self, conversation_id: str, turn_id: str) -> None:
+        """The turn will write no ending (its conversation was deleted or expired): its memory reservation goes
+        (room.py)."""
+        self.client.zrem(RESERVED_KEY, f"{conversation_id} {turn_id}")
+
+    def accepted(self, limit: int) -> list[tuple[str, str]]:
+        """(conversation, turn) of the turns accepted and not ended, the oldest first (at most `limit`)."""
+        members = [_text(member).partition(" ") for member in self.client.zrange(RESERVED_KEY, 0, limit - 1)]
+        return [(conversation_id, turn_id) for conversation_id, _, turn_id in members if turn_id]
+
     # -- the turns running, and their heartbeats ---------------------------------------------------
 
     def start_running(self, conversation_id: str, turn_id: str, job_id: str, job_timeout_at: float,
@@ -59,7 +72,8 @@ class Flags:
             pipe.execute()
 
     def beat(self, turn_id: str, job_id: str, alive_ms: int) -> None:
-        self.client.set(turn_alive(turn_id), job_id, px=alive_ms)
+        """Renew the job's mark (scripts/beat.lua: taken even when Redis is full, while the mark is there)."""
+        self._beat(keys=[turn_alive(turn_id)], args=[job_id, alive_ms])
 
     def running(self, limit: int) -> list[str]:
         """The conversations whose turn is running, the soonest job timeout first (at most `limit`)."""

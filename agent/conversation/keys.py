@@ -58,6 +58,16 @@ Beside the conversations:
                              (agent/hosting/lost_worker.py: a worker took it and died before starting it)
     agent:job:{job}:requeued string "1", for a few seconds: a continuation that never reached the queue is
                              being enqueued again, by one watch or front end only (agent/turn/approvals.py)
+    agent:memory:reserved    sorted set: the turns accepted and not ended (`{conversation} {turn}`), each
+                             holding a reservation of Redis's memory for its final write
+                             (agent/conversation/room.py), scored by when the reservation lapses: new turns
+                             are refused when they would not fit; a turn's ending releases it, first thing,
+                             so that the ending lands even at maxmemory. The pool's watch reads it too, for
+                             the accepted turns whose job is gone (agent/hosting/turn_watch.py)
+    agent:workers            set: the names of the workers that beat (agent/conversation/workers.py)
+    agent:worker:{name}:alive
+                             string: the worker's state (`idle`, `busy`, ...), renewed every second with
+                             a TTL of 3 s by the worker itself: what the page counts as its workers
     agent:tools:catalogue    string: one JSON document, the tool sources the workers have, for the page
                              (agent/tools/catalogue.py)
 
@@ -73,6 +83,8 @@ KEY_PREFIX = "agent:"
 INDEX_KEY = f"{KEY_PREFIX}conversations"
 CATALOGUE_KEY = f"{KEY_PREFIX}tools:catalogue"
 RUNNING_KEY = f"{KEY_PREFIX}turns:running"
+WORKERS_KEY = f"{KEY_PREFIX}workers"
+RESERVED_KEY = f"{KEY_PREFIX}memory:reserved"
 APPROVALS_KEY = f"{KEY_PREFIX}approvals:pending"
 CONTINUING_KEY = f"{KEY_PREFIX}approvals:continuing"
 # A conversation id names Redis keys and goes in URLs and command lines: letters, digits, '-' and '_'.
@@ -134,6 +146,10 @@ def job_requeued(job_id: str) -> str:
 
 def turn_alive(turn_id: str) -> str:
     return f"{KEY_PREFIX}turn:{turn_id}:alive"
+
+
+def worker_alive(name: str) -> str:
+    return f"{KEY_PREFIX}worker:{name}:alive"
 
 
 def person_conversations(person_id: str) -> str:

@@ -34,6 +34,7 @@ class Scripts:
     resume: Script  # a turn whose worker was lost, handed to a new job once
     park: Script  # a turn parked on a request for approval: its job lets go
     answer: Script  # a parked turn's request answered, once
+    beat: Script  # a running turn's heartbeat renewed, also at Redis's maxmemory
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -34,7 +34,7 @@ from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
 from agent.conversation.keys import INDEX_KEY, Keys
 from agent.conversation.room import Room
-from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, Writes
+from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, NoRoom, Writes
 
 # The most one conversation keeps (messages, steps and turn summaries, as stored JSON): past it, the
 # next message is refused (ConversationFull). A turn in flight is never cut short by it, so a
@@ -126,14 +126,18 @@ class Store(StoreReads):
         Redis's memory limit, StoreFull; a conversation whose version is not a number raises
         UnreadableState. Whatever is refused, nothing is written.
         """
-        self.check_room()
-        return self._writes.begin_turn(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
-                                       must_exist=must_exist, max_bytes=self.max_conversation_bytes,
-                                       person=self.person, max_turns=self.max_turns)
+        reserve_room = self.check_room()
+        try:
+            return self._writes.begin_turn(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
+                                           must_exist=must_exist, max_bytes=self.max_conversation_bytes,
+                                           person=self.person, max_turns=self.max_turns, reserve_room=reserve_room)
+        except NoRoom:
+            raise self.room.refused() from None
 
-    def check_room(self) -> None:
-        """Raise StoreFull when Redis has a memory limit and is past NEW_TURNS_UP_TO of it."""
-        self.room.check()
+    def check_room(self) -> int:
+        """Raise StoreFull when Redis has a memory limit and is past NEW_TURNS_UP_TO of it; else the bytes
+        left for the reservations of the turns in flight (room.py)."""
+        return self.room.check()
 
     def publish(
         self, conversation_id: str, turn_id: str, doc: TurnDoc, *, done: bool = False,
@@ -160,10 +164,11 @@ class Store(StoreReads):
                                        owner=owner)
 
     def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
-               alive_ms: int) -> tuple[str, int]:
-        """Hand a turn whose worker was lost to a new job, exactly once (see Writes.resume)."""
+               alive_ms: int, by_itself: bool = False) -> tuple[str, int]:
+        """Hand a turn whose worker was lost (or, `by_itself`, whose app is stopping) to a new job, exactly once
+        (see Writes.resume)."""
         return self._writes.resume(conversation_id, turn_id, lost_owner, new_owner, max_resumes=max_resumes,
-                                   alive_ms=alive_ms)
+                                   alive_ms=alive_ms, by_itself=by_itself)
 
     def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,
              expires_at: float, ttl_s: int, hold: bool = False) -> int:
@@ -184,7 +189,10 @@ class Store(StoreReads):
         turn_id = self._writes.turn_in_flight(conversation_id)
         if turn_id is not None:
             self.flags.request_cancel(turn_id, DELETED_MARKER_TTL_S)
-        return self._writes.delete(conversation_id, self.person)
+        deleted = self._writes.delete(conversation_id, self.person)
+        if deleted and turn_id is not None:  # its ending will never be written: nothing to reserve memory for
+            self.flags.release_reservation(conversation_id, turn_id)
+        return deleted
 
     def was_deleted(self, conversation_id: str) -> bool:
         """True when the conversation was deleted (recently), rather than expired or never there."""

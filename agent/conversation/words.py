@@ -36,7 +36,8 @@ STATUS_WORDS: dict[str, StatusWords] = {
 STATUS_LABELS: dict[str, str] = {status: f"{words.icon} {words.label}" for status, words in STATUS_WORDS.items()}
 
 # An ending kind the page names in its own words, before the ending's message.
-KIND_HEADLINES: dict[str, str] = {ErrorKind.WORKER_LOST: "The worker was lost"}
+KIND_HEADLINES: dict[str, str] = {ErrorKind.WORKER_LOST: "The worker was lost",
+                                  ErrorKind.SHUTDOWN: "The app was stopped"}
 
 
 def status_words(status: str) -> str:

@@ -27,6 +27,7 @@ from agent.conversation.keys import (
     APPROVALS_KEY,
     CONTINUING_KEY,
     INDEX_KEY,
+    RESERVED_KEY,
     RUNNING_KEY,
     Keys,
     deleted_marker,
@@ -37,11 +38,16 @@ from agent.conversation.keys import (
 )
 from agent.conversation.lua import Scripts
 from agent.conversation.reads import readable
+from agent.conversation.room import RESERVATION_TTL_S, RESERVE_BYTES
 from agent.text.surrogates import scrub
 
 DELETED_MARKER_TTL_S = 7 * 24 * 3600  # seconds an open tab can still learn that its conversation was deleted
 GONE_EVENT_TTL_S = 60  # seconds the delete's wake-up entry lives: readers blocked at that moment take it at once
 TITLE_CHARS = 80  # characters of the first message kept as a conversation's title
+
+
+class NoRoom(Exception):
+    """The turn's memory reservation did not fit beside those of the turns in flight: nothing was written."""
 
 
 class LiveHead(TypedDict):
@@ -70,11 +76,12 @@ class Writes:
 
     def begin_turn(self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *,
                    ttl_s: int, must_exist: bool, max_bytes: int, person: str = "",
-                   max_turns: int = 0) -> tuple[bool, int]:
+                   max_turns: int = 0, reserve_room: int = -1) -> tuple[bool, int]:
         """Append the user's message and mark the turn queued (see Store.begin_turn). Returns (new, version).
 
         `person` (a signed-in person's id): only a conversation of theirs, or a new one they then own, and at
-        most `max_turns` (0: any number) of their turns in flight."""
+        most `max_turns` (0: any number) of their turns in flight. `reserve_room`: the bytes left for the
+        memory reservations of the turns in flight (room.py; -1: no limit): NoRoom when this one does not fit."""
         keys = Keys.of(conversation_id)
         now = time.time()
         doc = {**doc, "updated_at": now}
@@ -82,10 +89,11 @@ class Writes:
         with readable(conversation_id):
             outcome, value = self.scripts.begin(
                 keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live,
-                      *person_keys],
+                      RESERVED_KEY, *person_keys],
                 args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s, conversation_id, repr(now),
                       make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes,
-                      doc.get("job_id") or "", person, max_turns,
+                      doc.get("job_id") or "", person, max_turns, RESERVE_BYTES, reserve_room,
+                      repr(now + min(ttl_s, RESERVATION_TTL_S)),
                       *(ended_turns(self.client, person) if person else ())],
             )
         outcome, value = _text(outcome), _text(value)
@@ -101,6 +109,8 @@ class Writes:
             raise ConversationGone(conversation_id, self.was_deleted(conversation_id, person))
         if outcome == "full":
             raise ConversationFull(conversation_id, int(value), max_bytes)
+        if outcome == "room":
+            raise NoRoom(value)
         return outcome == "ok", int(value)
 
     def publish(self, conversation_id: str, turn_id: str, doc: TurnDoc, *, ttl_s: int, done: bool,
@@ -118,7 +128,7 @@ class Writes:
         try:
             return int(self.scripts.publish(
                 keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live, RUNNING_KEY,
-                      APPROVALS_KEY],
+                      APPROVALS_KEY, RESERVED_KEY],
                 args=args))
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc
@@ -137,12 +147,13 @@ class Writes:
         return _text(outcome)
 
     def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
-               alive_ms: int) -> tuple[str, int]:
+               alive_ms: int, by_itself: bool = False) -> tuple[str, int]:
         """Hand the turn from a lost job to a new one, once (scripts/resume.lua): ("ok", the new attempt),
-        ("taken", _) when another job owns it, ("ended", _) when it is not in flight, ("spent", resumes made)."""
+        ("taken", _) when another job owns it or the lost one beats again, ("ended", _) when it is not in flight,
+        ("spent", resumes made). `by_itself`: the owner hands it over (its app is stopping), beating still."""
         outcome, attempt = self.scripts.resume(
             keys=[Keys.of(conversation_id).meta, turn_alive(turn_id)],
-            args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms])
+            args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms, "1" if by_itself else "0"])
         return _text(outcome), int(attempt)
 
     def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,

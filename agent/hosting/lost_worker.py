@@ -22,6 +22,7 @@ from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.settings import TurnConfig
 from agent.turn import approvals, continuations
 from agent.turn.resume import resume_or_end
+from agent.turn.shutdown import stopped_with_the_app
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
 LIMBO_GRACE_S = 3.0  # seconds a job may be off the queue yet not started (a worker is between the two)
@@ -110,6 +111,8 @@ def lost_worker_check(
         resume_or_end(store, get_queue(queue_connection), conversation_id, meta, meta["job_id"], reason)
         return False
     ending = Ending.queue_expired(reason) if _waited_too_long(store, meta, now) else Ending.worker_lost(reason)
+    if stopped_with_the_app(meta["job_id"]):  # handed over as the app stopped, and never taken up in time
+        ending = Ending.app_stopped(f"no worker took it up again in time ({reason})")
     return write_ending(store, conversation_id, meta["turn_id"], ending, owner=meta["job_id"] or "")
 
 

@@ -33,6 +33,8 @@ WARM_STOP_S = 1.5  # seconds a worker gets to finish on its own before a cold st
 DRAIN_MAX_S = 300.0  # seconds a draining pool waits for its running turns to finish
 COLD_STOP_S = 4.0  # seconds for a cold stop (its job writes its ending) before SIGKILL
 RESTART_BACKOFF_S = 1.0  # seconds before restarting a worker that died
+RESTART_BACKOFF_MAX_S = 30.0  # the longest wait before restarting a worker that keeps dying young
+YOUNG_WORKER_S = 5.0  # a worker that dies sooner after its start than this is crash-looping: backed off
 RELAY_FINISH_S = 3.0  # seconds the relays get to write the stopped workers' last lines
 HANDLE_START_TIMEOUT_S = 30.0  # seconds for a launched pool to say it is ready
 HANDLE_STOP_TIMEOUT_S = 15.0  # seconds for a launched pool to stop its workers
@@ -49,6 +51,8 @@ class Pool:
         self.relays: list[threading.Thread] = []
         self.procs: list[subprocess.Popen | None] = [None] * workers
         self.started_at: list[float] = [0.0] * workers
+        self.backoff: list[float] = [0.0] * workers  # seconds a dead worker waits for its restart
+        self.died_at: list[float | None] = [None] * workers  # when each dead worker was first seen dead
         self.stopping = threading.Event()
 
     def spawn(self, index: int) -> None:
@@ -73,16 +77,31 @@ class Pool:
             self.spawn(index)
 
     def restart_dead(self) -> None:
+        """Start a new worker for each that died: at once (RESTART_BACKOFF_S after its start at the soonest),
+        or, for one that keeps dying young (a Redis that refuses its registration, a broken install), after
+        a wait that doubles with each such death, up to RESTART_BACKOFF_MAX_S."""
+        now = time.monotonic()
         for index, proc in enumerate(self.procs):
-            if proc is not None and proc.poll() is not None and not self.stopping.is_set():
-                if time.monotonic() - self.started_at[index] < RESTART_BACKOFF_S:
-                    continue
+            if proc is None or proc.poll() is None or self.stopping.is_set():
+                continue
+            if self.died_at[index] is None:
+                self.died_at[index] = now
+                lived_s = now - self.started_at[index]
                 if proc.returncode == RECYCLE_EXIT_CODE:
+                    self.backoff[index] = 0.0
                     log.info("worker %s stopped to be recycled (a tool thread outlived its timeout in it); "
                              "starting a fresh one", proc.pid)
+                elif lived_s < YOUNG_WORKER_S:
+                    self.backoff[index] = min(RESTART_BACKOFF_MAX_S, max(RESTART_BACKOFF_S, self.backoff[index] * 2))
+                    log.warning("worker %s exited with %s %.1f s after it started; starting a new one in %g s",
+                                proc.pid, proc.returncode, lived_s, self.backoff[index])
                 else:
+                    self.backoff[index] = 0.0
                     log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.returncode)
-                self.spawn(index)
+            if now - self.died_at[index] < self.backoff[index] or now - self.started_at[index] < RESTART_BACKOFF_S:
+                continue
+            self.died_at[index] = None
+            self.spawn(index)
 
     def stop(self, warm_s: float = WARM_STOP_S) -> None:
         """Warm stop, then cold stop (the running job writes its ending), then SIGKILL, per group.

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 
 POOL_START_TIMEOUT_S = 30.0  # seconds for the pool to report ready
 POOL_STOP_TIMEOUT_S = 10.0  # seconds for the pool to stop its workers
+POOL_CHECK_S = 1.0  # seconds between two looks at whether the pool is still there
+POOL_RESTART_MIN_S = 1.0  # seconds before starting again a pool that died young; doubled each time it does
+POOL_RESTART_MAX_S = 30.0  # the longest wait between two starts of a pool that keeps dying
+POOL_STABLE_S = 60.0  # a pool that ran this long died of something new: it is started again at once
 _RECORD = "_agent_services"
 
 
@@ -46,6 +51,9 @@ class Services:
     workers: int = 0
     drain: bool = False
     owner_pid: int = field(default_factory=os.getpid)
+    pool_restarts: int = 0  # times the pool was found gone and started again
+    stopping: threading.Event = field(default_factory=threading.Event)
+    pool_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def store(self, settings: Settings) -> Store:
         return Store(state_client(self.redis_url), settings.state_ttl_s,
@@ -57,9 +65,11 @@ class Services:
     def stop(self) -> None:
         if self.owner_pid != os.getpid():
             return
-        if self.pool is not None:
-            self.pool.stop(pool.DRAIN_MAX_S + POOL_STOP_TIMEOUT_S if self.drain else POOL_STOP_TIMEOUT_S)
-        self.pool = None
+        self.stopping.set()  # the keeper starts no pool from now on
+        with self.pool_lock:
+            if self.pool is not None:
+                self.pool.stop(pool.DRAIN_MAX_S + POOL_STOP_TIMEOUT_S if self.drain else POOL_STOP_TIMEOUT_S)
+            self.pool = None
         if self.embedded is not None:
             self.embedded.release()
             self.embedded = None
@@ -110,7 +120,42 @@ def _start(settings: Settings, workers: int, drain: bool = False) -> Services:
         except BaseException:
             services.stop()
             raise
+        threading.Thread(target=keep_pool, args=(services,), name="pool-keeper", daemon=True).start()
     return services
+
+
+def keep_pool(services: Services) -> None:
+    """Start the pool again whenever it is gone (killed, crashed, out of memory), until the services stop.
+
+    Its workers die with it (PR_SET_PDEATHSIG), and with them its watch over the running turns and its
+    demo model: without a new pool, the page would wait for workers that never come. The new pool's
+    watch resumes the turns the dead one's workers left (turn_watch.py). A pool that keeps dying young
+    is started again less and less often, up to POOL_RESTART_MAX_S apart."""
+    wait_s = POOL_RESTART_MIN_S
+    started = time.monotonic()
+    while not services.stopping.wait(POOL_CHECK_S):
+        handle = services.pool
+        if handle is None or handle.proc.poll() is None:
+            continue
+        lived_s = time.monotonic() - started
+        wait_s = POOL_RESTART_MIN_S if lived_s >= POOL_STABLE_S else wait_s
+        log.warning("the worker pool (pid %s) is gone (exit status %s) after %.0f s; starting it again in %g s",
+                    handle.proc.pid, handle.proc.returncode, lived_s, wait_s)
+        if services.stopping.wait(wait_s):
+            return
+        with services.pool_lock:
+            if services.stopping.is_set() or services.pool is not handle:
+                continue
+            started = time.monotonic()
+            try:
+                services.pool = _start_pool(services.redis_url, services.workers, services.drain)
+            except ServiceError as exc:
+                log.error("the worker pool did not start again: %s", exc)
+            else:
+                services.demo_url = services.pool.demo_url
+                services.pool_restarts += 1
+                log.info("the worker pool is running again (pid %s)", services.pool.proc.pid)
+        wait_s = min(POOL_RESTART_MAX_S, wait_s * 2)
 
 
 def acquire_redis(settings: Settings) -> tuple[str, EmbeddedRedis | None]:

@@ -7,7 +7,19 @@ not waiting for a worker: started yet silent, failed, stopped, finished without 
 Several supervisors may notice the same loss: the store hands the turn over once (resume.py).
 
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
-index of parked turns scored by expiry: one range read when none is due.
+index of parked turns scored by expiry: one range read when none is due. Every STRANDED_EVERY_S it also
+reads the accepted turns (the index of their memory reservations, agent/conversation/room.py), the
+oldest first, and their jobs' records, in three round trips: a turn whose job is gone (refused by a full
+Redis, or never enqueued by a sender that died) is ended with the reason by the front ends' own check
+(lost_worker.py), so that no accepted turn waits for ever when no page is open.
+
+A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
+nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'
+renewals, queued behind the stall like everyone's commands, can land: each looks lapsed for a moment.
+So the watch times its own looks: when two good looks are more than REDIS_AWAY_S apart (its reads failed
+or stalled, or it was itself held up), Redis was away for longer than a heartbeat can bridge, and a lapsed
+mark is not taken for a lost worker until the workers have had a whole HEARTBEAT_TTL_S of Redis back to
+renew theirs. The hand-over itself (scripts/resume.lua) is refused while the lost job's mark is there.
 """
 
 from __future__ import annotations
@@ -21,16 +33,21 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.conversation.store import Store
+from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
 from agent.turn.approvals import expire_due
-from agent.turn.heartbeat import HEARTBEAT_TTL_S
+from agent.turn.heartbeat import HEARTBEAT_S, HEARTBEAT_TTL_S
 from agent.turn.resume import resume_or_end
 
 log = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # seconds between looks at the running turns
 MAX_WATCHED = 1000  # running turns looked at per look, the soonest job timeout first
+# Seconds between two good looks past which Redis (or this watch) counts as having been away: a heartbeat
+# renewed every HEARTBEAT_S lapses only when its worker could not reach Redis for about this long.
+REDIS_AWAY_S = HEARTBEAT_TTL_S - HEARTBEAT_S
+STRANDED_EVERY_S = 5.0  # seconds between two looks for accepted turns whose job is gone
 
 
 def lost_job_reason(queue_connection: redis.Redis, job_id: str, now: float) -> str | None:
@@ -59,12 +76,63 @@ class TurnWatch:
         self.stopping = threading.Event()
         self.resumed = 0
         self.expired = 0  # requests for approval this watch expired
+        self.last_look: float | None = None  # time.monotonic() at the end of the last look that reached Redis
+        self.trust_lapses_from = 0.0  # time.monotonic() from which a lapsed heartbeat means a lost worker
+        self.held_off = 0  # looks at which lapsed heartbeats were let be, Redis having been away
+        self.stranded = 0  # accepted turns whose job was gone, ended by this watch
+        self.next_stranded_look = 0.0  # time.monotonic() of the next look for them
 
     def sweep(self) -> None:
+        try:
+            self._sweep()
+        except redis.RedisError:
+            self.last_look = None  # Redis did not answer: the next good look starts a grace
+            raise
+
+    def redis_was_away(self, now: float) -> bool:
+        """A good look ends at `now`: True while lapsed heartbeats are to be let be, because Redis (or this
+        watch) was away until a moment ago and the workers have not yet had HEARTBEAT_TTL_S to renew."""
+        if self.last_look is None or now - self.last_look > REDIS_AWAY_S:
+            self.trust_lapses_from = now + HEARTBEAT_TTL_S
+            if self.last_look is not None:
+                log.info("turn watch: Redis did not answer for %.1f s; heartbeats get %g s to be renewed before a "
+                         "lapsed one counts", now - self.last_look, HEARTBEAT_TTL_S)
+        self.last_look = now
+        return now < self.trust_lapses_from
+
+    def end_stranded(self) -> None:
+        """End the accepted turns whose job is gone (the front ends' check decides, and words it); forget the
+        reservations of turns that ended, or whose conversation went, without releasing them."""
+        flags = self.store.flags
+        accepted = flags.accepted(MAX_WATCHED)
+        if not accepted:
+            return
+        owners = flags.owners([conversation_id for conversation_id, _ in accepted])
+        waiting = []
+        for (conversation_id, turn_id), (current, done, owner, _) in zip(accepted, owners, strict=True):
+            if current != turn_id or done != "0":
+                flags.release_reservation(conversation_id, turn_id)
+            elif owner:  # "" while parked on a request for approval: no job to look for
+                waiting.append((conversation_id, owner))
+        if not waiting:
+            return
+        with self.queue_connection.pipeline(transaction=False) as pipe:
+            for _, owner in waiting:
+                pipe.exists(SafeJob.key_for(owner))
+            found = pipe.execute()
+        for (conversation_id, _), exists in zip(waiting, found, strict=True):
+            if not exists:
+                self.stranded += lost_worker_check(self.store, self.queue_connection, conversation_id)
+
+    def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))
+        if time.monotonic() >= self.next_stranded_look:
+            self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
+            self.end_stranded()
         flags = self.store.flags
         running = flags.running(MAX_WATCHED)
         if not running:
+            self.redis_was_away(time.monotonic())
             return
         owners = flags.owners(running)
         in_flight = []
@@ -75,6 +143,9 @@ class TurnWatch:
                 flags.not_running(conversation_id)  # ended (or gone) without its index entry removed
         now = time.time()
         beating = flags.alive([turn_id for _, turn_id, _ in in_flight])
+        if self.redis_was_away(time.monotonic()):
+            self.held_off += not all(beating)
+            return
         for (conversation_id, turn_id, owner), alive in zip(in_flight, beating, strict=True):
             if alive or not owner:
                 continue

@@ -1,13 +1,17 @@
 """The RQ worker classes the pool and worker.py run (`--class simple|fork|spawn`), and what they add to
-RQ's: a stop signal is never lost, and a simple worker holding a runaway tool thread is recycled."""
+RQ's: a stop signal is never lost, a worker waits while Redis is full instead of exiting, and a simple
+worker holding a runaway tool thread is recycled."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
+import redis
 from rq import SimpleWorker, SpawnWorker, Worker
 
+from agent.runtime.connection import is_memory_error, redis_problem
 from agent.tools.running import abandoned_tools
 
 log = logging.getLogger(__name__)
@@ -28,6 +32,41 @@ class KeepsTheStopRequest:
     def _shutdown(self):
         self._stop_requested = True
         super()._shutdown()
+
+
+FULL_WAIT_FIRST_S = 1.0  # seconds a worker waits before trying again a write that a full Redis refused
+FULL_WAIT_MAX_S = 30.0  # the longest such wait (doubled from FULL_WAIT_FIRST_S each time it is refused again)
+
+
+class WaitsWhileRedisIsFull:
+    """A worker that waits while Redis is full (maxmemory reached, noeviction: it refuses writes) instead
+    of exiting. RQ's registration (`register_birth`) and its take of a job from the queue are writes: a
+    worker that exited on them was restarted, refused again, and restarted, dozens of times a minute. The
+    job stays on the queue meanwhile, and runs once Redis has room again (the endings of the turns in
+    flight release their reservations, agent/conversation/room.py). A stop signal still stops it."""
+
+    def register_birth(self):
+        self._while_full(super().register_birth, "register")
+
+    def dequeue_job_and_maintain_ttl(self, *args, **kwargs):
+        return self._while_full(lambda: super(WaitsWhileRedisIsFull, self).dequeue_job_and_maintain_ttl(
+            *args, **kwargs), "take a job")
+
+    def _while_full(self, write, what: str):
+        wait_s = FULL_WAIT_FIRST_S
+        while True:
+            try:
+                return write()
+            except redis.RedisError as exc:
+                if not is_memory_error(exc):
+                    raise
+                if wait_s == FULL_WAIT_FIRST_S:
+                    log.warning("worker %s (pid %s) could not %s: %s; it waits and tries again, every %g s at most",
+                                self.name, os.getpid(), what, redis_problem(exc), FULL_WAIT_MAX_S)
+            if getattr(self, "_stop_requested", False):
+                raise SystemExit(0)  # asked to stop while it waited: nothing of RQ's was written yet
+            time.sleep(wait_s)  # a stop signal's handler interrupts it (RQ's raises StopRequested when idle)
+            wait_s = min(FULL_WAIT_MAX_S, wait_s * 2)
 
 
 class RecyclesAfterAbandonedTools:
@@ -53,15 +92,15 @@ class RecyclesAfterAbandonedTools:
                 self._stop_requested = True  # RQ's warm stop: the work loop ends before the next job
 
 
-class RecyclingSimpleWorker(KeepsTheStopRequest, RecyclesAfterAbandonedTools, SimpleWorker):
+class RecyclingSimpleWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, RecyclesAfterAbandonedTools, SimpleWorker):
     pass
 
 
-class StoppingWorker(KeepsTheStopRequest, Worker):
+class StoppingWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, Worker):
     pass
 
 
-class StoppingSpawnWorker(KeepsTheStopRequest, SpawnWorker):
+class StoppingSpawnWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, SpawnWorker):
     pass
 
 

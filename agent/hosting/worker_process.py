@@ -7,12 +7,14 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 import redis
 from rq.serializers import JSONSerializer
 
 import agent.turn  # noqa: F401 - preloaded: a forked work horse inherits it instead of importing it per job
 from agent import tracing
+from agent.conversation import workers as live_workers
 from agent.hosting.pool import RECYCLE_EXIT_CODE
 from agent.hosting.worker_classes import DEFAULT_WORKER_CLASS, IN_PROCESS_CLASSES, WORKER_CLASSES
 from agent.queue import QUEUE_NAME, SafeJob
@@ -51,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=logs.FORMAT)
     tracing.setup()
     worker = make_worker(url, args.kind, args.name)
-    worker.bootstrap = tools_after(worker, url, jobs_in_process=args.kind in IN_PROCESS_CLASSES)
+    beats = Beats(url, worker)
+    worker.bootstrap = tools_after(worker, url, jobs_in_process=args.kind in IN_PROCESS_CLASSES, beats=beats)
     try:
         worker.work(burst=args.burst, with_scheduler=False, logging_level="WARNING")
     finally:
+        beats.stop()
         close_tools()
     if getattr(worker, "recycling", False):  # only the classes with RecyclesAfterAbandonedTools recycle
         # Not through the interpreter's shutdown, which would run beside the spinning thread.
@@ -73,7 +77,46 @@ def close_tools() -> None:
     tool_sources.close()
 
 
-def tools_after(worker, url: str, *, jobs_in_process: bool):
+class Beats:
+    """The worker's mark that it is there (agent/conversation/workers.py), renewed from a side thread
+    from its registration to its end: the page counts these marks, not RQ's registrations, which
+    outlive a killed worker by minutes."""
+
+    def __init__(self, url: str, worker):
+        self.client = state_client(url)
+        self.worker = worker
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="worker-beat", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                live_workers.beat(self.client, self.worker.name, state_name(self.worker.get_state()))
+            except redis.RedisError as exc:  # Redis away or full: not counted meanwhile; the next beat retries
+                log.debug("worker mark not renewed: %s", redis_problem(exc))
+            if self.stopping.wait(live_workers.WORKER_BEAT_S):
+                return
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(live_workers.WORKER_BEAT_S + 3)
+            try:
+                live_workers.gone(self.client, self.worker.name)
+            except redis.RedisError as exc:
+                log.debug("worker mark not removed (it lapses by itself): %s", redis_problem(exc))
+
+
+def state_name(state) -> str:
+    """RQ's worker state as its plain value ('idle', 'busy', ...): RQ holds a str Enum or a str."""
+    return str(getattr(state, "value", state))
+
+
+def tools_after(worker, url: str, *, jobs_in_process: bool, beats: Beats | None = None):
     """RQ's bootstrap (which registers the worker), then the tool sources: a client sees a worker
     at once, busy starting its MCP servers, instead of none for the seconds they take.
 
@@ -84,6 +127,8 @@ def tools_after(worker, url: str, *, jobs_in_process: bool):
 
     def bootstrap_then_start_tools(*args, **kwargs) -> None:
         bootstrap(*args, **kwargs)
+        if beats is not None:
+            beats.start()
         previous = signal.signal(signal.SIGTERM, stop_starting)
         try:
             start_tools(url, jobs_in_process)

@@ -24,7 +24,7 @@ from agent.queue import JOB_FUNCTION, get_queue
 from agent.runtime.connection import state_client
 from agent.settings import TurnConfig, least_state_ttl_s, state_ttl_from_env
 from agent.tools import acting_for
-from agent.turn import heartbeat
+from agent.turn import heartbeat, shutdown
 from agent.turn.continuations import MARK as CONTINUATION_MARK
 from agent.turn.loop import Turn
 from agent.turn.resume import Resumption, resume_or_end
@@ -95,9 +95,11 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
     turn_id, now = state["turn_id"], time.time()
     remaining = (state["deadline_at"] or now) - now
     if remaining < config.min_call_s or not state["started_at"]:  # it waited too long for a worker
-        write_ending(store, conversation_id, turn_id,
-                     Ending.worker_lost_no_time("its resumed job waited for a free worker", remaining,
-                                                config.min_call_s), owner=job_id)
+        ending = Ending.worker_lost_no_time("its resumed job waited for a free worker", remaining, config.min_call_s)
+        if shutdown.stopped_with_the_app(job_id):
+            ending = Ending.app_stopped(f"no worker started again before its deadline ({max(0.0, remaining):.1f} s "
+                                        f"were left, and a model call needs at least {config.min_call_s:g} s)")
+        write_ending(store, conversation_id, turn_id, ending, owner=job_id)
         return "no time"
     resumption = Resumption.of(state, store.live_seq(conversation_id))
     with heartbeat.beating(store, conversation_id, turn_id, job_id, state["job_timeout_at"] or now):

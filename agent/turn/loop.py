@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -22,7 +22,7 @@ from agent.providers import make_provider
 from agent.providers.base import ProviderError, ToolCall
 from agent.runtime.connection import redis_problem
 from agent.settings import TurnConfig
-from agent.turn import approvals
+from agent.turn import approvals, shutdown
 from agent.turn.approvals import TurnParked
 from agent.turn.context import TurnContext
 from agent.turn.exits import Exit, TurnClosed, TurnEnded, exit_for
@@ -76,6 +76,11 @@ class Turn:
         if leaving.ending is None:
             log.info("turn %s was ended elsewhere; this job stops without writing", self.context.writer.turn_id)
             return "closed"
+        if leaving.hand_over and self.context.publishing.writes_ending_when_killed:
+            why = self.hand_over()
+            if why is None:
+                raise leaving.reraise  # the app's next start continues it, or someone ended it already
+            leaving = replace(leaving, ending=Ending.app_stopped(why))
         if leaving.reraise is None or self.context.publishing.writes_ending_when_killed:
             writer = self.context.writer
             if not self.finish(leaving.ending) and leaving.reraise is None:
@@ -85,6 +90,18 @@ class Turn:
         if leaving.reraise is not None:
             raise leaving.reraise
         return leaving.ending.status
+
+    def hand_over(self) -> str | None:
+        """The app is stopping: what the turn has is written, and the turn handed to the app's next start
+        (shutdown.py). None when that is done (or the turn was ended elsewhere); else why it could not be."""
+        writer = self.context.writer
+        if not writer.owner:
+            return "it was not run by a queued job"
+        try:
+            writer.flush()
+        except TurnClosed:
+            return None
+        return shutdown.hand_over(writer.store, writer.conversation_id, writer.turn_id, writer.owner)
 
     def park(self, call: ToolCall) -> str:
         """A tool that asks a person first: the request is written and the turn let go; the worker is free."""
@@ -133,10 +150,13 @@ class Turn:
                  "between tool runs" if resumption.pending else
                  "while the model was writing its reply" if resumption.partial_text else "during a model call")
         extra = {"partial_text": resumption.partial_text} if resumption.partial_text else {}
-        writer.add_step(Kind.RESUME, f"worker lost: resume {resumption.attempt}",
+        if shutdown.stopped_with_the_app(writer.owner):  # handed over by its worker as the app stopped
+            name, detail = "app stopped", f"the app was stopped {doing}; resumed when a worker started again"
+        else:
+            name, detail = "worker lost", f"the worker was lost {doing}; resumed on another worker"
+        writer.add_step(Kind.RESUME, f"{name}: resume {resumption.attempt}",
                         resumption.lost_at, Outcome.OK, remaining_s=round(remaining, 3), attempt=resumption.attempt,
-                        detail=f"the worker was lost {doing}; resumed on another worker with {remaining:.1f} s left "
-                               "before the deadline", **extra)
+                        detail=f"{detail} with {remaining:.1f} s left before the deadline", **extra)
         log.warning("turn %s: resumed (attempt %d), %.1f s before its deadline", writer.turn_id, resumption.attempt,
                     remaining)
 

@@ -38,6 +38,7 @@ from agent.providers.base import ToolCall
 from agent.queue import enqueue_turn, job_id_for
 from agent.settings import TurnConfig
 from agent.turn.heartbeat import ALIVE_MS
+from agent.turn.shutdown import stopped_with_the_app
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
         ending = Ending.worker_lost_no_resume(reason, attempt)
     elif remaining < config.min_call_s:
         ending = Ending.worker_lost_no_time(reason, remaining, config.min_call_s)
+    if ending is not None and stopped_with_the_app(lost_owner):  # handed over at a stop, not taken up in time
+        ending = Ending.app_stopped(f"no worker took it up again before its deadline ({reason})")
     if ending is not None:
         written = write_ending(store, conversation_id, turn_id, ending, owner=lost_owner)
         return "ended" if written else "taken"

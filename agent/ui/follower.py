@@ -353,11 +353,17 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> N
                 st.markdown(f"**{STATUS_LABELS['queued']}**: {place} · **{info.workers}** worker"
                             f"{'s' * (info.workers != 1)}, {info.busy} busy")
                 if info.workers == 0:
-                    st.warning("No worker is running. Start one with `python worker.py` "
-                               "(this app runs with AGENT_WORKERS=0).")
+                    st.warning(no_worker_text(settings.workers))
         else:
             fill, text = render.budget_text(state, now)
             st.progress(fill, text=f"⏱️ {text}")
             current = render.current_step_text(state.get("current_step"), now)
             st.markdown(f"**{STATUS_LABELS['running']}** · {current or 'writing the result'}")
 
+
+def no_worker_text(own_workers: int) -> str:
+    """What the page says while no worker is running: its own pool is being started again, or it has none."""
+    if own_workers > 0:
+        return ("No worker is running: this app's workers stopped, and it is starting them again. This turn "
+                "starts as soon as one is up.")
+    return "No worker is running. Start one with `python worker.py` (this app runs with AGENT_WORKERS=0)."

@@ -31,9 +31,8 @@ from agent.queue import (
     job_status,
     new_id,
     queue_position,
-    running_count,
-    running_workers,
     submit_turn,
+    worker_counts,
 )
 from agent.settings import DEFAULT_WORKERS, Settings, TurnConfig
 from agent.text.markdown import inert
@@ -291,8 +290,8 @@ def queue_info(backend: Backend, state: State) -> QueueInfo:
     job_id = state["job_id"]
     position = queue_position(backend.queue, job_id) if job_id else None
     status = job_status(backend.queue_connection, job_id) if job_id else None
-    workers = running_workers(backend.queue)
-    return QueueInfo(position, workers, running_count(backend.queue), status)
+    workers, busy = worker_counts(backend.queue)
+    return QueueInfo(position, workers, busy, status)
 
 
 def now() -> float:

@@ -1,19 +1,25 @@
 -- Begin a turn: append the user's message and mark the turn queued; one turn at a time.
--- KEYS: meta, history, turns, steps, events, index, live; for a signed-in person, also their conversations
--- (the person's index) and their turns in flight
+-- KEYS: meta, history, turns, steps, events, index, live, the memory reservations of the turns in flight; for a
+-- signed-in person, also their conversations (the person's index) and their turns in flight
 -- ARGV: turn_id, message, doc, ttl, conversation_id, updated_at, title, must_exist ('1' or '0'), max_bytes (0: no cap),
 -- owner (the id of the job that will run the turn), person (the signed-in person's id; '' for the local playground
--- and the operator), the most turns the person may have in flight (0: no cap), then the members of the person's
--- turns in flight that have ended since (the caller looked: a turn that ended never comes back)
+-- and the operator), the most turns the person may have in flight (0: no cap), the bytes a turn reserves for its
+-- final write, the bytes left for reservations (-1: no limit), when this reservation lapses (epoch s), then the
+-- members of the person's turns in flight that have ended since (the caller looked: a turn that ended never comes
+-- back)
 -- Returns {outcome, value}, and writes nothing unless the outcome is 'ok' (value: the version):
 -- 'same' (this turn began already: a double submit), 'busy' (value: the turn in flight), 'full' (value: the
 -- conversation's bytes), 'gone' (must_exist, and it expired or was deleted), 'unreadable' (a version not a number),
--- 'theirs' (it belongs to someone else, or to nobody signed in: told as not found), 'many' (value: the cap).
+-- 'theirs' (it belongs to someone else, or to nobody signed in: told as not found), 'many' (value: the cap),
+-- 'room' (value: the turns holding a reservation; this one's would not fit beside theirs).
+-- Every write comes after every refusal: a script's first write is the one a full Redis refuses (OOM).
 local meta, history, turns, steps, events, index, live = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, message, doc, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local conversation_id, updated_at, title = ARGV[5], ARGV[6], ARGV[7]
 local must_exist, max_bytes, owner = ARGV[8] == '1', tonumber(ARGV[9]), ARGV[10]
 local person, max_turns = ARGV[11], tonumber(ARGV[12])
+local reserved, reserve_bytes, reserve_room, reserve_until = KEYS[8], tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[15]
+local person_index, person_turns = KEYS[9], KEYS[10]
 local current = redis.call('HMGET', meta, 'turn_id', 'done', 'version', 'bytes', 'owned_by')
 if person ~= '' and redis.call('EXISTS', meta) == 1 and current[5] ~= person then return {'theirs', ''} end
 -- A version that is not a whole number would fail HINCRBY below, after the message was appended.
@@ -25,13 +31,23 @@ if current[1] then
 elseif must_exist then
   return {'gone', ''}
 end
+if reserve_room >= 0 then
+  local holding = redis.call('ZCOUNT', reserved, '(' .. updated_at, '+inf')
+  if (holding + 1) * reserve_bytes > reserve_room then return {'room', tostring(holding)} end
+end
 if person ~= '' then
-  for i = 13, #ARGV do redis.call('ZREM', KEYS[9], ARGV[i]) end
-  if max_turns > 0 and redis.call('ZCARD', KEYS[9]) >= max_turns then return {'many', tostring(max_turns)} end
-  redis.call('ZADD', KEYS[9], updated_at, conversation_id .. ' ' .. turn_id)
-  redis.call('EXPIRE', KEYS[9], ttl)
+  local ended = {}
+  for i = 16, #ARGV do ended[#ended + 1] = ARGV[i] end
+  local in_flight = redis.call('ZCARD', person_turns)
+  for _, member in ipairs(ended) do
+    if redis.call('ZSCORE', person_turns, member) then in_flight = in_flight - 1 end
+  end
+  if max_turns > 0 and in_flight >= max_turns then return {'many', tostring(max_turns)} end
+  redis.call('ZADD', person_turns, updated_at, conversation_id .. ' ' .. turn_id)  -- the first write
+  for _, member in ipairs(ended) do redis.call('ZREM', person_turns, member) end
+  redis.call('EXPIRE', person_turns, ttl)
   redis.call('HSETNX', meta, 'owned_by', person)
-  redis.call('ZADD', KEYS[8], updated_at, conversation_id)
+  redis.call('ZADD', person_index, updated_at, conversation_id)
 end
 redis.call('RPUSH', history, message)
 local version = redis.call('HINCRBY', meta, 'version', 1)
@@ -44,4 +60,6 @@ redis.call('HINCRBY', meta, 'bytes', #message)
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs({meta, history, turns, steps, events}) do redis.call('EXPIRE', key, ttl) end
 redis.call('ZADD', index, updated_at, conversation_id)
+redis.call('ZREMRANGEBYSCORE', reserved, '-inf', updated_at)  -- reservations that lapsed unreleased
+redis.call('ZADD', reserved, reserve_until, conversation_id .. ' ' .. turn_id)
 return {'ok', tostring(version)}

@@ -3,7 +3,9 @@
 -- already ended (CLOSED: done never reverts), the history moved underneath (CONFLICT), or another job
 -- owns the turn now (STALE: it was resumed elsewhere while this job's worker was away).
 -- KEYS: meta, history, steps, turns, events, index, live, running (the turns in flight), approvals (the
--- parked turns: an ending ends a parked turn's request too)
+-- parked turns: an ending ends a parked turn's request too), reserved (the turns' memory reservations)
+-- An ending's first write releases the turn's reservation and its live text: a script that has written once
+-- runs to its end even when Redis is at its maxmemory, so the ending lands on the memory the turn reserved.
 -- ARGV: turn_id, expected history length (-1: any), doc, done ('1' or '0'), ttl, number of messages, number
 -- of steps, turn summary ('' for none), conversation_id, updated_at, end_live (a live text's seq, 0: none),
 -- owner (the writing job's id; '' for a front end, which may end any job's turn), person (a signed-in person's
@@ -26,6 +28,10 @@ if owner ~= '' and current[3] and current[3] ~= owner then
 end
 if expected_len >= 0 and redis.call('LLEN', history) ~= expected_len then
   return redis.error_reply('CONFLICT the history moved')
+end
+if done == '1' then
+  redis.call('ZREM', KEYS[10], conversation_id .. ' ' .. turn_id)
+  redis.call('DEL', live)
 end
 local i, added = 14, #summary
 for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
