@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -10,6 +11,7 @@ import redis
 from rq.timeouts import JobTimeoutException
 
 from agent import tools
+from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 from agent.deadline import Clock
 from agent.providers.base import Completion, ProviderError, ProviderErrorKind, ToolCall
@@ -369,3 +371,34 @@ def test_a_tool_not_safe_to_repeat_is_not_run_when_its_start_cannot_be_stored(re
     assert ran == []
     sent = [m for m in model.calls[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in sent] == [UNRECORDED_START_RESULT]
+
+
+class RunTwice(RecordingStore):
+    """A store whose every write before the ending runs twice, as redis-py's retry runs a write that timed
+    out but ran: the caller sees the second run's outcome."""
+
+    def publish(self, conversation_id, turn_id, doc, **kwargs):
+        if kwargs.get("done"):
+            return super().publish(conversation_id, turn_id, doc, **kwargs)
+        with contextlib.suppress(StoreError):
+            super().publish(conversation_id, turn_id, doc, **kwargs)
+        return super().publish(conversation_id, turn_id, doc, **kwargs)
+
+
+def test_a_write_run_twice_records_no_message_or_step_twice(redis_client, scripted_model):
+    # Every write lands twice: one with messages is refused the second time (the history moved) and
+    # reconciled; one with steps alone (a resume step, a retry) is stored once by the script itself.
+    store = RunTwice(redis_client, ttl_s=600)
+    scripted_model(Completion(None, [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') for i in range(6)]),
+                   Completion("4 each"))
+    turn = make_turn(store, clock=frozen_clock())
+    turn.context.writer.owner = turn.context.writer.live.owner = "job-1"
+    store.redis.hset(f"agent:conv:{turn.context.writer.conversation_id}:meta", "owner", "job-1")
+    turn.context.writer.add_step("retry", "a step alone", time.time(), "ok")
+    turn.context.writer.flush()
+    assert turn.run() == "done"
+    state = store.read(turn.context.writer.conversation_id)
+    indexes = [s["index"] for s in state["steps"]]
+    assert indexes == sorted(set(indexes)), indexes
+    assert [m["role"] for m in state["history"]].count("tool") == 6
+    assert len(state["history"]) == len({json.dumps(m, sort_keys=True) for m in state["history"]})

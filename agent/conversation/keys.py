@@ -5,7 +5,9 @@ Per conversation (all its keys share one TTL, refreshed on every write):
     agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields), owner (the id
                              of the job that may write the turn), attempt (0, then 1, 2... per resume),
                              owned_by (the id of the signed-in person who started it; absent in the
-                             local playground and for the operator's conversations)
+                             local playground and for the operator's conversations), step_turn and
+                             step_index (the highest step index a job's write stored, and its turn: a
+                             write run twice stores no step twice, scripts/publish.lua)
     agent:conv:{id}:history  list: one JSON message per item, append-only
     agent:conv:{id}:steps    list: one JSON step per item, append-only
     agent:conv:{id}:turns    list: one JSON summary per ended turn

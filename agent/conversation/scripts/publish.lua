@@ -35,7 +35,24 @@ if done == '1' then
 end
 local i, added = 14, #summary
 for _ = 1, n_messages do redis.call('RPUSH', history, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
-for _ = 1, n_steps do redis.call('RPUSH', steps, ARGV[i]); added = added + #ARGV[i]; i = i + 1 end
+-- A job's steps are numbered (`index`, one turn's steps from 1 up, across its resumes): a step at or below
+-- the highest index a job's write already stored for this turn is not stored again. So a write run twice
+-- (a client's retry of a write that timed out but ran, or a write sent again after one that seemed lost)
+-- never records a step twice, even when it carries no message for the history check to see.
+local mark = redis.call('HMGET', meta, 'step_turn', 'step_index')
+local floor = -1
+if owner ~= '' and mark[1] == turn_id then floor = tonumber(mark[2] or '-1') or -1 end
+local top = floor
+for _ = 1, n_steps do
+  local ok, step = pcall(cjson.decode, ARGV[i])
+  local index = ok and type(step) == 'table' and tonumber(step['index']) or nil
+  if owner == '' or index == nil or index > floor then
+    redis.call('RPUSH', steps, ARGV[i]); added = added + #ARGV[i]
+    if index ~= nil and index > top then top = index end
+  end
+  i = i + 1
+end
+if owner ~= '' and top > floor then redis.call('HSET', meta, 'step_turn', turn_id, 'step_index', top) end
 if summary ~= '' then redis.call('RPUSH', turns, summary) end
 redis.call('HINCRBY', meta, 'bytes', added)
 local version = redis.call('HINCRBY', meta, 'version', 1)
