@@ -444,7 +444,7 @@ def test_a_server_past_the_limits_offers_only_what_fits_and_says_what_it_left_ou
     try:
         (report,) = oversized.start([ServerConfig("big", sys.executable, (HOSTILE, "--oversized"))], START_TIMEOUT_S)
         tools = {t.name: t for t in report.tools}
-        listed = 10 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
+        listed = 11 + 2 + EXTRA_TOOLS  # the hostile server's own tools, wordy and bloated, and the extras
         assert f"lists {listed} tools; only the first {MAX_TOOLS_PER_SERVER} are offered" in report.error
         assert len(tools) == MAX_TOOLS_PER_SERVER - 1  # bloated is refused
         assert "'bloated' left out: its input schema is" in report.error and f"{MAX_SCHEMA_BYTES:,}" in report.error
