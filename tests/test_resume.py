@@ -36,7 +36,10 @@ SLOW_CALL = FAST.with_changes(model="demo@3~0", job_timeout_s=20, deadline_margi
 # Longer clocks for turns that are killed twice or written slowly (deadline 26 s after the start).
 LONG = dict(job_timeout_s=30, deadline_margin_s=4.0, call_timeout_cap_s=15.0, min_call_s=0.5)
 SETTLE_S = 0.3  # seconds after the turn's first write: its job is inside its first model call (3 s) by then
-RESUME_WITHIN_S = 6.0  # seconds from the kill to the resumed job's first write (~3 s lapse + the watch + a start)
+RESUME_WITHIN_S = 6.0  # seconds from a freeze to the resumed job's first write (~3 s lapse + the watch + a start)
+# Seconds from a SIGKILL its supervisor sees (a worker's exit, a work horse's) to the resumed job's first write:
+# the hand-over comes at once (agent/hosting/deaths.py), not after the mark's lapse (goal 0.5 s, with slack).
+RESUME_SEEN_DEATH_S = 1.5
 OBSERVE_S = 20.0  # seconds a test waits for an event it then measures (the bound it asserts is tighter)
 TURN_S = 45.0  # seconds a test waits for a resumed turn to end (each turn's own clocks end it sooner)
 MARGIN_S = 1.0  # seconds of slack on every time bound
@@ -179,7 +182,7 @@ def test_a_turn_whose_worker_is_killed_mid_model_call_resumes_on_another_worker(
     cid, first, pid, _ = start_turn(private_redis, "hello", SLOW_CALL)
     time.sleep(SETTLE_S)  # into its model call (3 s): not an assertion
     before, killed_at, seen_at = kill_and_see_resumed(private_redis, cid, pid)
-    assert seen_at - killed_at < RESUME_WITHIN_S, f"the resumed job wrote {seen_at - killed_at:.1f} s after the kill"
+    assert seen_at - killed_at < RESUME_SEEN_DEATH_S, f"resumed job wrote {seen_at - killed_at:.1f} s after the kill"
     assert not [s for s in before["steps"] if s["kind"] == "model" and s["turn_id"] == before["turn_id"]]
 
     final = wait_done(private_redis.store, cid, timeout_s=TURN_S)
@@ -187,7 +190,7 @@ def test_a_turn_whose_worker_is_killed_mid_model_call_resumes_on_another_worker(
     step = resume_steps(final)[0]
     # The gap: from the last write before the loss to the resumed job's start.
     assert before["updated_at"] - 0.01 <= step["started_at"] <= killed_at + 0.01, (step, before["updated_at"])
-    assert killed_at < step["ended_at"] < killed_at + RESUME_WITHIN_S, (step, killed_at)
+    assert killed_at < step["ended_at"] < killed_at + RESUME_SEEN_DEATH_S, (step, killed_at)
     assert abs(step["remaining_s"] - (final["deadline_at"] - step["ended_at"])) < MARGIN_S, step
     assert turn_messages(final)[-1]["content"].startswith("Hello!")
     # The resumed call ran after the resume, not the dead worker's.
@@ -205,7 +208,7 @@ def test_a_forking_workers_job_killed_mid_model_call_resumes_on_another_worker(p
         horse = wait_for(lambda: next(iter(psutil.Process(pid).children()), None), OBSERVE_S, "the work horse")
         time.sleep(SETTLE_S)  # into its model call (3 s): not an assertion
         _, killed_at, seen_at = kill_and_see_resumed(private_redis, cid, horse.pid)
-        assert seen_at - killed_at < RESUME_WITHIN_S, f"resumed {seen_at - killed_at:.1f} s after the kill"
+        assert seen_at - killed_at < RESUME_SEEN_DEATH_S, f"resumed {seen_at - killed_at:.1f} s after the kill"
         final = wait_done(private_redis.store, cid, timeout_s=TURN_S)
         assert_resumed(final, first, 1)
         assert turn_messages(final)[-1]["content"].startswith("Hello!")
@@ -357,12 +360,12 @@ def test_with_no_resume_allowed_a_kill_ends_the_turn_worker_lost_at_once(private
 
 def test_a_turn_killed_with_too_little_time_left_ends_worker_lost(private_redis, workers):
     workers(2)
-    # Deadline 8 s after the start, and no call under 3 s: killed 4.5 s in, it cannot be resumed in time
-    # (the mark lapses ~3 s after the kill). Its model call (20 s) is still in flight when it is killed.
+    # Deadline 8 s after the start, and no call under 3 s: killed 5.5 s in, it cannot be resumed in time, even
+    # at once (its supervisor sees the worker die). Its model call (20 s) is still in flight when it is killed.
     config = FAST.with_changes(model="demo@20~0", job_timeout_s=10, deadline_margin_s=2.0, call_timeout_cap_s=10.0,
                                min_call_s=3.0)
     cid, first, pid, _ = start_turn(private_redis, "hello", config)
-    late = first["started_at"] + 4.5
+    late = first["started_at"] + 5.5
     wait_for(lambda: time.time() >= late, OBSERVE_S, "late in the turn")
     assert not private_redis.store.read(cid)["done"]
     killed_at = time.time()

@@ -165,8 +165,8 @@ class Store(StoreReads):
 
     def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
                alive_ms: int, by_itself: bool = False) -> tuple[str, int]:
-        """Hand a turn whose worker was lost (or, `by_itself`, whose app is stopping) to a new job, exactly once
-        (see Writes.resume)."""
+        """Hand a turn whose worker was lost to a new job, exactly once (see Writes.resume). `by_itself`: the
+        lost job's heartbeat mark is no sign of life (its app is stopping, or its process was seen to end)."""
         return self._writes.resume(conversation_id, turn_id, lost_owner, new_owner, max_resumes=max_resumes,
                                    alive_ms=alive_ms, by_itself=by_itself)
 

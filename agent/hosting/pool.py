@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +54,14 @@ class Pool:
         self.started_at: list[float] = [0.0] * workers
         self.backoff: list[float] = [0.0] * workers  # seconds a dead worker waits for its restart
         self.died_at: list[float | None] = [None] * workers  # when each dead worker was first seen dead
+        self.names: list[str] = [""] * workers  # each worker's RQ name
+        # Called with a dead worker's name and exit status as soon as it is seen dead (not to be recycled):
+        # its turn is handed over then (deaths.py), not when its heartbeat lapses.
+        self.on_death: Callable[[str, int | None], object] | None = None
         self.stopping = threading.Event()
 
     def spawn(self, index: int) -> None:
-        name = f"agent-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}"
+        name = self.names[index] = f"agent-{os.getpid()}-{index}-{uuid.uuid4().hex[:6]}"
         self.procs[index] = subprocess.Popen(
             [sys.executable, "-m", "agent.hosting.worker_process", "--with-parent",
              "--class", self.worker_class, "--name", name],
@@ -87,6 +92,11 @@ class Pool:
             if self.died_at[index] is None:
                 self.died_at[index] = now
                 lived_s = now - self.started_at[index]
+                if proc.returncode not in (0, RECYCLE_EXIT_CODE) and self.on_death is not None:
+                    try:
+                        self.on_death(self.names[index], proc.returncode)
+                    except Exception:  # noqa: BLE001 - the supervisor outlives one bad hand-over; the watch remains
+                        log.exception("worker %s died; handing its turn over failed", proc.pid)
                 if proc.returncode == RECYCLE_EXIT_CODE:
                     self.backoff[index] = 0.0
                     log.info("worker %s stopped to be recycled (a tool thread outlived its timeout in it); "
@@ -270,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     signalled = record_stop_signals()
     pool.start()
     watch = watch_turns(env["REDIS_URL"])
+    pool.on_death = watch.worker_died
     log.info("%d %s workers started", args.workers, args.worker_class)
     print(f"ready {env.get('AGENT_DEMO_URL', '')}", flush=True)
     try:

@@ -33,6 +33,7 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.conversation.store import Store
+from agent.hosting.deaths import worker_died
 from agent.hosting.lost_worker import lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
@@ -156,6 +157,12 @@ class TurnWatch:
             outcome = resume_or_end(self.store, get_queue(self.queue_connection), conversation_id, state, owner,
                                     reason)
             self.resumed += outcome == "resumed"
+
+    def worker_died(self, worker_name: str, returncode: int | None) -> str:
+        """One of this supervisor's workers was seen to end: the turn it ran goes on at once (deaths.py)."""
+        outcome = worker_died(self.store, self.queue_connection, worker_name, returncode)
+        self.resumed += outcome == "resumed"
+        return outcome
 
     def start(self) -> TurnWatch:
         threading.Thread(target=self._run, name="turn-watch", daemon=True).start()

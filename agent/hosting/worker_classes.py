@@ -96,11 +96,32 @@ class RecyclingSimpleWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, Recycles
     pass
 
 
-class StoppingWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, Worker):
+class HandsOverAKilledHorse:
+    """A forking (or spawning) worker whose work horse was killed mid-job: the turn it ran goes on on another
+    worker at once (agent/hosting/deaths.py), not when the horse's heartbeat lapses. RQ then fails the job."""
+
+    def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        from agent.conversation.store import Store
+        from agent.hosting.deaths import hand_over_dead_job
+        from agent.runtime.connection import state_client
+        from agent.settings import state_ttl_from_env
+
+        how = f"signal {os.WTERMSIG(ret_val)}" if ret_val and os.WIFSIGNALED(ret_val) else f"status {ret_val}"
+        store = Store(state_client(os.environ["REDIS_URL"]), state_ttl_from_env())
+        try:
+            hand_over_dead_job(store, self.connection, job.id, f"its work horse was killed ({how})")
+        except redis.RedisError as exc:  # the pools' watch takes it from here, when the mark lapses
+            log.info("job %s: its horse was killed; its turn is left to the watch: %s", job.id, redis_problem(exc))
+        finally:
+            store.redis.close()
+
+
+class StoppingWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, HandsOverAKilledHorse, Worker):
     pass
 
 
-class StoppingSpawnWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, SpawnWorker):
+class StoppingSpawnWorker(KeepsTheStopRequest, WaitsWhileRedisIsFull, HandsOverAKilledHorse, SpawnWorker):
     pass
 
 

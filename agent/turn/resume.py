@@ -44,9 +44,11 @@ log = logging.getLogger(__name__)
 
 
 def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State, lost_owner: str,
-                  reason: str) -> str:
+                  reason: str, *, known_dead: bool = False) -> str:
     """Resume the turn whose job `lost_owner` was lost, or end it saying why it cannot go on.
 
+    `known_dead`: the caller saw the job's process end (its supervisor saw the worker, or RQ the work
+    horse, exit), so its heartbeat mark, which may live on for a moment, does not hold the hand-over back.
     Returns "resumed", "ended", or what the store found instead ("taken": another job owns it now;
     "ended" too when it was not in flight any more)."""
     turn_id, attempt = state["turn_id"], state["attempt"]
@@ -65,7 +67,7 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
         return "ended" if written else "taken"
     new_owner = f"{job_id_for(turn_id)}-resume-{attempt + 1}"
     outcome, new_attempt = store.resume(conversation_id, turn_id, lost_owner, new_owner,
-                                        max_resumes=config.max_resumes, alive_ms=ALIVE_MS)
+                                        max_resumes=config.max_resumes, alive_ms=ALIVE_MS, by_itself=known_dead)
     if outcome != "ok":
         return outcome
     job_timeout_at = state["job_timeout_at"] or now + config.job_timeout_s

@@ -3,8 +3,8 @@
 -- one turn.
 -- KEYS: meta, alive (the turn's heartbeat mark)
 -- ARGV: turn_id, lost owner (the job whose worker was lost), new owner (the job that continues it),
--- max resumes, alive ttl (ms: the new job's grace to start beating), '1' when the owner hands the turn over
--- itself (its app is stopping: its own mark is still there), else '0'
+-- max resumes, alive ttl (ms: the new job's grace to start beating), '1' when the lost job's mark is no sign of
+-- life: the owner hands the turn over itself (its app is stopping), or the caller saw its process end; else '0'
 -- Returns {outcome, attempt}: 'ok' (attempt: the new one), 'taken' (another job owns it: resumed already,
 -- or not lost), 'ended' (no such turn in flight), 'spent' (attempt: the resumes already made).
 local meta, alive = KEYS[1], KEYS[2]
