@@ -153,6 +153,12 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     f"+{once['extra_ms_p50']:g} ms ({once['once_ms']['p50']:g} / {once['repeatable_ms']['p50']:g} ms; "
                     f"{once['once_writes']:g} / {once['repeatable_writes']:g} writes)", "<= +50 ms",
                     _check(goals.get("side_effect_extra_ms_p50"))))
+        scaling = lost.get("watch_scaling") or []
+        if scaling:
+            out.append(("the watch's Redis commands/s per supervisor at " + ", ".join(
+                f"{r['turns']:,}" for r in scaling if r["supervisors"] == 1) + " turns in flight (1 / 5 supervisors)",
+                ", ".join(f"{r['commands_per_s']:g}" for r in scaling), "flat, <= 10/s",
+                _check(goals.get("watch_flat"))))
         redis_cost = lost["watch_redis"]
         for label, key in (("the watch, per supervisor", "watch_per_supervisor"), ("their heartbeats", "heartbeats")):
             figures = redis_cost[key]

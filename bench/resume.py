@@ -265,43 +265,71 @@ def _rate(lab: Lab, seconds: int, tick: Callable[[], None]) -> dict:
             "redis_cpu_us_per_s": round(sum(u for _, u in delta.values()) / elapsed, 1)}
 
 
-def watch_cost(lab: Lab, seconds: int, turns: int = WATCHED_TURNS) -> dict:
-    """`turns` running turns fabricated (index entry, meta, a live mark), no pool on this Redis; then
-    TurnWatch.sweep once a second, and apart from it `turns` heartbeats a second (Flags.beat)."""
-    flags, now = lab.store.flags, time.time()
+def watch_cost(lab: Lab, seconds: int, turns: int = WATCHED_TURNS, supervisors: int = 1,
+               heartbeats: bool = True) -> dict:
+    """`turns` running turns fabricated (meta, a live mark and lease), no pool on this Redis; then
+    `supervisors` watches each sweep once a second, and apart from them `turns` heartbeats a second
+    (Flags.beat), spread over the second as the turns' own threads would be."""
+    flags = lab.store.flags
     ids = [(new_id(), new_id()) for _ in range(turns)]
     with lab.client.pipeline(transaction=False) as pipe:
         for cid, turn_id in ids:
-            pipe.zadd(RUNNING_KEY, {cid: now + 120})
             pipe.hset(Keys.of(cid).meta, mapping={"turn_id": turn_id, "done": "0", "owner": f"job-{turn_id}",
                                                   "attempt": "0"})
-            pipe.set(turn_alive(turn_id), f"job-{turn_id}", px=(seconds + 60) * 1000)  # alive throughout
         pipe.execute()
+    for cid, turn_id in ids:  # alive throughout: a lease far past the run's end
+        flags.start_running(cid, turn_id, f"job-{turn_id}", (seconds * 3 + 60) * 1000)
     try:
-        watch = TurnWatch(lab.store, lab.queue_connection)
-        sweeping = _rate(lab, seconds, watch.sweep)
-        assert watch.resumed == 0, "a fabricated turn was taken for lost"
+        watches = [TurnWatch(lab.store, lab.queue_connection) for _ in range(supervisors)]
 
-        def beats() -> None:  # spread over the second, as 100 turns' threads would be
-            start = time.monotonic()
-            for i, (_, turn_id) in enumerate(ids):
-                time.sleep(max(0.0, start + i * WATCH_S / turns - time.monotonic()))
-                flags.beat(turn_id, f"job-{turn_id}", heartbeat.ALIVE_MS)
+        def sweep_all() -> None:
+            for watch in watches:
+                watch.sweep()
 
-        beating = _rate(lab, seconds, beats)
+        sweeping = _rate(lab, seconds, sweep_all)
+        assert all(watch.resumed == 0 for watch in watches), "a fabricated turn was taken for lost"
+        per_supervisor = {k: (round(v / supervisors, 1) if isinstance(v, float) else
+                              {c: round(n / supervisors, 1) for c, n in v.items()}) for k, v in sweeping.items()}
+        beating = None
+        if heartbeats:
+            def beats() -> None:
+                start = time.monotonic()
+                for i, (cid, turn_id) in enumerate(ids):
+                    time.sleep(max(0.0, start + i * WATCH_S / turns - time.monotonic()))
+                    flags.beat(cid, turn_id, f"job-{turn_id}", (seconds * 3 + 60) * 1000)
+
+            beating = _rate(lab, seconds, beats)
     finally:
         with lab.client.pipeline(transaction=False) as pipe:
             pipe.delete(RUNNING_KEY)
             for cid, turn_id in ids:
                 pipe.delete(Keys.of(cid).meta, turn_alive(turn_id))
             pipe.execute()
-    return {"turns": turns, "seconds": seconds, "watch_per_supervisor": sweeping, "heartbeats": beating}
+    return {"turns": turns, "supervisors": supervisors, "seconds": seconds, "watch_per_supervisor": per_supervisor,
+            "heartbeats": beating}
+
+
+WATCH_SIZES = (10, 100, 1000, 10_000)  # running turns for the watch's cost, flat in this if it holds
+WATCH_FLAT_GOAL_PER_S = 10.0  # commands/s per supervisor at every size: a few small reads a second, whatever runs
+
+
+def watch_scaling(lab: Lab, seconds: int) -> list[dict]:
+    """The watch's Redis commands per second per supervisor at each of WATCH_SIZES, with 1 and 5 supervisors."""
+    rows = []
+    for n in WATCH_SIZES:
+        for k in (1, 5):
+            cost = watch_cost(lab, seconds, n, k, heartbeats=False)
+            per_s = cost["watch_per_supervisor"]["commands_per_s"]
+            rows.append({"turns": n, "supervisors": k, "commands_per_s": per_s})
+    return rows
 
 
 def resume_figures(lab: Lab, *, call_kills: int, other_rounds: int, watch_seconds: int, pairs: int,
                    latency_s: float, rng: random.Random, say: Callable[[str], None] = lambda _: None) -> dict:
     say(f"resume: the watch's Redis commands over {WATCHED_TURNS} running turns")
     out = {"watch_redis": watch_cost(lab, watch_seconds)}
+    say(f"resume: the watch's Redis commands at {', '.join(map(str, WATCH_SIZES))} running turns, 1 and 5 supervisors")
+    out["watch_scaling"] = watch_scaling(lab, watch_seconds)
     say(f"resume: {SIDE_EFFECT_CALLS} side-effecting calls against {SIDE_EFFECT_CALLS} that are safe to repeat")
     out["side_effect_cost"] = side_effect_cost(lab, pairs)
     pool = lab.pool(WORKERS, DEFAULT_WORKER_CLASS)
@@ -319,7 +347,8 @@ def goals(section: dict) -> dict:
     return {"resume_kill_to_first_write_p95": section["kill_to_first_write_s"]["p95"] <= RESUME_GOAL_S,
             "resume_done_share": section["done_share"] == 1.0,
             "heartbeat_overhead_ratio": section["heartbeat_overhead"]["ratio"] <= 1.02,
-            "side_effect_extra_ms_p50": section["side_effect_cost"]["extra_ms_p50"] <= SIDE_EFFECT_GOAL_MS}
+            "side_effect_extra_ms_p50": section["side_effect_cost"]["extra_ms_p50"] <= SIDE_EFFECT_GOAL_MS,
+            "watch_flat": max(r["commands_per_s"] for r in section["watch_scaling"]) <= WATCH_FLAT_GOAL_PER_S}
 
 
 def main(argv: list[str] | None = None) -> int:

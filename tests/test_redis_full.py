@@ -141,13 +141,13 @@ def test_a_full_redis_does_not_make_a_live_worker_or_its_turn_look_lost(private_
     from agent.turn.heartbeat import ALIVE_MS, HEARTBEAT_S, HEARTBEAT_TTL_S
 
     client, flags = private_redis.client, private_redis.store.flags
-    flags.start_running("conversation", "turn", "job", time.time() + 60, ALIVE_MS)
+    flags.start_running("conversation", "turn", "job", ALIVE_MS)
     workers.beat(client, "worker-1", "busy")
     fill(client, 1)
     try:
         end = time.monotonic() + HEARTBEAT_TTL_S + 1  # past the TTL of the marks written before it was full
         while time.monotonic() < end:
-            flags.beat("turn", "job", ALIVE_MS)
+            flags.beat("conversation", "turn", "job", ALIVE_MS)
             workers.beat(client, "worker-1", "busy")
             time.sleep(HEARTBEAT_S / 2)
         assert flags.alive(["turn"]) == [True]

@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import UTC, datetime
+
+from rq.job import JobStatus
+from rq.serializers import JSONSerializer
 
 from agent.contract import Role, queued_doc
 from agent.hosting.turn_watch import TurnWatch
-from agent.queue import new_id
+from agent.queue import JOB_FUNCTION, SafeJob, new_id
 from agent.turn.heartbeat import ALIVE_MS, HEARTBEAT_S, HEARTBEAT_TTL_S
 from harness import pools
 from harness.waiting import wait_for
@@ -30,23 +34,30 @@ def pause(private_redis, seconds: float) -> None:
         private_redis.resume()
 
 
-def beat_and_look(store, watch: TurnWatch, turn_id: str, job_id: str, seconds: float) -> None:
+def beat_and_look(store, watch: TurnWatch, cid: str, turn_id: str, job_id: str, seconds: float) -> None:
     """A healthy worker's heartbeat and the watch's looks, for `seconds`."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        store.flags.beat(turn_id, job_id, ALIVE_MS)
+        store.flags.beat(cid, turn_id, job_id, ALIVE_MS)
         watch.sweep()
         time.sleep(HEARTBEAT_S / 2)
 
 
 def test_a_heartbeat_that_lapsed_while_redis_was_paused_gets_a_fresh_grace(private_redis):
     store = private_redis.store
-    cid, turn_id, job_id = new_id(), new_id(), "turn-job-of-a-test"  # a job the queue does not know: lost if silent
+    cid, turn_id, job_id = new_id(), new_id(), "turn-job-of-a-test"  # started, then silent: lost once it lapses
     store.begin_turn(cid, turn_id, {"role": Role.USER, "content": "hello"},
                      queued_doc(FAST.to_dict(), job_id, time.time()))
-    store.flags.start_running(cid, turn_id, job_id, time.time() + 60, ALIVE_MS)
+    # Its job's record, as RQ keeps it for a started job: without one the watch's look for accepted turns whose
+    # job is gone would end it before the pause, and the lapse this test is about would never be seen.
+    job = SafeJob.create(JOB_FUNCTION, args=(cid, turn_id), id=job_id, connection=private_redis.queue_connection,
+                         serializer=JSONSerializer)
+    job.started_at = datetime.now(UTC)
+    job.save()
+    job.set_status(JobStatus.STARTED)
+    store.flags.start_running(cid, turn_id, job_id, ALIVE_MS)
     watch = TurnWatch(store, private_redis.queue_connection)
-    beat_and_look(store, watch, turn_id, job_id, HEARTBEAT_TTL_S + 1)  # past the grace a new watch starts with
+    beat_and_look(store, watch, cid, turn_id, job_id, HEARTBEAT_TTL_S + 1)  # past the grace a new watch starts with
     assert watch.held_off == 0
 
     pause(private_redis, PAUSE_S)
@@ -56,7 +67,7 @@ def test_a_heartbeat_that_lapsed_while_redis_was_paused_gets_a_fresh_grace(priva
     meta = store.read_meta(cid)
     assert not meta["done"] and meta["attempt"] == 0, "not taken for a lost worker"
 
-    beat_and_look(store, watch, turn_id, job_id, HEARTBEAT_TTL_S + 1)  # the worker beats again: never lost
+    beat_and_look(store, watch, cid, turn_id, job_id, HEARTBEAT_TTL_S + 1)  # the worker beats again: never lost
     meta = store.read_meta(cid)
     assert not meta["done"] and meta["attempt"] == 0
 

@@ -30,6 +30,7 @@ class Flags:
     def __init__(self, client: redis.Redis):
         self.client = client
         self._beat = client.register_script(source("beat"))
+        self._lapsed = client.register_script(source("lapsed"))
 
     def claim_turn(self, turn_id: str, job_id: str, ttl_s: int) -> bool:
         """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
@@ -63,22 +64,23 @@ class Flags:
 
     # -- the turns running, and their heartbeats ---------------------------------------------------
 
-    def start_running(self, conversation_id: str, turn_id: str, job_id: str, job_timeout_at: float,
-                      alive_ms: int) -> None:
+    def start_running(self, conversation_id: str, turn_id: str, job_id: str, alive_ms: int) -> None:
         """A job started the turn: it is watched from now on, and its first heartbeat is in."""
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(turn_alive(turn_id), job_id, px=alive_ms)
-            pipe.zadd(RUNNING_KEY, {conversation_id: job_timeout_at})
-            pipe.execute()
+        self._beat(keys=[turn_alive(turn_id), RUNNING_KEY], args=[job_id, alive_ms, conversation_id, "1"])
 
-    def beat(self, turn_id: str, job_id: str, alive_ms: int) -> None:
-        """Renew the job's mark (scripts/beat.lua: taken even when Redis is full, while the mark is there)."""
-        self._beat(keys=[turn_alive(turn_id)], args=[job_id, alive_ms])
+    def beat(self, conversation_id: str, turn_id: str, job_id: str, alive_ms: int) -> None:
+        """Renew the job's mark and its lease (scripts/beat.lua: taken even when Redis is full, while the mark
+        is there); a turn no longer in the running index is not put back."""
+        self._beat(keys=[turn_alive(turn_id), RUNNING_KEY], args=[job_id, alive_ms, conversation_id, "0"])
 
     def running(self, limit: int) -> list[str]:
-        """The conversations whose turn is running, the soonest job timeout first (at most `limit`)."""
-        return [member.decode() if isinstance(member, bytes) else member
-                for member in self.client.zrange(RUNNING_KEY, 0, limit - 1)]
+        """The conversations whose turn is running, the soonest lease lapse first (at most `limit`)."""
+        return [_text(member) for member in self.client.zrange(RUNNING_KEY, 0, limit - 1)]
+
+    def lapsed(self, limit: int) -> list[str]:
+        """The conversations whose running turn's lease lapsed, by Redis's clock (at most `limit`): one range
+        read, however many turns run."""
+        return [_text(member) for member in self._lapsed(keys=[RUNNING_KEY], args=[limit])]
 
     def not_running(self, conversation_id: str) -> None:
         self.client.zrem(RUNNING_KEY, conversation_id)

@@ -30,8 +30,9 @@ Beside the conversations:
     agent:turn:{turn}:alive  string: the id of the job running the turn, renewed every HEARTBEAT_S with a
                              TTL of HEARTBEAT_TTL_S (agent/turn/heartbeat.py): lapsed, its worker is lost
     agent:turns:running      sorted set: the conversations whose turn a job has started and not ended,
-                             scored by the turn's job-timeout instant: what the pool's supervisors
-                             watch for a lost worker (agent/hosting/turn_watch.py), never a key scan
+                             each a lease scored by when it lapses (ms on Redis's clock), renewed with
+                             the turn's heartbeat: the pool's supervisors read only the lapsed ones, in
+                             one range read (agent/hosting/turn_watch.py), never a key scan
     agent:approvals:pending  sorted set: the conversations whose turn is parked on a request for approval,
                              scored by when the request expires: what the pool's supervisors look at to
                              expire it (agent/turn/approvals.py), never a key scan; the meta hash's

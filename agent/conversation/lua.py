@@ -34,7 +34,8 @@ class Scripts:
     resume: Script  # a turn whose worker was lost, handed to a new job once
     park: Script  # a turn parked on a request for approval: its job lets go
     answer: Script  # a parked turn's request answered, once
-    beat: Script  # a running turn's heartbeat renewed, also at Redis's maxmemory
+    beat: Script  # a running turn's heartbeat and lease renewed, also at Redis's maxmemory
+    lapsed: Script  # the running turns whose lease lapsed, by Redis's clock
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -1,10 +1,13 @@
 """The pool's watch over the turns in flight: a turn whose worker was lost is resumed on another.
 
 Every supervisor (the embedded pool, every `python worker.py`) runs one, so detection never depends
-on a page being open. Once a second it reads the index of running turns (never a key scan) and, in
-two round trips, their owners and heartbeats. A turn whose heartbeat lapsed is lost when its job is
-not waiting for a worker: started yet silent, failed, stopped, finished without its ending, or gone.
-Several supervisors may notice the same loss: the store hands the turn over once (resume.py).
+on a page being open. Once a second it asks the index of running turns, whose entries are leases scored
+by when they lapse (renewed by each turn's heartbeat, agent/turn/heartbeat.py), for the lapsed ones:
+one range read, on Redis's clock, whatever the number running; only those are read further (their owners
+and marks, in two round trips). A turn whose heartbeat lapsed is lost when its job is not waiting for a
+worker: started yet silent, failed, stopped, finished without its ending, or gone. Several supervisors
+may notice the same loss: the store hands the turn over once (resume.py). A worker its supervisor sees
+die is not left to the lease: its turn is handed over at once (deaths.py).
 
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
 index of parked turns scored by expiry: one range read when none is due. Every STRANDED_EVERY_S it also
@@ -44,7 +47,7 @@ from agent.turn.resume import resume_or_end
 log = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # seconds between looks at the running turns
-MAX_WATCHED = 1000  # running turns looked at per look, the soonest job timeout first
+MAX_WATCHED = 1000  # lapsed turns looked at per look, the longest lapsed first (the rest at the next look)
 # Seconds between two good looks past which Redis (or this watch) counts as having been away: a heartbeat
 # renewed every HEARTBEAT_S lapses only when its worker could not reach Redis for about this long.
 REDIS_AWAY_S = HEARTBEAT_TTL_S - HEARTBEAT_S
@@ -131,13 +134,14 @@ class TurnWatch:
             self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
             self.end_stranded()
         flags = self.store.flags
-        running = flags.running(MAX_WATCHED)
-        if not running:
+        lapsed = flags.lapsed(MAX_WATCHED)
+
+        if not lapsed:
             self.redis_was_away(time.monotonic())
             return
-        owners = flags.owners(running)
+        owners = flags.owners(lapsed)
         in_flight = []
-        for conversation_id, (turn_id, done, owner, _) in zip(running, owners, strict=True):
+        for conversation_id, (turn_id, done, owner, _) in zip(lapsed, owners, strict=True):
             if turn_id and done == "0":
                 in_flight.append((conversation_id, turn_id, owner or ""))
             else:

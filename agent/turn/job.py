@@ -83,7 +83,7 @@ def _run(conversation_id: str, turn_id: str) -> str:
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
         log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
         return "duplicate"
-    with heartbeat.beating(store, conversation_id, turn_id, job_id or turn_id, started_at + config.job_timeout_s):
+    with heartbeat.beating(store, conversation_id, turn_id, job_id or turn_id):
         turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
                            history=answer_every_call([_for_model(m) for m in state["history"]]),
                            doc=carried(state), persisted_len=len(state["history"]), owner=job_id)
@@ -102,7 +102,7 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
         write_ending(store, conversation_id, turn_id, ending, owner=job_id)
         return "no time"
     resumption = Resumption.of(state, store.live_seq(conversation_id))
-    with heartbeat.beating(store, conversation_id, turn_id, job_id, state["job_timeout_at"] or now):
+    with heartbeat.beating(store, conversation_id, turn_id, job_id):
         turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"],
                            history=_taken_over_history(state, resumption), doc=carried(state),
                            persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
@@ -121,7 +121,7 @@ def _continue(store: Store, conversation_id: str, state: State, config: TurnConf
     """Continue a turn after its request for approval was answered (approvals.py), on a fresh set of clocks."""
     turn_id = state["turn_id"]
     resumption = replace(Resumption.of(state, store.live_seq(conversation_id)), after_answer=True)
-    with heartbeat.beating(store, conversation_id, turn_id, job_id, started_at + config.job_timeout_s):
+    with heartbeat.beating(store, conversation_id, turn_id, job_id):
         turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
                            history=_taken_over_history(state, resumption), doc=carried(state),
                            persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
