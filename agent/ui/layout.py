@@ -76,7 +76,7 @@ def page(settings: Settings, be: ui.Backend) -> None:
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[follower.HANDOFF_KEY] = state
     with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
-        live = follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, phase)
+        follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, phase)
     if not in_flight and not input_first:
         _chat_input(settings, be, cid, phase, config, read_only)
     _conversation_links(settings, be, top, cid, state, read_only)
@@ -93,8 +93,8 @@ def page(settings: Settings, be: ui.Backend) -> None:
 
     _flash(session)
     _input_caption(phase, config, config_error, read_only)
-    if live is not None or phase == ui.PARKED:  # everything is drawn: follow the turn until the follower takes over
-        follower.bridge(settings, be, cid, state, live)
+    if in_flight:  # everything is drawn: the follower's next run follows the turn as soon as this one ends
+        follower.follow_at_once(settings, phase)
 
 
 INPUT_ALONE_S = 0.05  # seconds a new chat's run pauses after its input, so the browser draws it in a render of its own
