@@ -34,7 +34,7 @@ INPUT = 'textarea[data-testid="stChatInputTextArea"]'
 AUTOREFRESH = 'iframe[title="streamlit_autorefresh.st_autorefresh"]'
 
 # What the page shows only while a turn is in flight (the in-flight box, the text being written, Stop's answer).
-BUSY_TEXTS = ["Working on it", "Waiting for a worker", "Writing…", "Stopping…"]
+BUSY_TEXTS = ["Working on it", "Waiting for a worker", "Writing…", "Stopping…", "The worker stopped answering"]
 
 # True once the page has settled after a turn: the expected text is on screen, nothing of a turn in
 # flight is left (live or stale), and the chat input is enabled. Returns the browser's clock (epoch ms).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import types
 
 import pytest
 from rq.serializers import JSONSerializer
@@ -82,7 +83,12 @@ def step(turn_id: str, index: int, kind: str, name: str, t0: float, **extra) -> 
 
 
 def make_running(store: Store, cid: str, turn_id: str) -> None:
+    """The turn as a worker runs it: its heartbeat in (for 3 s: a test that needs it longer beats again), a step
+    each of the model and the calculator published."""
+    from agent.turn.heartbeat import ALIVE_MS
+
     doc = running_doc(store, cid)
+    store.flags.beat(turn_id, doc["job_id"], ALIVE_MS)
     t0 = doc["started_at"]
     function = {"name": "calculator", "arguments": '{"expression": "17*23"}'}
     call = {"id": "call_1", "type": "function", "function": function}
@@ -1004,3 +1010,45 @@ def test_the_code_renderer_is_loaded_hidden_by_a_sessions_first_fragment_run_onl
     # Its place is drawn in every run (an empty one once loaded, or in a full run), so what the follower draws
     # after it is at the same place in every run.
     assert len(at.main.children) == 1
+
+
+# -- issue: the first hour (a dead worker looked alive) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("beating", [True, False])
+def test_a_running_turn_whose_heartbeat_lapsed_says_its_worker_stopped_answering(store, beating, monkeypatch):
+    """A regression: after a SIGKILL the status panel went on counting the model call ("5.22 s … 7.24 s of its
+    60 s timeout") until the resumed job's note, seconds later. Once the turn's heartbeat lapses, it says so."""
+    from agent.turn.heartbeat import ALIVE_MS
+    from agent.ui import follower
+
+    monkeypatch.setattr(ui, "lost_worker_check", lambda *args: False)  # its job is made up: not lost, resumed
+    cid, turn_id = make_status(store, "running")
+    store.publish(cid, turn_id, {**running_doc(store, cid), "current_step": {
+        "kind": "model", "name": "demo", "started_at": time.time() - 5.2, "timeout_s": 60.0}})
+    if beating:
+        store.flags.beat(turn_id, store.read(cid)["job_id"], ALIVE_MS)
+    else:  # as a SIGKILL leaves it: its last beat lapsed
+        from agent.conversation.keys import turn_alive
+
+        store.flags.client.delete(turn_alive(turn_id))
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    page = texts(at)
+    counting = "Calling the model (demo)" in page and "of its 60.0 s timeout" in page
+    silent = "The worker stopped answering" in page and "resuming the turn on another worker" in page
+    assert (counting, silent) == ((True, False) if beating else (False, True)), page[-800:]
+    assert at.progress, "the turn's budget bar stays: its clocks still run"
+    state = store.read(cid)
+    backend = types.SimpleNamespace(store=store)
+    silent, look_again_s = follower.worker_silent(backend, state)
+    assert silent is not beating
+    if beating:  # it looks again when two beats would have been missed, not a whole redraw later
+        assert 0 < look_again_s <= (ALIVE_MS - follower.SILENT_LEFT_MS) / 1000
+    # Handed over to a new job (the pool's watch, after a lapse) that has not written yet: still silent.
+    store.flags.beat(turn_id, "job-resumed", ALIVE_MS)
+    assert follower.worker_silent(backend, state)[0]
+    # A turn that ends drops its mark with its last write: a state read just before that write is not silent.
+    store.publish(cid, turn_id, running_doc(store, cid))
+    assert not follower.worker_silent(backend, state)[0]

@@ -38,6 +38,7 @@ from agent.conversation.turns import current_turn, live_text
 from agent.conversation.well_formed import UnreadableState, number
 from agent.conversation.words import STATUS_LABELS
 from agent.settings import Settings
+from agent.turn.heartbeat import HEARTBEAT_S, HEARTBEAT_TTL_S
 from agent.ui import approval, render
 from agent.ui import state as ui
 from agent.ui.callbacks import on_stop
@@ -309,8 +310,8 @@ def _hold(settings: Settings, be: ui.Backend, cid: str, state: dict, live: Live 
                     _draw_turn(live, fresh)
             state = fresh
             if stale or not text_only:
-                _draw_status(settings, be, live, state)
-                next_status = time.monotonic() + STATUS_REDRAW_S
+                look_again_s = _draw_status(settings, be, live, state)
+                next_status = time.monotonic() + min(STATUS_REDRAW_S, look_again_s or STATUS_REDRAW_S)
     except redis.RedisError as exc:
         log.warning("redis failed while following a conversation: %s", exc)
         redis_down(exc)
@@ -340,29 +341,32 @@ def _draw_turn(live: Live, state: dict) -> None:
         live.text = render.render_turn(current_turn(state), latest=True)
 
 
-def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) -> None:
+def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) -> float | None:
     """The budget bar and, once the turn has a step that ended, the timeline, drawn together from one
     reading of the clock: the chart's now-line and running bar are the same instant as the bar's
     "used" (a chart drawn only when a step started or ended froze its now while a call hung). No chart
     before a step has ended: a first chart loads Vega (about 0.8 MB of script), and drawing it held the
     browser's main thread for 0.2-1 s just as the first call's first words arrived, which then showed
-    half a second late. A running first call is said by the status line above it."""
+    half a second late. A running first call is said by the status line above it. Returns in how many
+    seconds to draw them again, when sooner than STATUS_REDRAW_S (see worker_silent)."""
     now = ui.now()
     turn = current_turn(state)
     with live.status.container():
-        _in_flight(settings, be, state, now)
+        look_again_s = _in_flight(settings, be, state, now)
     if state["status"] != Status.QUEUED and turn.steps:  # steps are recorded when they end
         figure = timeline_chart(turn.steps, turn.summary, now=now, current=state.get("current_step"))
         if figure is not None:
             live.chart.vega_lite_chart(figure, width="stretch")
+    return look_again_s
 
 
-def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> None:
+def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> float | None:
+    """The status panel; returns in how many seconds to redraw it, when sooner than STATUS_REDRAW_S."""
     config = state.get("config") or {}
     safeguards_off = config.get("safeguards") is False
     if state["status"] == Status.AWAITING_APPROVAL:  # no job runs: no bar, no queue place, no spinner
         approval.parked_status(state)
-        return
+        return None
     with st.container(border=True):
         if state["status"] == Status.QUEUED:
             info = ui.queue_info(be, state)
@@ -392,6 +396,38 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> N
         else:
             fill, text = render.budget_text(state, now)
             st.progress(fill, text=f"⏱️ {text}")
+            silent, look_again_s = worker_silent(be, state)
+            if silent:  # no more counting of a step that nobody runs any more
+                st.markdown(WORKER_SILENT)
+                st.caption(WORKER_SILENT_NOTE)
+                return None
             current = render.current_step_text(state.get("current_step"), now)
             st.markdown(f"**{STATUS_LABELS['running']}** · {current or 'writing the result'}")
+            return look_again_s
+    return None
+
+
+WORKER_SILENT = "🔄 **The worker stopped answering**; resuming the turn on another worker…"
+WORKER_SILENT_NOTE = ("Its heartbeat stopped: the worker running this turn was killed, or is stuck. The turn goes "
+                      "on from its last saved step, on its own clocks, as soon as another worker takes it.")
+# Milliseconds a silent worker's heartbeat mark has left when the page says so: two beats missed (it is renewed
+# every HEARTBEAT_S to HEARTBEAT_TTL_S), a second before it lapses and the pool's watch resumes the turn.
+SILENT_LEFT_MS = int((HEARTBEAT_TTL_S - 2 * HEARTBEAT_S) * 1000)
+
+
+def worker_silent(be: ui.Backend, state: dict) -> tuple[bool, float | None]:
+    """Whether the running turn's worker stopped answering, and in how many seconds to look again if sooner
+    than the next redraw (the moment it would count as silent).
+
+    Silent: its heartbeat (agent/turn/heartbeat.py, renewed every HEARTBEAT_S by the job running it) missed
+    two beats or lapsed, or names another job (the pool's watch handed the turn to a new job, which has not
+    written yet), and nothing was written since this state. One round trip a redraw of the status panel; the
+    version read only once it looks silent, since a turn that has just ended drops its mark right after its
+    last write."""
+    if state["status"] != Status.RUNNING or state["done"]:
+        return False, None
+    owner, left_ms = be.store.flags.alive_mark(state["turn_id"])
+    if owner == state["job_id"] and left_ms > SILENT_LEFT_MS:
+        return False, (left_ms - SILENT_LEFT_MS) / 1000
+    return be.store.version(state["conversation_id"]) == state["version"], None
 
