@@ -367,6 +367,54 @@ def test_the_timeline_is_valid_vega_lite_for_every_kind_of_turn():
         assert not errors, errors[0].message
 
 
+def approval_turn(answered_after_s: float, parks: int = 1) -> tuple[list[dict], dict]:
+    """A turn that asked first `parks` times on the demo clocks (20 s job timeout, 15 s deadline), each answer
+    `answered_after_s` after its request: each job's clocks from its start, as the answers record them."""
+    t0, steps, start = 1000.0, [], 1000.0
+    for n in range(parks):
+        steps.append(step("t", 2 * n + 1, "model", "demo", start, attempt=1))
+        asked = start + 0.1
+        steps.append({**step("t", 2 * n + 2, "approval", "calculator", asked), "timeout_s": None, "outcome": "approved",
+                      "ended_at": asked + answered_after_s, "deadline_at": start + 15, "job_timeout_at": start + 20})
+        start = asked + answered_after_s
+    steps.append(step("t", 2 * parks + 1, "tool", "calculator", start))
+    clocks = {"started_at": start, "deadline_at": start + 15, "job_timeout_at": start + 20}
+    summary = turn_summary("t", clocks, start + 1)
+    summary["config"] = {"job_timeout_s": 20}
+    assert timeline.origin(summary, steps) == pytest.approx(t0)
+    return steps, summary
+
+
+@pytest.mark.parametrize("parks", [1, 2])
+@pytest.mark.parametrize("answered_after_s", [0.5, 3, 4.9, 5.0, 5.2, 8, 15, 19.9, 40])
+def test_the_clocks_labels_never_meet_and_the_legend_and_title_fit_the_narrowest_chart(answered_after_s, parks):
+    """A regression: on an approval's timeline "deadline (job 2)" was drawn over "job timeout (job 1)" (one row
+    each per job, 15-17 px apart, whatever their places), and the legend, five entries a row, ran past the chart's
+    right edge ("timeout it was giv…"), as did the approval's one-line subtitle. On the narrowest plot the page
+    draws, with each label as wide as its text can be, two labels that share some width are a line apart."""
+    steps, summary = approval_turn(answered_after_s, parks)
+    spec = timeline.timeline_chart(steps, summary)
+    x_end = spec["layer"][0]["encoding"]["x"]["scale"]["domain"][1]
+    labels = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
+    assert len(labels) == 2 * (parks + 1)
+    placed = [(timeline.label_extent_px(layer["data"]["values"][0], x_end), layer["mark"]["y"]) for layer in labels]
+    for n, ((left, right), y) in enumerate(placed):
+        assert y >= 0
+        for (other_left, other_right), other_y in placed[n + 1:]:
+            if left < other_right and other_left < right:  # they share some width: a line apart at least
+                assert abs(y - other_y) >= 1.5 * timeline.LABEL_FONT_PX, (placed, n)
+    # The band above the bars holds every row of labels: the chart grows with them.
+    rows = 1 + max((y - 2) // timeline.LABEL_ROW_PX for _, y in placed)
+    assert spec["height"] >= 220 + 36 * len(steps) + timeline.LABEL_ROW_PX * (rows - 2)
+
+    legend = next(layer["encoding"]["color"]["legend"] for layer in spec["layer"] if "color" in layer["encoding"])
+    widest = 20 + 7 * max(len(label) for label in timeline.COLOURS)  # a symbol and the label, at the legend's 11 px
+    assert legend["columns"] * widest <= timeline.NARROWEST_PLOT_PX, legend
+    assert legend.get("labelLimit", 0) >= widest - 20, "no label is cut short either"
+    longest = max(len(line) for line in timeline.CHART_SUBTITLE)
+    assert all(len(line) <= longest for line in spec["title"]["subtitle"]), spec["title"]["subtitle"]
+
+
 def test_turns_are_split_at_each_user_message_with_their_own_steps():
     state = {"history": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
                          {"role": "user", "content": "b"}],
