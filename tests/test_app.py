@@ -1100,3 +1100,34 @@ def test_a_running_turn_whose_heartbeat_lapsed_says_its_worker_stopped_answering
     # A turn that ends drops its mark with its last write: a state read just before that write is not silent.
     store.publish(cid, turn_id, running_doc(store, cid))
     assert not follower.worker_silent(backend, state)[0]
+
+
+def _turns_box_page():
+    import streamlit as st
+
+    from agent.ui import layout
+
+    box = st.container()
+    with box:
+        for n in range(st.session_state.setdefault("turns", 3)):
+            st.text(f"turn {n}")
+        layout._over_what_is_left(box)
+
+
+def test_a_full_run_draws_over_each_place_of_the_finished_turns_it_no_longer_fills():
+    """A regression: a turn answered after it parked was shown twice until the full run that moved it back into
+    the follower's frame finished (its place among the finished turns had no element of the new run over it),
+    and so were a new chat's examples beside its first turn. Each such place gets an (invisible) empty element."""
+    at = AppTest.from_function(_turns_box_page, default_timeout=RUN_TIMEOUT_S)
+    at.run()
+    assert len(at.main.children[0].children) == 3
+    at.session_state["turns"] = 1
+    at.run()
+    assert [type(e).__name__ for e in at.main.children[0].children.values()] == ["Text", "UnknownElement",
+                                                                                 "UnknownElement"]
+    at.session_state["turns"] = 2
+    at.run()
+    assert len(at.main.children[0].children) == 2, "nothing left to cover: the run before drew one"
+    at.session_state["turns"] = 0  # another conversation, or a new chat's first turn
+    at.run()
+    assert len(at.main.children[0].children) == 2

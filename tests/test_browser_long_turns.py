@@ -40,14 +40,15 @@ PAGE_ENV = {**approvals.PAGE_ENV, "AGENT_WORKERS": "3", "AGENT_POLL_INTERVAL_MS"
 HANG_URL = "?scenario=hang&job_timeout=80&margin=5"  # the call cap's 60 s, then a retry until the deadline, 75 s
 SLOW_TOOL = f"Please be slow {LONG_S:g} seconds, then tell me the time in Paris."
 PARKED = approvals.QUESTION  # the calculator asks first (approvals.PAGE_ENV)
-# Every run marks the elements it will draw again stale until it has drawn them: on a busy machine (three tabs
-# at once, and hogs) a full run reaches the last of them up to about half a second later. What a run left over
-# stayed stale for as long as a run held: 30 s and more (the frozen copy of the turn), or 1.4-4.5 s (what a full
-# run left behind it while it followed the turn it had drawn, as measured here before the fix).
-STALE_MS = 1500.0
-# A full run that moves the turn between two places (the chat, the follower's frame) draws one before it has
-# emptied the other: about 0.1 s idle, seen here. A copy left over lasted seconds.
+# Every run marks the elements it will draw again stale until it has drawn them (a click marks them all at once):
+# on this shared two-core machine, a full run reached the last of them (the sidebar's) up to 2 s later. What a run
+# left behind it stayed stale for as long as a run held: 30 s and more (the frozen copy of the turn), or 4.2-4.5 s
+# (what a full run left while it followed the turn it had drawn), as measured here before the fix.
+STALE_MS = 2500.0
+# A full run that moves the turn between two places (the chat, the follower's frame) empties one and fills the
+# other one after the other: up to 0.15 s apart, seen here. A copy left over lasted seconds.
 TWICE_MS = 1000.0
+SEND_APART_S = 1.5  # seconds between the three tabs' messages: three clicks at once make three full runs at once
 END_S = 60.0  # seconds for a turn to end and its page to settle once it should (a loose bound, on a busy machine)
 SCREENSHOT = "/tmp/test_browser_long_turns_{}.png"
 
@@ -91,6 +92,7 @@ def test_turns_longer_than_a_followers_run_leave_no_stale_copy(server, tabs, hog
                 open_chat(page, server.url + url)
                 send(page, question)
                 watch_stale(page, question)
+                page.wait_for_timeout(SEND_APART_S * 1000)
             sent_at = time.monotonic()
             approvals.wait_request(parked, END_S)
             parked_for = LONG_S - (time.monotonic() - sent_at)

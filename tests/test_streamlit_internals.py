@@ -224,3 +224,27 @@ def test_no_other_module_of_the_product_reads_streamlits_internals():
     readers = [str(path.relative_to(root)) for path in [*sorted((root / "agent").rglob("*.py")), root / "app.py"]
                if re.search(r"^\s*(from|import)\s+streamlit\.runtime", path.read_text(), re.MULTILINE)]
     assert readers == [MODULE], readers
+
+
+def _counts_a_containers_children() -> None:
+    import streamlit as st
+
+    from agent.ui import streamlit_internals as internals
+
+    box = st.container()
+    with box:
+        st.text("one")
+        with st.chat_message("user"):  # a block: one child of the box, whatever it holds
+            st.text("two")
+            st.text("three")
+    st.session_state["drawn"] = internals.children_drawn(box)
+
+
+def test_a_containers_cursor_tells_how_many_children_this_run_drew_in_it():
+    """The page draws an empty element over each place of the finished turns that the run before drew and this
+    one did not (agent/ui/layout.py), so it must know how many this run drew."""
+    at = AppTest.from_function(_counts_a_containers_children).run(timeout=30)
+    drawn = at.session_state["drawn"]
+    assert drawn == 2, moved("DeltaGenerator._cursor.index", "children_drawn",
+                             f"no longer counts a container's children ({drawn})")
+    assert internals.children_drawn(object()) is None

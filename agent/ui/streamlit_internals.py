@@ -100,3 +100,13 @@ def request_fragment_run(fragment_id: str | None) -> bool:
         return bool(requests.request_rerun(data))
     except (AttributeError, TypeError):  # an internal moved: the follower's tick starts it instead
         return False
+
+
+def children_drawn(container: object) -> int | None:
+    """How many elements (and blocks) this run has drawn so far directly in `container` (an st.container()),
+    or None when that cannot be read.
+
+    Relies on `DeltaGenerator._cursor` being the container's `RunningCursor`, whose `index` is the place of its
+    next child."""
+    index = getattr(getattr(container, "_cursor", None), "index", None)
+    return index if isinstance(index, int) else None
