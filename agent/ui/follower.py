@@ -60,7 +60,7 @@ HANDOFF_KEY = "agent_follow_handoff"  # the state a full run read, handed to the
 FOLLOWER_ID_KEY = "agent_follower_id"  # the follower's fragment id, noted by the full run that draws it
 AT_ONCE_KEY = "agent_follow_at_once"  # seconds the run a full run asked for holds (follow_at_once)
 SLICE_S = 0.05  # seconds the follower waits at a time: a click outside it is answered within this
-HOLD_S = 30.0  # seconds one follower run lasts before it restarts itself (a fresh draw, a fresh watch)
+HOLD_S = 30.0  # seconds one follower run lasts; then it ends, and the tick queued meanwhile starts a fresh one
 STATUS_REDRAW_S = 1.0  # seconds between redraws of the budget bar and the lost-worker check, in flight
 IDLE_CHECK_S = 2.0  # seconds between an idle follower's checks that its conversation still exists (one HGET)
 IDLE_TICK_MS = 3000  # milliseconds between the idle page's ticks (each a message, not a run, while it holds)
@@ -132,8 +132,8 @@ def follow(settings: Settings, be: ui.Backend, cid: str, turn_id: str | None, ph
 
     In a full run it draws what the run read. Its streamlit-autorefresh component (one per
     conversation, so the browser keeps the same one) starts a fragment run after a full run; that run
-    follows the event stream for up to HOLD_S, drawing each write as it lands, then restarts itself.
-    Ticks that come meanwhile only queue one rerun, which restarts a run that ended any other way.
+    follows the event stream for up to HOLD_S, drawing each write as it lands, then ends. Ticks that come
+    meanwhile only queue one rerun, which starts the next run as soon as this one ends.
     When a turn starts or ends it asks for one full run, which draws the page around it. A full run that
     finds a turn in flight asks for the follower's next run once the page is drawn (follow_at_once).
 
