@@ -116,8 +116,7 @@ def _condition(lengths: tuple[int, ...], turns_per_length: int, stops: int, hog_
                         draws += [r.draw_s for r in ticks]
                         sizes += [r.draw_bytes for r in ticks]
                         updates += [b for r in ticks for b in r.update_bytes]
-                        # The full run that ended the turn (the one that started it follows the turn
-                        # until the follower takes over, so its length is not what it cost to draw).
+                        # The full run that ended the turn (the last of the turn's full runs).
                         full_runs += [r.duration_s for r in wire.finished(mark, fragment=False)[-1:]]
                     rows.append({
                         "turns": length,

@@ -34,7 +34,7 @@ INPUT = 'textarea[data-testid="stChatInputTextArea"]'
 AUTOREFRESH = 'iframe[title="streamlit_autorefresh.st_autorefresh"]'
 
 # What the page shows only while a turn is in flight (the in-flight box, the text being written, Stop's answer).
-BUSY_TEXTS = ["Working on it", "Waiting for a worker", "Writing…", "Stopping…"]
+BUSY_TEXTS = ["Working on it", "Waiting for a worker", "Writing…", "Stopping…", "The worker stopped answering"]
 
 # True once the page has settled after a turn: the expected text is on screen, nothing of a turn in
 # flight is left (live or stale), and the chat input is enabled. Returns the browser's clock (epoch ms).
@@ -94,6 +94,64 @@ OVERLAP_WATCH_JS = """(() => {
         }
     };
     new MutationObserver(check).observe(document, {subtree: true, childList: true, attributes: true});
+})()"""
+
+
+# Installed before the page loads: how long each element on screen was marked stale (Streamlit's
+# data-stale="true", which it fades after 0.5 s), the longest with its place and text; and how long the page
+# showed the question twice or more, or two status panels or more (a budget bar, or a parked turn's panel),
+# the longest each, with the page's text then. An st.empty is marked stale whenever a run is under way, by
+# design, and never shown (display: none): only elements that take up room on the page count.
+STALE_WATCH_JS = """(() => {
+    const watch = window.__staleWatch = {question: null, staleMs: 0, staleText: null, twiceMs: 0, twiceText: null,
+                                         mostQuestions: 0, mostPanels: 0};
+    const open = new Map();
+    let twiceSince = null, twiceText = null;
+    const textOf = (el) => {
+        const inner = el.querySelector('[data-testid]');
+        const what = inner ? inner.getAttribute('data-testid') : el.className;
+        return `${what}: ${(el.innerText || el.textContent || '').slice(0, 100).replace(/\\s+/g, ' ')}`;
+    };
+    const close = (el, entry, now) => {
+        if (now - entry.since > watch.staleMs) { watch.staleMs = now - entry.since; watch.staleText = entry.text; }
+        open.delete(el);
+    };
+    const scan = () => {
+        const now = performance.now();
+        const stale = new Set([...document.querySelectorAll('[data-stale="true"]')]
+            .filter((el) => el.getClientRects().length > 0));
+        for (const el of stale) if (!open.has(el)) open.set(el, {since: now, text: textOf(el)});
+        for (const [el, entry] of open) if (!stale.has(el)) close(el, entry, now);
+        if (!watch.question) return;
+        const questions = [...document.querySelectorAll('[data-testid="stChatMessage"]')]
+            .filter((m) => (m.innerText || '').includes(watch.question)).length;
+        const panels = document.querySelectorAll('[data-testid="stProgress"]').length
+            + [...document.querySelectorAll('[data-testid="stMarkdownContainer"]')]
+                .filter((m) => (m.innerText || '').startsWith('✋ Waiting for your approval')).length;
+        watch.mostQuestions = Math.max(watch.mostQuestions, questions);
+        watch.mostPanels = Math.max(watch.mostPanels, panels);
+        const twice = questions > 1 || panels > 1;
+        if (twice && twiceSince === null) {
+            twiceSince = now;
+            twiceText = `${questions} questions, ${panels} panels: ${document.body.innerText.slice(-2000)}`;
+        }
+        if (!twice && twiceSince !== null) {
+            if (now - twiceSince > watch.twiceMs) { watch.twiceMs = now - twiceSince; watch.twiceText = twiceText; }
+            twiceSince = null;
+        }
+    };
+    new MutationObserver(scan).observe(document, {subtree: true, childList: true, characterData: true,
+                                                  attributes: true, attributeFilter: ['data-stale']});
+    watch.report = () => {
+        scan();
+        const now = performance.now();
+        for (const [el, entry] of [...open]) close(el, entry, now);
+        if (twiceSince !== null && now - twiceSince > watch.twiceMs) {
+            watch.twiceMs = now - twiceSince; watch.twiceText = twiceText;
+        }
+        const {staleMs, staleText, twiceMs, twiceText: text, mostQuestions, mostPanels} = watch;
+        return {staleMs, staleText, twiceMs, twiceText: text, mostQuestions, mostPanels};
+    };
 })()"""
 
 
@@ -358,6 +416,19 @@ def final_write_at(redis_url: str, conversation_id: str) -> float:
     if state is None or not state["done"]:
         raise AssertionError(f"the turn has not ended: {state}")
     return state["updated_at"]
+
+
+def watch_stale(page, question: str) -> None:
+    """From now on, count the chat messages that show `question` and the status panels (STALE_WATCH_JS,
+    installed before the page loaded)."""
+    page.evaluate("(q) => { window.__staleWatch.question = q; }", question)
+
+
+def stale_report(page) -> dict:
+    """What STALE_WATCH_JS saw: the longest time an element on screen was marked stale (ms, and its text), the
+    longest time the question or the status panel showed twice or more (ms, and the page then), and the most of
+    each at once. What is still stale or twice now is counted up to now."""
+    return page.evaluate("() => window.__staleWatch.report()")
 
 
 def conversation_id(page) -> str:

@@ -161,6 +161,7 @@ def redis_dump(client: redis.Redis) -> bytes:
 # handed out last would hold the run open alone at its end. The rest follow in collection order.
 LONGEST_FIRST = (
     "test_browser.py",
+    "test_browser_long_turns.py",
     "test_cli_redis.py",
     "test_hostile_states.py",
     "test_browser_long_chat.py",
@@ -207,6 +208,7 @@ BROWSER_FILES = frozenset({
     "test_browser_long_chat.py",
     "test_browser_resume.py",
     "test_browser_approvals.py",
+    "test_browser_long_turns.py",
 })
 
 

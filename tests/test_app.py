@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import types
 
 import pytest
 from rq.serializers import JSONSerializer
@@ -82,7 +83,12 @@ def step(turn_id: str, index: int, kind: str, name: str, t0: float, **extra) -> 
 
 
 def make_running(store: Store, cid: str, turn_id: str) -> None:
+    """The turn as a worker runs it: its heartbeat in (for 3 s: a test that needs it longer beats again), a step
+    each of the model and the calculator published."""
+    from agent.turn.heartbeat import ALIVE_MS
+
     doc = running_doc(store, cid)
+    store.flags.beat(cid, turn_id, doc["job_id"], ALIVE_MS)
     t0 = doc["started_at"]
     function = {"name": "calculator", "arguments": '{"expression": "17*23"}'}
     call = {"id": "call_1", "type": "function", "function": function}
@@ -359,6 +365,54 @@ def test_the_timeline_is_valid_vega_lite_for_every_kind_of_turn():
             continue
         errors = sorted(validator.iter_errors(spec), key=str)
         assert not errors, errors[0].message
+
+
+def approval_turn(answered_after_s: float, parks: int = 1) -> tuple[list[dict], dict]:
+    """A turn that asked first `parks` times on the demo clocks (20 s job timeout, 15 s deadline), each answer
+    `answered_after_s` after its request: each job's clocks from its start, as the answers record them."""
+    t0, steps, start = 1000.0, [], 1000.0
+    for n in range(parks):
+        steps.append(step("t", 2 * n + 1, "model", "demo", start, attempt=1))
+        asked = start + 0.1
+        steps.append({**step("t", 2 * n + 2, "approval", "calculator", asked), "timeout_s": None, "outcome": "approved",
+                      "ended_at": asked + answered_after_s, "deadline_at": start + 15, "job_timeout_at": start + 20})
+        start = asked + answered_after_s
+    steps.append(step("t", 2 * parks + 1, "tool", "calculator", start))
+    clocks = {"started_at": start, "deadline_at": start + 15, "job_timeout_at": start + 20}
+    summary = turn_summary("t", clocks, start + 1)
+    summary["config"] = {"job_timeout_s": 20}
+    assert timeline.origin(summary, steps) == pytest.approx(t0)
+    return steps, summary
+
+
+@pytest.mark.parametrize("parks", [1, 2])
+@pytest.mark.parametrize("answered_after_s", [0.5, 3, 4.9, 5.0, 5.2, 8, 15, 19.9, 40])
+def test_the_clocks_labels_never_meet_and_the_legend_and_title_fit_the_narrowest_chart(answered_after_s, parks):
+    """A regression: on an approval's timeline "deadline (job 2)" was drawn over "job timeout (job 1)" (one row
+    each per job, 15-17 px apart, whatever their places), and the legend, five entries a row, ran past the chart's
+    right edge ("timeout it was giv…"), as did the approval's one-line subtitle. On the narrowest plot the page
+    draws, with each label as wide as its text can be, two labels that share some width are a line apart."""
+    steps, summary = approval_turn(answered_after_s, parks)
+    spec = timeline.timeline_chart(steps, summary)
+    x_end = spec["layer"][0]["encoding"]["x"]["scale"]["domain"][1]
+    labels = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
+    assert len(labels) == 2 * (parks + 1)
+    placed = [(timeline.label_extent_px(layer["data"]["values"][0], x_end), layer["mark"]["y"]) for layer in labels]
+    for n, ((left, right), y) in enumerate(placed):
+        assert y >= 0
+        for (other_left, other_right), other_y in placed[n + 1:]:
+            if left < other_right and other_left < right:  # they share some width: a line apart at least
+                assert abs(y - other_y) >= 1.5 * timeline.LABEL_FONT_PX, (placed, n)
+    # The band above the bars holds every row of labels: the chart grows with them.
+    rows = 1 + max((y - 2) // timeline.LABEL_ROW_PX for _, y in placed)
+    assert spec["height"] >= 220 + 36 * len(steps) + timeline.LABEL_ROW_PX * (rows - 2)
+
+    legend = next(layer["encoding"]["color"]["legend"] for layer in spec["layer"] if "color" in layer["encoding"])
+    widest = 20 + 7 * max(len(label) for label in timeline.COLOURS)  # a symbol and the label, at the legend's 11 px
+    assert legend["columns"] * widest <= timeline.NARROWEST_PLOT_PX, legend
+    assert legend.get("labelLimit", 0) >= widest - 20, "no label is cut short either"
+    longest = max(len(line) for line in timeline.CHART_SUBTITLE)
+    assert all(len(line) <= longest for line in spec["title"]["subtitle"]), spec["title"]["subtitle"]
 
 
 def test_turns_are_split_at_each_user_message_with_their_own_steps():
@@ -995,7 +1049,85 @@ def test_the_code_renderer_is_loaded_hidden_by_a_sessions_first_fragment_run_onl
     assert_no_exception(at)
     assert [c.value for c in at.code] == (["{}"] if in_fragment_run else [])
     if in_fragment_run:
-        assert any(f".st-key-{follower.PRELOAD_KEY}" in h.proto.body and "display: none" in h.proto.body
-                   for h in at.get("html"))
+        # Its style inside its own place: a style-only st.html goes to the page's event container, where it
+        # stayed, marked stale, for as long as a turn was followed.
+        assert not at.get("html")
+        assert any(f".st-key-{follower.PRELOAD_KEY}" in m.value and "display: none" in m.value for m in at.markdown)
         at.run()  # the same session: loaded once is enough
         assert not at.code
+    # Its place is drawn in every run (an empty one once loaded, or in a full run), so what the follower draws
+    # after it is at the same place in every run.
+    assert len(at.main.children) == 1
+
+
+# -- issue: the first hour (a dead worker looked alive) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("beating", [True, False])
+def test_a_running_turn_whose_heartbeat_lapsed_says_its_worker_stopped_answering(store, beating, monkeypatch):
+    """A regression: after a SIGKILL the status panel went on counting the model call ("5.22 s … 7.24 s of its
+    60 s timeout") until the resumed job's note, seconds later. Once the turn's heartbeat lapses, it says so."""
+    from agent.turn.heartbeat import ALIVE_MS
+    from agent.ui import follower
+
+    monkeypatch.setattr(ui, "lost_worker_check", lambda *args: False)  # its job is made up: not lost, resumed
+    cid, turn_id = make_status(store, "running")
+    store.publish(cid, turn_id, {**running_doc(store, cid), "current_step": {
+        "kind": "model", "name": "demo", "started_at": time.time() - 5.2, "timeout_s": 60.0}})
+    if beating:
+        store.flags.beat(cid, turn_id, store.read(cid)["job_id"], ALIVE_MS)
+    else:  # as a SIGKILL leaves it: its last beat lapsed
+        from agent.conversation.keys import turn_alive
+
+        store.flags.client.delete(turn_alive(turn_id))
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    page = texts(at)
+    counting = "Calling the model (demo)" in page and "of its 60.0 s timeout" in page
+    silent = "The worker stopped answering" in page and "resuming the turn on another worker" in page
+    assert (counting, silent) == ((True, False) if beating else (False, True)), page[-800:]
+    assert at.progress, "the turn's budget bar stays: its clocks still run"
+    state = store.read(cid)
+    backend = types.SimpleNamespace(store=store)
+    silent, look_again_s = follower.worker_silent(backend, state)
+    assert silent is not beating
+    if beating:  # it looks again when two beats would have been missed, not a whole redraw later
+        assert 0 < look_again_s <= (ALIVE_MS - follower.SILENT_LEFT_MS) / 1000
+    # Handed over to a new job (the pool's watch, after a lapse) that has not written yet: still silent.
+    store.flags.beat(cid, turn_id, "job-resumed", ALIVE_MS)
+    assert follower.worker_silent(backend, state)[0]
+    # A turn that ends drops its mark with its last write: a state read just before that write is not silent.
+    store.publish(cid, turn_id, running_doc(store, cid))
+    assert not follower.worker_silent(backend, state)[0]
+
+
+def _turns_box_page():
+    import streamlit as st
+
+    from agent.ui import layout
+
+    box = st.container()
+    with box:
+        for n in range(st.session_state.setdefault("turns", 3)):
+            st.text(f"turn {n}")
+        layout._over_what_is_left(box)
+
+
+def test_a_full_run_draws_over_each_place_of_the_finished_turns_it_no_longer_fills():
+    """A regression: a turn answered after it parked was shown twice until the full run that moved it back into
+    the follower's frame finished (its place among the finished turns had no element of the new run over it),
+    and so were a new chat's examples beside its first turn. Each such place gets an (invisible) empty element."""
+    at = AppTest.from_function(_turns_box_page, default_timeout=RUN_TIMEOUT_S)
+    at.run()
+    assert len(at.main.children[0].children) == 3
+    at.session_state["turns"] = 1
+    at.run()
+    assert [type(e).__name__ for e in at.main.children[0].children.values()] == ["Text", "UnknownElement",
+                                                                                 "UnknownElement"]
+    at.session_state["turns"] = 2
+    at.run()
+    assert len(at.main.children[0].children) == 2, "nothing left to cover: the run before drew one"
+    at.session_state["turns"] = 0  # another conversation, or a new chat's first turn
+    at.run()
+    assert len(at.main.children[0].children) == 2

@@ -139,7 +139,7 @@ def test_the_timeline_puts_the_wait_between_the_two_jobs_clocks(store, queue):
     assert bar["start_s"] + bar["took_s"] == pytest.approx(wait["ended_at"] - t0, abs=0.01)
     assert all(r["start_s"] >= 0 for r in rows), "the first job's steps are not pushed to the continuation's start"
     spec = timeline.timeline_chart(steps, summary)
-    assert timeline.APPROVAL_SUBTITLE in spec["title"]["subtitle"]
+    assert all(line in spec["title"]["subtitle"] for line in timeline.APPROVAL_SUBTITLE)
     assert "waited" in render.clocks_caption(summary, steps)
 
 

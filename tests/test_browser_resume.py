@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 from agent.conversation.store import Store
 from agent.queue import SafeJob
 from agent.runtime.connection import queue_client, state_client
+from agent.turn.heartbeat import HEARTBEAT_TTL_S
 from harness.page import (
     BUSY_TEXTS,
     chromium,
@@ -48,14 +49,25 @@ SETTLE_S = 0.3  # seconds after the turn is seen running: its job is inside its 
 OBSERVE_S = 20.0  # seconds a step of the test may wait for what it then looks at
 TURN_S = 60.0  # seconds for the resumed turn to end and the page to settle (the turn's own clocks end it sooner)
 CAPTION_WITHIN_S = 10.0  # seconds from the resumed job's first write to the caption on screen: a loose bound
+SILENT_WITHIN_S = 2.5  # seconds past the heartbeat's lapse for the page to say so (it looks every second)
 SCREENSHOT = "/tmp/test_browser_resume.png"
 
 # Installed before the page loads: when the resume caption, and then the answer, were first on screen
-# (epoch ms, the browser's clock), and the caption's text.
+# (epoch ms, the browser's clock), and the caption's text; when the status panel first said the worker stopped
+# answering, and whether it went back to counting the dead worker's call before the resume.
 RESUME_WATCH_JS = """(() => {
     window.__resumeAt = null; window.__resumeText = null; window.__answerAt = null;
+    window.__silentAt = null; window.__countedAfterSilent = null; let counted = null;
     const check = () => {
         const now = Date.now();
+        const text = document.body.innerText || "";
+        // The call being counted, in seconds: the dead worker's, or (once resumed) the new one's, from 0 again.
+        const call = text.match(/Calling the model \\([^)]*\\): ([\\d.]+) (ms|s)/);
+        const seconds = call ? parseFloat(call[1]) / (call[2] === "ms" ? 1000 : 1) : null;
+        if (window.__silentAt === null && text.includes("The worker stopped answering")) window.__silentAt = now;
+        if (window.__silentAt === null && seconds !== null) counted = seconds;
+        if (window.__silentAt !== null && window.__resumeAt === null && seconds !== null && counted !== null
+                && seconds >= counted) window.__countedAfterSilent = call[0];
         if (window.__resumeAt === null) {
             for (const el of document.querySelectorAll('[data-testid="stCaptionContainer"]')) {
                 const text = el.innerText || "";
@@ -157,12 +169,23 @@ def test_a_worker_killed_mid_turn_shows_the_resume_then_the_answer(server, page)
             final = store.read(cid)
 
         resume_at, caption = page.evaluate("() => [window.__resumeAt / 1000, window.__resumeText]")
+        silent_at, counted_again = page.evaluate("() => [window.__silentAt, window.__countedAfterSilent]")
         answer_at = page.evaluate("() => window.__answerAt") / 1000
         page.screenshot(path=SCREENSHOT, full_page=True)
         print(f"\nkilled worker {pid} (job {job_id}); resumed job's first write {first_write_at - killed_at:.2f} s "
               f"after the kill; caption visible {resume_at - first_write_at:.2f} s after that write; answer "
               f"{answer_at - resume_at:.2f} s after the caption; settled {settled_at - killed_at:.2f} s after the kill")
         print(f"caption: {caption!r}")
+        print("the worker stopped answering: " + (f"{silent_at / 1000 - killed_at:.2f} s after the kill, "
+                                                  f"{resume_at - silent_at / 1000:.2f} s before the caption"
+                                                  if silent_at else "never said"))
+
+        # Once the heartbeat lapsed (3 s after the last beat), the page says so instead of counting a call that
+        # nobody runs any more, until the resumed job's note.
+        assert silent_at is not None, "the page said the worker stopped answering"
+        assert killed_at < silent_at / 1000 <= resume_at, (killed_at, silent_at / 1000, resume_at)
+        assert silent_at / 1000 - killed_at < HEARTBEAT_TTL_S + SILENT_WITHIN_S
+        assert counted_again is None, f"it went back to counting the dead worker's call: {counted_again!r}"
 
         assert "Resume 1" in caption and "worker was lost" in caption, caption
         assert "during a model call" in caption and "resumed on another worker" in caption, caption

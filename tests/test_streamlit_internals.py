@@ -183,7 +183,39 @@ def test_a_fragment_gives_way_to_the_fragments_queued_after_it_in_the_same_run()
     assert not internals.others_run_after("follow", ["stop", "follow"]), "Stop already ran: the follower holds"
     assert not internals.others_run_after("follow", ["follow"])
     assert not internals.others_run_after("follow", None)  # a full run
-    assert not internals.others_run_after(None, ["stop", "follow"])  # not in a fragment (the bridge)
+    assert not internals.others_run_after(None, ["stop", "follow"])  # not in a fragment (a full run)
+
+
+def _asks_for_its_fragment() -> None:
+    import streamlit as st
+
+    from agent.ui import streamlit_internals as internals
+
+    runs = st.session_state.setdefault("runs", [])
+
+    @st.fragment
+    def part() -> None:
+        runs.append("fragment" if internals.in_fragment_run() else "full")
+        st.session_state["fragment_id"] = internals.this_fragment_id()
+
+    part()
+    if not internals.in_fragment_run():
+        st.session_state["asked"] = internals.request_fragment_run(st.session_state["fragment_id"])
+        st.text("drawn after the request")  # the request does not cut this run short
+
+
+def test_a_full_run_asks_for_a_fragments_run_right_after_it_ends():
+    """The full run that finds a turn in flight ends (finished: the browser drops what the run before left) and
+    asks for the follower's run at once, rather than holding to follow the turn itself."""
+    at = AppTest.from_function(_asks_for_its_fragment).run(timeout=30)
+    assert not at.exception
+    assert at.session_state["asked"], moved("ScriptRequests.request_rerun / RerunData", "request_fragment_run",
+                                            "refused a fragment's run asked for from a full run")
+    assert "drawn after the request" in _texts(at), moved(
+        "ScriptRequests.on_scriptrunner_yield", "request_fragment_run", "now cuts the full run short")
+    assert at.session_state["runs"] == ["full", "fragment"], moved(
+        "the script runner's loop", "request_fragment_run",
+        f"did not run the fragment once the full run ended ({at.session_state['runs']})")
 
 
 def test_no_other_module_of_the_product_reads_streamlits_internals():
@@ -192,3 +224,27 @@ def test_no_other_module_of_the_product_reads_streamlits_internals():
     readers = [str(path.relative_to(root)) for path in [*sorted((root / "agent").rglob("*.py")), root / "app.py"]
                if re.search(r"^\s*(from|import)\s+streamlit\.runtime", path.read_text(), re.MULTILINE)]
     assert readers == [MODULE], readers
+
+
+def _counts_a_containers_children() -> None:
+    import streamlit as st
+
+    from agent.ui import streamlit_internals as internals
+
+    box = st.container()
+    with box:
+        st.text("one")
+        with st.chat_message("user"):  # a block: one child of the box, whatever it holds
+            st.text("two")
+            st.text("three")
+    st.session_state["drawn"] = internals.children_drawn(box)
+
+
+def test_a_containers_cursor_tells_how_many_children_this_run_drew_in_it():
+    """The page draws an empty element over each place of the finished turns that the run before drew and this
+    one did not (agent/ui/layout.py), so it must know how many this run drew."""
+    at = AppTest.from_function(_counts_a_containers_children).run(timeout=30)
+    drawn = at.session_state["drawn"]
+    assert drawn == 2, moved("DeltaGenerator._cursor.index", "children_drawn",
+                             f"no longer counts a container's children ({drawn})")
+    assert internals.children_drawn(object()) is None

@@ -99,6 +99,15 @@ class Flags:
                 pipe.exists(turn_alive(turn_id))
             return [bool(found) for found in pipe.execute()]
 
+    def alive_mark(self, turn_id: str) -> tuple[str | None, int]:
+        """The turn's heartbeat mark: the job it names (None: lapsed, or never set) and the milliseconds it has
+        left, in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.get(turn_alive(turn_id))
+            pipe.pttl(turn_alive(turn_id))
+            owner, left_ms = pipe.execute()
+        return _text(owner), max(0, int(left_ms)) if owner is not None else 0
+
     # -- the turns parked on a request for approval ----------------------------------------------------
 
     def approvals_due(self, now: float, limit: int) -> list[str]:

@@ -15,6 +15,7 @@ from agent.ui import approval, callbacks, follower, render, sidebar, signin, too
 from agent.ui import conversations as conversations_ui
 from agent.ui import state as ui
 from agent.ui.guard import drawn_or_said
+from agent.ui.streamlit_internals import children_drawn
 
 EXAMPLES = (
     "What is 17*23, and what time is it in Tokyo?",
@@ -61,7 +62,7 @@ def page(settings: Settings, be: ui.Backend) -> None:
         _chat_input(settings, be, cid, phase, sidebar.next_turn(settings.turn)[0], read_only)
         _let_the_input_draw_alone()
     # The conversation's places, in the order they show, filled out of order: Stop first, then the turn
-    # in flight, then the rest of the page.
+    # in flight, then the finished turns, then the rest of the page.
     turns_box, live_box, stop_box = st.container(), st.container(), st.container()
     if in_flight and not read_only:
         with stop_box:
@@ -76,13 +77,12 @@ def page(settings: Settings, be: ui.Backend) -> None:
     if state is not None:  # a conversation others can reach (its link): follow it, in flight or idle
         session[follower.HANDOFF_KEY] = state
     with live_box:  # a new chat too: its first turn then finds the follower's component already loaded
-        live = follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, phase)
+        follower.follow(settings, be, cid, state["turn_id"] if state is not None else None, phase)
     if not in_flight and not input_first:
         _chat_input(settings, be, cid, phase, config, read_only)
-    _conversation_links(settings, be, top, cid, state, read_only)
-    if result.lost:
-        st.toast("The worker running this turn was lost; its ending has been written.", icon="🛑")
-
+    # The finished turns right after the turn in flight: a turn that moves between the two (it parks, is
+    # answered, or ends) leaves one place as it reaches the other, in the same moment, not shown twice (or
+    # not at all) while the sidebar's list is drawn between them.
     with turns_box:
         if state is None or not state["history"]:
             _empty_chat(settings, be, cid)
@@ -90,11 +90,32 @@ def page(settings: Settings, be: ui.Backend) -> None:
             turns = split_turns(state)
             _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns,
                             None if read_only else _request_drawer(be, cid, state))
+        _over_what_is_left(turns_box)
+    _conversation_links(settings, be, top, cid, state, read_only)
+    if result.lost:
+        st.toast("The worker running this turn was lost; its ending has been written.", icon="🛑")
 
     _flash(session)
     _input_caption(phase, config, config_error, read_only)
-    if live is not None or phase == ui.PARKED:  # everything is drawn: follow the turn until the follower takes over
-        follower.bridge(settings, be, cid, state, live)
+    if in_flight:  # everything is drawn: the follower's next run follows the turn as soon as this one ends
+        follower.follow_at_once(settings, phase)
+
+
+TURNS_DRAWN_KEY = "agent_turns_drawn"  # how many elements the session's last full run drew among the finished turns
+
+
+def _over_what_is_left(turns_box) -> None:
+    """An empty element over each place of the finished turns that the run before drew and this one did not (a
+    turn answered after it parked goes back into the follower's frame; the examples give way to the first
+    turn; another conversation is shorter): the browser keeps an element no run has drawn over until the run
+    finishes, so it showed the turn twice until then. Empty elements are never shown."""
+    session = st.session_state
+    drawn = children_drawn(turns_box)
+    if drawn is None:
+        return
+    for _ in range(session.get(TURNS_DRAWN_KEY, 0) - drawn):
+        st.empty()
+    session[TURNS_DRAWN_KEY] = drawn  # what lies past it is empty: nothing a later run must cover
 
 
 INPUT_ALONE_S = 0.05  # seconds a new chat's run pauses after its input, so the browser draws it in a render of its own

@@ -1,4 +1,4 @@
-"""What the page's live loop asks of Streamlit's script runner, which has no public way to tell it.
+"""What the page's live loop asks of Streamlit's script runner, which has no public way to tell it or ask it.
 
 The follower holds its fragment run for seconds, so it must notice, between two slices of waiting,
 that a click waits for it. This is the only module of the product that imports `streamlit.runtime`;
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
-from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
+from streamlit.runtime.scriptrunner_utils.script_requests import RerunData, ScriptRequestType
 from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState
 
 YIELD_PROBE_KEY = "agent_yield_probe"  # a session key read only to reach the runner's yield point
@@ -78,3 +78,35 @@ def others_run_after(this: str | None, fragment_ids_this_run: Sequence[str] | No
     """Whether the run's queue of fragments goes on past `this` one (they run in the queue's order)."""
     queued = list(fragment_ids_this_run or ())
     return this in queued and queued.index(this) < len(queued) - 1
+
+
+def request_fragment_run(fragment_id: str | None) -> bool:
+    """Ask for a run of the fragment `fragment_id` right after this run ends, as a click inside it would: it
+    does not cut this run short, and this run still ends as finished (so the browser drops whatever of the
+    run before it this one did not draw over). False when it could not be asked (nothing else happens then).
+
+    Relies on `ScriptRunContext.script_requests.request_rerun` taking a `RerunData` whose `fragment_id_queue`
+    names the fragment, without `is_fragment_scoped_rerun` (which would cut this run short), the same fields
+    `st.rerun` fills from the context (`query_string`, `page_script_hash`, `cached_message_hashes`,
+    `context_info`)."""
+    ctx = get_script_run_ctx()
+    requests = getattr(ctx, "script_requests", None)
+    if not fragment_id or requests is None:
+        return False
+    try:
+        data = RerunData(query_string=ctx.query_string, page_script_hash=ctx.page_script_hash,
+                         fragment_id_queue=[fragment_id], is_fragment_scoped_rerun=False,
+                         cached_message_hashes=ctx.cached_message_hashes, context_info=ctx.context_info)
+        return bool(requests.request_rerun(data))
+    except (AttributeError, TypeError):  # an internal moved: the follower's tick starts it instead
+        return False
+
+
+def children_drawn(container: object) -> int | None:
+    """How many elements (and blocks) this run has drawn so far directly in `container` (an st.container()),
+    or None when that cannot be read.
+
+    Relies on `DeltaGenerator._cursor` being the container's `RunningCursor`, whose `index` is the place of its
+    next child."""
+    index = getattr(getattr(container, "_cursor", None), "index", None)
+    return index if isinstance(index, int) else None

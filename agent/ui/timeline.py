@@ -24,7 +24,18 @@ COLOURS = {  # colour-blind friendly, and failures stand out
     TIMEOUT_LABEL: "#D3D8DE",
 }
 MIN_BAR_FRACTION = 0.006  # of the x range: a 3 ms step still shows as a sliver
-LABEL_ROWS_PX = 32  # the height of one job's row of clock labels, above the bars
+# The clocks' labels, in a band above the bars: each in the first row where it meets no other label. Whether two
+# meet is judged on the narrowest plot the page draws (the widest estimate of each label), so they never do.
+LABEL_FONT_PX = 12
+LABEL_ROW_PX = 18  # one row of labels: a 12 px bold line, whatever the browser's font, and a gap
+LABEL_CHAR_PX = 8.0  # at most, for a character of a 12 px bold label
+LABEL_DX_PX = 5  # a label ends this far left of its line
+LABEL_GAP_PX = 8  # the least room between two labels of one row
+# The plot's width (the chart's, less the steps' labels on its left, up to 220 px) in the narrowest chart the page
+# is meant for: a 1024 px window with the sidebar open.
+NARROWEST_PLOT_PX = 320
+LEGEND_COLUMNS = 2  # the legend's entries a row: two of its longest fit the narrowest plot (five ran past it)
+LEGEND_ENTRY_PX = 20 + 7 * len("worker lost, resumed")  # a symbol and the longest label, at the legend's 11 px
 VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"  # the version Streamlit draws
 CHART_TITLE = "How this turn used its time"
 CHART_SUBTITLE = [
@@ -32,8 +43,10 @@ CHART_SUBTITLE = [
     "The turn stops itself at its deadline (orange line); the queue kills the job at the job timeout (red line).",
     "The shaded margin between them is kept free, so the turn can always write how it ended.",
 ]
-APPROVAL_SUBTITLE = ("The wait for a person's answer ran outside both jobs' clocks: the job that asked had "
-                     "ended, and the next one started on a fresh set of clocks (job 1's, then job 2's, ...).")
+APPROVAL_SUBTITLE = [  # lines no longer than the ones above: the title is cut at the chart's width
+    "The wait for a person's answer ran outside both jobs' clocks: the job that asked had ended,",
+    "and the next one started on a fresh set of clocks (job 1's, then job 2's, ...).",
+]
 
 
 def _what(step: Step) -> str:
@@ -125,9 +138,11 @@ def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None 
     return rows
 
 
-def clock_rules(summary: TurnSummary, steps: list[Step] = ()) -> list[dict]:
+def clock_rules(summary: TurnSummary, steps: list[Step] = (), domain_end: float | None = None) -> list[dict]:
     """Each job's deadline and job timeout: one job's, or, when the turn waited for a person, the clocks of
-    each job that parked it (from its answer's step) and then the current job's (the summary's)."""
+    each job that parked it (from its answer's step) and then the current job's (the summary's). Each rule's
+    label is placed in a row of its own where it would meet another (`y_px`, see `label_rows`), on an x range
+    of `domain_end` seconds (the chart's; by default the whole turn's)."""
     t0 = origin(summary, list(steps))
     if not t0:
         return []
@@ -135,14 +150,40 @@ def clock_rules(summary: TurnSummary, steps: list[Step] = ()) -> list[dict]:
     rules = []
     for number, clocks in enumerate(jobs, start=1):
         suffix = f" (job {number})" if len(jobs) > 1 else ""
-        row_px = LABEL_ROWS_PX * (number - 1)  # each job's labels a row of their own: close clocks stay legible
         if clocks.get("deadline_at"):
             rules.append({"at_s": round(clocks["deadline_at"] - t0, 3), "clock": "deadline" + suffix,
-                          "y_px": 2 + row_px, "colour": "#D67500", "job": number})
+                          "colour": "#D67500", "job": number})
         if clocks.get("job_timeout_at"):
             rules.append({"at_s": round(clocks["job_timeout_at"] - t0, 3), "clock": "job timeout" + suffix,
-                          "y_px": 17 + row_px, "colour": "#C0392B", "job": number})
+                          "colour": "#C0392B", "job": number})
+    span = domain_end or horizon_s(summary, list(steps)) * 1.03
+    for rule, row in zip(rules, label_rows(rules, span), strict=True):
+        rule["y_px"] = 2 + LABEL_ROW_PX * row
     return rules
+
+
+def label_extent_px(rule: dict, span_s: float) -> tuple[float, float]:
+    """Where a rule's label lies, left and right, in pixels of the narrowest plot: it ends LABEL_DX_PX left of its
+    line (right-aligned), and is as wide as its text could be."""
+    right = rule["at_s"] / max(span_s, 1e-9) * NARROWEST_PLOT_PX - LABEL_DX_PX
+    return right - LABEL_CHAR_PX * len(rule["clock"]), right
+
+
+def label_rows(rules: list[dict], span_s: float) -> list[int]:
+    """A row for each rule's label, in the rules' order: the first row (from the top) where it meets no label
+    already placed, so that labels that would collide are placed apart, and a chart of one job keeps its
+    two rows (its deadline's and its job timeout's)."""
+    placed: list[list[tuple[float, float]]] = []
+    rows = []
+    for rule in rules:
+        left, right = label_extent_px(rule, span_s)
+        row = next((n for n, taken in enumerate(placed)
+                    if all(right + LABEL_GAP_PX <= a or b + LABEL_GAP_PX <= left for a, b in taken)), len(placed))
+        if row == len(placed):
+            placed.append([])
+        placed[row].append((left, right))
+        rows.append(row)
+    return rows
 
 
 def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None = None, current: dict | None = None,
@@ -154,17 +195,18 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
     if not rows:
         return None
     t0 = origin(summary, steps)
-    rules = clock_rules(summary, steps)
     if zoom:
         last = max(r["start_s"] + r["took_s"] for r in rows)
         domain_end = max(last * 1.15, 0.05)
     else:
         domain_end = horizon_s(summary, steps, now) * 1.03
+    rules = clock_rules(summary, steps, domain_end)
+    label_rows_n = 1 + max((r["y_px"] - 2) // LABEL_ROW_PX for r in rules) if rules else 0
     x_scale = {"domain": [0, domain_end], "nice": False}
     order = [r["step"] for r in rows if r["layer"] == "step"]
     jobs = len(parked_jobs(steps)) + 1
     parked = jobs > 1
-    bar_encoding = _bar_encoding(rows, order, x_scale, jobs)
+    bar_encoding = _bar_encoding(rows, order, x_scale, jobs, label_rows_n)
     timeouts = [r for r in rows if r["layer"] == "timeout"]
     timeout_mark = {"type": "bar", "size": 20, "opacity": 0.8, "clip": True}
     layers = [_layer(timeouts, timeout_mark, bar_encoding)] if timeouts else []
@@ -179,8 +221,8 @@ def timeline_chart(steps: list[Step], summary: TurnSummary, *, now: float | None
         "$schema": VEGA_LITE_SCHEMA,
         "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
         "layer": layers,
-        "height": 220 + 36 * len(order) + LABEL_ROWS_PX * (jobs - 1),
-        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE + [APPROVAL_SUBTITLE] * parked, "anchor": "start",
+        "height": 220 + 36 * len(order) + LABEL_ROW_PX * max(0, label_rows_n - 2) + 16 * legend_rows(rows),
+        "title": {"text": CHART_TITLE, "subtitle": CHART_SUBTITLE + APPROVAL_SUBTITLE * parked, "anchor": "start",
                   "subtitleColor": "#555"},
     }
 
@@ -193,16 +235,25 @@ def _at_x(field: str, x_scale: dict) -> dict:
     return {"field": field, "type": "quantitative", "scale": x_scale}
 
 
-def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, jobs: int = 1) -> dict:
-    """One bar per row, on its step's line, coloured by what it was (the legend lists only those present)."""
+def legend_rows(rows: list[dict]) -> int:
+    """How many rows the legend takes, LEGEND_COLUMNS entries a row."""
+    return -(-len({r["what"] for r in rows}) // LEGEND_COLUMNS)
+
+
+def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, jobs: int = 1, label_rows_n: int = 2) -> dict:
+    """One bar per row, on its step's line, coloured by what it was (the legend lists only those present, in
+    as many columns as fit the narrowest plot: five of them ran past its right edge, and the last was cut)."""
     present = {r["what"] for r in rows}
     legend_domain = [k for k in COLOURS if k in present]
     colour = {"field": "what", "type": "nominal", "title": None,
               "scale": {"domain": legend_domain, "range": [COLOURS[k] for k in legend_domain]},
-              "legend": {"orient": "bottom", "columns": 5, "symbolType": "square"}}
-    # The outer padding leaves a free band at the top for the clocks' labels: a row of them per job.
+              "legend": {"orient": "bottom", "columns": LEGEND_COLUMNS, "symbolType": "square",
+                         "labelLimit": LEGEND_ENTRY_PX - 20}}
+    # The outer padding leaves a free band at the top for the clocks' labels: 0.45 of a step's band a row (two
+    # rows, a chart of one job's, were 0.9).
     y = {"field": "step", "type": "nominal", "sort": order, "title": None,
-         "axis": {"labelLimit": 220, "ticks": False}, "scale": {"paddingInner": 0.25, "paddingOuter": 0.9 * jobs}}
+         "axis": {"labelLimit": 220, "ticks": False},
+         "scale": {"paddingInner": 0.25, "paddingOuter": 0.45 * max(2, label_rows_n)}}
     tooltip = [
         {"field": "step", "type": "nominal", "title": "step"},
         {"field": "what", "type": "nominal", "title": "kind"},
@@ -228,8 +279,8 @@ def _clock_layers(rules: list[dict], x_scale: dict, bars: list[dict]) -> list[di
     for rule in rules:
         layers.append(_layer([rule], {"type": "rule", "strokeDash": [6, 3], "strokeWidth": 2, "clip": True,
                                       "color": rule["colour"]}, {"x": _at_x("at_s", x_scale)}))
-        layers.append(_layer([rule], {"type": "text", "align": "right", "baseline": "top", "dx": -5,
-                                      "y": rule["y_px"], "fontSize": 12, "fontWeight": "bold",
+        layers.append(_layer([rule], {"type": "text", "align": "right", "baseline": "top", "dx": -LABEL_DX_PX,
+                                      "y": rule["y_px"], "fontSize": LABEL_FONT_PX, "fontWeight": "bold",
                                       "color": rule["colour"]},
                              {"x": _at_x("at_s", x_scale), "text": {"field": "clock", "type": "nominal"}}))
     return layers
