@@ -21,6 +21,7 @@ from agent.ui import render, timeline
 from agent.ui import state as ui
 from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
 from tests.conftest import FAST, wait_done
+from tests.live_owner import keep_alive
 
 ENV = {
     "AGENT_PROVIDER": "demo",
@@ -105,12 +106,15 @@ def make_done(store: Store, cid: str, turn_id: str, answer: str) -> None:
 
 
 def make_status(store: Store, status: str) -> tuple[str, str]:
+    """A conversation whose turn is in `status`; one in flight has a live owner until the test ends."""
     cid, turn_id = begin(store)
-    if status == "running":
-        make_running(store, cid, turn_id)
+    if status in ("queued", "running"):
+        if status == "running":
+            make_running(store, cid, turn_id)
+        keep_alive(store, cid)
     elif status == "done":
         make_done(store, cid, turn_id, "**17*23 = 391**")
-    elif status != "queued":
+    else:
         make_running(store, cid, turn_id)
         assert write_ending(store, cid, turn_id, Ending(status, status, f"The turn ended: {status}."))
     return cid, turn_id
@@ -162,20 +166,8 @@ def test_every_status_renders_and_only_a_turn_in_flight_polls(store, status):
         assert words.status_words(status) in page
 
 
-def started_job(queue, cid: str, turn_id: str) -> None:
-    """The turn's job, recorded as started (as a worker would), so no poll takes the worker for lost
-    however long the test's runs take on a busy machine."""
-    from rq.job import JobStatus
-
-    job = SafeJob.create(JOB_FUNCTION, args=(cid, turn_id), id=f"turn-{turn_id}", connection=queue.connection,
-                         serializer=JSONSerializer)
-    job.save()
-    job.set_status(JobStatus.STARTED)
-
-
-def test_polling_stops_on_the_run_that_sees_done(store, queue):
+def test_polling_stops_on_the_run_that_sees_done(store):
     cid, turn_id = make_status(store, "running")
-    started_job(queue, cid, turn_id)
     at = app(cid)
     at.run()
     assert autorefresh_present(at)
@@ -259,9 +251,8 @@ def test_stop_on_a_queued_turn_ends_it_cancelled(store):
     assert not autorefresh_present(at)
 
 
-def test_stop_on_a_running_turn_asks_the_worker(store, queue):
+def test_stop_on_a_running_turn_asks_the_worker(store):
     cid, turn_id = make_status(store, "running")
-    started_job(queue, cid, turn_id)
     at = app(cid)
     at.run()
     at.button(key="stop").click().run()
