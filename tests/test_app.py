@@ -502,6 +502,27 @@ def test_the_next_turns_settings_survive_a_reload():
     assert reloaded.number_input(key="sb_stream_cps").value == 25.0
 
 
+def test_a_link_that_names_a_scenario_gives_the_turn_that_scenario_as_the_picker_does(store, pool):
+    # Before: `?scenario=slow` typed in the link ran at the default latency; only the picker made it slow.
+    from agent.demo.scenarios import SLOW_LATENCY_S
+
+    picked = app()
+    picked.run()
+    picked.selectbox(key="sb_scenario").set_value("slow").run()
+    link = {name: picked.query_params[name] for name in picked.query_params}
+    assert link == {"scenario": "slow"}, "the scenario's own latency needs no word of its own"
+    at = app()
+    at.query_params["scenario"] = "slow"
+    at.run()
+    assert_no_exception(at)
+    assert at.number_input(key="sb_latency_s").value == picked.number_input(key="sb_latency_s").value == SLOW_LATENCY_S
+    at.chat_input[0].set_value("What is 17*23?").run()
+    cid = at.query_params["c"]
+    assert store.read(cid)["config"]["model"].split("~")[0] == "demo:slow"  # its own latency (~: the writing speed)
+    at.button(key="stop").click().run()  # its worker is free again before the next test
+    wait_done(store, cid)
+
+
 def test_settings_in_the_url_that_are_not_valid_are_ignored():
     at = app()
     for name, value in {"scenario": "rm -rf", "job_timeout": "-5", "margin": "nan", "latency": "1e9",
