@@ -25,7 +25,7 @@ $(STAMP): requirements.txt tests/markdown_parser/package-lock.json
 HOST ?= 127.0.0.1
 PORT ?= 8501
 run: setup
-	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT)
+	$(PY) -m agent.ui.launch --server.address $(HOST) --server.port $(PORT)
 
 # The page with sign-in, through a mock OpenID Connect provider on 127.0.0.1:$(OIDC_PORT) that accepts
 # anyone: for trying sign-in with no provider account (docs/sign-in.md). Open http://localhost:$(PORT).

@@ -55,7 +55,7 @@ def main() -> int:
               f"redirect_uri) and sign in as alice, bob or admin (AGENT_ADMINS), or any name.", flush=True)
         env = {"AGENT_ADMINS": "admin@example.org", **os.environ}
         page = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", host, "--server.port", port,
+            [sys.executable, "-m", "agent.ui.launch", "--server.address", host, "--server.port", port,
              *(arg for path in files for arg in ("--secrets.files", path))], cwd=ROOT, env=env)
         while page.poll() is None and mock.poll() is None:
             time.sleep(0.5)
