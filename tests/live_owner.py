@@ -1,13 +1,13 @@
 """A live owner for a turn in flight that a test wrote by hand.
 
 A turn written straight into the store as `queued` or `running` names a job that nobody runs. A front
-end that looks at it (agent/hosting/lost_worker.py) finds that job gone within seconds, and the pool's
-watch (agent/hosting/turn_watch.py) finds a running turn's heartbeat lapsed after HEARTBEAT_TTL_S: on a
-busy machine a test's assertions come later than that, and see the turn ended or resumed under them.
-`keep_alive` gives such a turn what a real one has, until the test ends (tests/conftest.py stops it):
-its job's record (started, for a running turn), its heartbeat renewed as a worker renews it
-(agent/turn/heartbeat.py), and, for a queued turn, the sighting of its job on the queue renewed (no
-worker of the session's pool takes it: the job is on no queue's list).
+end that looks at it (agent/hosting/lost_worker.py) finds that job gone after a grace of seconds and
+ends or resumes the turn: on a busy machine a test's assertions come later than that, and see it ended
+or resumed under them. `keep_alive` gives such a turn what a real one has, until the test ends
+(tests/conftest.py stops it): its job's record (started, for a running turn, with its heartbeat renewed
+as a worker renews it, agent/turn/heartbeat.py, so the pool's watch, agent/hosting/turn_watch.py, sees
+it alive too), and for a queued turn the sighting of its job on the queue renewed (no worker of the
+session's pool takes it: the job is on no queue's list).
 """
 
 from __future__ import annotations
