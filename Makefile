@@ -11,21 +11,26 @@ setup: $(STAMP)
 
 $(STAMP): requirements.txt tests/markdown_parser/package-lock.json
 	@$(PYTHON) -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else "Python 3.11 or 3.12 is needed (found " + sys.version.split()[0] + "): set PYTHON=/path/to/python3.12")'
-	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	@# A line per phase: a first install takes about a minute, and pip's own output stays quiet.
+	@test -x $(VENV)/bin/pip || { echo "setup: creating $(VENV) with $$($(PYTHON) --version)..." && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	@echo "setup: updating pip in $(VENV)..."
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "setup: installing the Python packages of requirements.txt into $(VENV) (about a minute on a first run)..."
+	@$(PY) -m pip install --quiet -r requirements.txt
 	@# The Markdown parser the page is built on, for one test that reads our output as the browser
 	@# will; without npm that test is skipped and says why.
 	@if command -v npm >/dev/null 2>&1; then \
+		echo "setup: installing the Markdown parser one test reads the page's output with (npm)..."; \
 		npm ci --prefix tests/markdown_parser --no-audit --no-fund --silent || echo "warning: npm ci failed; the Markdown parser test will be skipped" >&2; \
 	fi
 	@touch $(STAMP)
+	@echo "setup: done ($(VENV) is ready; the next make run or make test starts at once)"
 
 # Binds to 127.0.0.1 (see .streamlit/config.toml); set HOST=0.0.0.0 to expose it deliberately.
 HOST ?= 127.0.0.1
 PORT ?= 8501
 run: setup
-	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT)
+	$(PY) -m agent.ui.launch --server.address $(HOST) --server.port $(PORT)
 
 # The page with sign-in, through a mock OpenID Connect provider on 127.0.0.1:$(OIDC_PORT) that accepts
 # anyone: for trying sign-in with no provider account (docs/sign-in.md). Open http://localhost:$(PORT).

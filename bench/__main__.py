@@ -265,6 +265,8 @@ def judge(results: dict) -> dict:
         goals["page_tick_growth"] = page.tick_flat(results)
     for row in (results.get("first_screen") or {}).get("rows", []):
         goals[f"first_screen_ratio_{row['conversations']}"] = row["ratio"]["p50"] <= first_screen.RATIO_GOAL
+        goals[f"first_screen_after_start_{row['conversations']}"] = (
+            row["first_after_start_ratio"] <= first_screen.FIRST_AFTER_START_GOAL)
     # Each goal is judged from its own figures, when the results hold them (a `--page-only` run merges
     # into an earlier run's file, which may predate a section).
     checks = {

@@ -2,8 +2,9 @@
 minimal Streamlit chat app (harness/minimal_chat.py) in the same browser and venv, with 50 and 10,000
 conversations stored.
 
-Per size: both apps are started afresh (`streamlit run`), each opened once (the first page after the
-start, which pays the first run's imports and, for the page, starting its workers), then opened again in
+Per size: both apps are started afresh (the page as `make run` starts it, agent/ui/launch.py; the minimal
+app with `streamlit run`), each opened once (the first page after the start, which pays what its server
+left for the first run), then opened again in
 turns, A then B then B then A, each time in a fresh browser context (no cache, a new session). The time
 is the browser's own: navigation start to the input present and enabled (a MutationObserver).
 """
@@ -26,6 +27,9 @@ READY_TIMEOUT_S = 120  # seconds for one first screen before the benchmark gives
 STATE_TTL_S = 3600  # seconds: nothing expires during a run
 MINIMAL_APP = "harness/minimal_chat.py"
 RATIO_GOAL = 1.3  # the page's first screen, at most this many times the minimal app's (median of the pairs)
+# The first page after the start, against the minimal app's: the first person to open the link waits no
+# longer than the next (agent/ui/launch.py does before the server answers what that page used to pay).
+FIRST_AFTER_START_GOAL = 1.5
 
 # Installed before the page loads: when the chat input was first there and enabled (ms since navigation start).
 READY_JS = """(() => {

@@ -181,8 +181,11 @@ class PageServer:
                         AGENT_MCP_CONFIG="off")
         full_env.update(env or {})
         self.log = open(log_path, "ab")
+        # The page as `make run` starts it (agent/ui/launch.py: its services and imports ready before the
+        # server answers); another script as `streamlit run` does.
+        command = ["-m", "agent.ui.launch"] if script == "app.py" else ["-m", "streamlit", "run", script]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", script, "--server.port", str(self.port),
+            [sys.executable, *command, "--server.port", str(self.port),
              "--server.address", "127.0.0.1", "--server.headless", "true"],
             cwd=ROOT, env=full_env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,

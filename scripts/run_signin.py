@@ -58,7 +58,7 @@ def main() -> int:
         # Streamlit prints the address to open as browser.serverAddress says, else as the bound address (127.0.0.1,
         # where sign-in cannot work): the name in redirect_uri it is.
         page = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", host, "--server.port", port,
+            [sys.executable, "-m", "agent.ui.launch", "--server.address", host, "--server.port", port,
              "--browser.serverAddress", SIGN_IN_HOST,
              *(arg for path in files for arg in ("--secrets.files", path))], cwd=ROOT, env=env)
         while page.poll() is None and mock.poll() is None:

@@ -4,7 +4,10 @@ loopback or a unix socket, all stopped at the end (also on failure)."""
 from __future__ import annotations
 
 import gc
+import itertools
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,9 +22,17 @@ from agent.settings import TurnConfig
 from harness import pools
 from harness.follow import states
 from harness.private_redis import PrivateRedis, stored_values
+from tests import live_owner
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ["AGENT_MCP_CONFIG"] = "off"  # no MCP servers unless a test names its own (tests/test_mcp.py)
+
+# A test never reads or writes the checkout's .data (the notes add_note writes and the page's sidebar
+# shows, an embedded Redis): this process, and every child it starts with its environment, use a data
+# directory of the run's own, and each test gets one of its own (own_data_dir) on top of it.
+TEST_DATA_ROOT = Path(tempfile.mkdtemp(prefix="agent-tests-"))  # short: an embedded Redis's socket lives in it
+os.environ["AGENT_DATA_DIR"] = str(TEST_DATA_ROOT / "session")
+_test_numbers = itertools.count(1)
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4680"  # must never be seen in Redis, the page or logs
 
 # The clocks scaled down: a 6 s job timeout and a 2 s margin give a 4 s deadline. The demo model
@@ -37,6 +48,31 @@ FAST = TurnConfig(
     min_call_s=0.5,
     max_steps=8,
 )
+
+
+@pytest.fixture(autouse=True)
+def own_data_dir(monkeypatch) -> Path:
+    """This test's data directory (AGENT_DATA_DIR): notes another test added are not on its page."""
+    folder = TEST_DATA_ROOT / f"test-{next(_test_numbers)}"
+    monkeypatch.setenv("AGENT_DATA_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def owners_stopped() -> None:
+    """The live owners a test gave the turns it wrote in flight end with it (tests/live_owner.py)."""
+    yield
+    live_owner.stop_all()
+
+
+def pytest_unconfigure(config):
+    """Stop any embedded Redis a test left in its data directory, then remove them all."""
+    from agent.runtime.embedded_redis import EmbeddedRedis
+
+    for folder in TEST_DATA_ROOT.glob("*"):
+        if (folder / "redis.pid").exists():
+            EmbeddedRedis(folder).stop()
+    shutil.rmtree(TEST_DATA_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -118,3 +118,19 @@ def test_the_approvals_figures_are_judged_and_reported():
     good = section(12.0, 0, 1.1)
     table = rows({"approvals": good, "goals": goals(good)})
     assert [r[3] for r in table] == ["ok", "ok", "ok", ""] and "ZRANGEBYSCORE 1" in table[-1][1]
+
+
+@pytest.mark.parametrize(("page_ms", "met"), [(1646, True), (4047, False)], ids=["warmed", "paying-the-start"])
+def test_the_first_page_after_the_start_is_judged_against_the_minimal_apps_first_page(page_ms, met):
+    from bench.__main__ import judge
+    from bench.report import rows
+
+    spread = {"n": 4, "p50": 1400.0, "p95": 1500.0, "min": 1300.0, "max": 1600.0}
+    row = {"conversations": 50, "first_after_start_ms": {"page": page_ms, "minimal": 1624},
+           "first_after_start_ratio": round(page_ms / 1624, 2), "page_ms": spread, "minimal_ms": spread,
+           "ratio": {"n": 4, "p50": 1.0, "p95": 1.1, "min": 0.9, "max": 1.2}, "ratio_of_medians": 1.0}
+    results = {"first_screen": {"opens": 4, "rows": [row]}}
+    goals = judge(results)
+    assert goals["first_screen_after_start_50"] is met
+    line = next(r for r in rows({**results, "goals": goals}) if "first page after the start" in r[0])
+    assert f"{page_ms:g} / 1624 ms" in line[1] and line[2] == "<= 1.5x"

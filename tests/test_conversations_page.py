@@ -14,6 +14,7 @@ from agent.ui import conversations as conversations_ui
 from harness.waiting import wait_for
 from tests.apptest_page import app, texts, walk
 from tests.conftest import FAST
+from tests.live_owner import keep_alive
 from tests.test_app import app_env, assert_no_exception, autorefresh_present, begin, make_done
 
 __all__ = ["app_env"]  # the app's environment, for every test here
@@ -55,6 +56,7 @@ def test_a_conversation_opened_from_the_list_shows_under_its_own_link(store):
 
 def test_a_turn_in_flight_is_marked_in_the_list(store):
     cid, _ = begin(store, "still thinking")
+    keep_alive(store, cid)
     at = app()
     at.run()
     assert sidebar_rows(at)[cid].label.startswith(conversations_ui.IN_FLIGHT_MARK)

@@ -8,6 +8,7 @@ import pytest
 
 from agent.conversation.store import Store
 from tests.apptest_page import app, walk
+from tests.live_owner import keep_alive
 from tests.test_app import app_env, assert_no_exception, begin, make_running, running_doc, write_live  # noqa: F401
 
 
@@ -29,6 +30,7 @@ def _running_call_writing(store: Store, cid: str, turn_id: str) -> None:
 def test_a_turn_in_flight_draws_its_timeline_only_once_a_step_has_ended(store, prepare, charted):
     cid, turn_id = begin(store)
     prepare(store, cid, turn_id)
+    keep_alive(store, cid)
     at = app(cid)
     at.run()
     assert_no_exception(at)

@@ -108,9 +108,12 @@ def run(args, settings: Settings) -> int:
 
 
 def _to_stdout(text: str) -> None:
-    """The export on stdout, or OutputRefused when stdout cannot take it (a full disk, a closed pipe)."""
+    """The export on stdout, or OutputRefused when stdout cannot take it (a full disk); a closed pipe ends
+    the command quietly (agent/cli/main.py), as for any listing."""
     try:
         _out(text, escape=sys.stdout.isatty())
+    except BrokenPipeError:
+        raise
     except OSError as exc:
         # What stayed in stdout's buffer would fail again at exit, a second line on stderr: dropped.
         devnull = os.open(os.devnull, os.O_WRONLY)

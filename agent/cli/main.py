@@ -8,7 +8,8 @@ Exit status: 0 when the turn ended `done`; 1 when it ended failed, timed_out or 
 Redis went away (or refused writes: a full disk or memory) for longer than the turn's clocks; 2 for
 bad usage or configuration, a conversation that was not found or cannot be read included, or
 services that could not start (one line on stderr, nothing sent): an embedded Redis that runs but
-does not answer is waited for first, for AGENT_REDIS_WAIT seconds (said on stderr), and left running.
+does not answer is waited for first, for AGENT_REDIS_WAIT seconds (said on stderr), and left running;
+141, without a word, when stdout's reader left (`| head`), as for any Unix tool.
 
 Output: each version prints only what it added. Text: the reply's text as it is written, then the
 turn's new messages, Markdown emphasis dropped; a text cut off or stopped mid-way is marked so, and
@@ -23,6 +24,7 @@ kilobytes per step, not the whole state again on every version.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -52,6 +54,7 @@ from agent.text.visible import shown_json_text
 from agent.tools.registry import TOOL_NAME
 
 EXIT_USAGE = 2
+EXIT_READER_LEFT = 128 + signal.SIGPIPE  # 141: what a shell reports for a tool that stopped at a closed pipe
 # Redis errors that pass (a pause, a restart, a failover, loading its data after a restart): retried.
 # So is a Redis out of memory (is_memory_error): it still serves reads, and takes writes again once
 # memory is freed, while the turn goes on.
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ENDED_BADLY
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout's reader left (`| head`): a listing ends there, quietly
+        return reader_left()
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback (what was stored may be anything)
         print(terminal_safe(f"error: {type(exc).__name__}: {exc}"[:SHOWN_ERROR_CHARS]), file=sys.stderr)
         return EXIT_ENDED_BADLY
@@ -131,6 +136,15 @@ _interrupted = threading.Event()
 def _interrupt(signum, frame):
     _interrupted.set()
     raise KeyboardInterrupt
+
+
+def reader_left() -> int:
+    """Exit as a Unix tool whose pipe closed does, without a word: stdout goes to /dev/null first, so that
+    what is left in its buffer does not fail again at exit (Python's docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_LEFT
 
 
 def raise_if_interrupted() -> None:

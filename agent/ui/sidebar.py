@@ -117,13 +117,18 @@ def init_defaults(base: TurnConfig, params=None) -> None:
     ss = st.session_state
     params = st.query_params if params is None else params
     start = defaults(base)
+    env_start = dict(start)
+    from_url = set()
     for name, (widget, parse) in URL_PARAMS.items():
         raw = params.get(name)
         if raw is not None and K[widget] not in ss:
             try:
                 start[K[widget]] = parse(raw)
+                from_url.add(widget)
             except (ValueError, KeyError):
                 pass
+    if "latency" not in from_url:  # a link that names a scenario runs it at its latency, as the picker sets it
+        start[K["latency"]] = _scenario_latency(start[K["scenario"]], env_start)
     for key, value in start.items():
         ss.setdefault(key, value)
 
@@ -133,6 +138,7 @@ def sync_url(base: TurnConfig, params=None) -> None:
     ss = st.session_state
     params = st.query_params if params is None else params
     start = defaults(base)
+    start[K["latency"]] = _scenario_latency(ss.get(K["scenario"], start[K["scenario"]]), start)
     for name, (widget, _) in URL_PARAMS.items():
         value = ss.get(K[widget])
         if value is None or value == start[K[widget]]:
@@ -140,6 +146,14 @@ def sync_url(base: TurnConfig, params=None) -> None:
                 del params[name]
         elif params.get(name) != _url_value(name, value):
             params[name] = _url_value(name, value)
+
+
+def _scenario_latency(scenario: str, start: dict) -> float:
+    """The latency a scenario runs at when none is set: the environment's for the scenario it names, else
+    the scenario's own (what the picker sets, and what a link that names only the scenario means)."""
+    if scenario == start[K["scenario"]]:
+        return start[K["latency"]]
+    return float(SCENARIO_LATENCIES_S.get(scenario, start[K["latency"]]))
 
 
 def _set_clocks(config: TurnConfig) -> None:
