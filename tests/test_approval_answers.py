@@ -84,7 +84,8 @@ def test_an_answer_whose_continuation_never_reached_the_queue_stands_and_the_wat
     assert not lost_worker_check(store, queue.connection, cid)
     assert not store.read_meta(cid)["done"]
     final = wait_done(store, cid, timeout_s=continuations.GRACE_S + 20)
-    assert final["status"] == Status.DONE and tool_results(final)[request["call_id"]] == "42"
+    assert final["status"] == Status.DONE, final["error"]
+    assert tool_results(final)[request["call_id"]] == "42"
     # Its entry in the watch's index goes at its next look, the turn having moved on.
     wait_for(lambda: store.redis.zscore("agent:approvals:continuing", cid) is None,
              continuations.GRACE_S + 1 + MARGIN_S, "the continuation forgotten")
@@ -163,7 +164,8 @@ def test_with_redis_full_an_answer_is_recorded_whole_or_not_at_all_and_its_turn_
     # Memory freed, a pool (and its watch) running: the answered turn goes on.
     workers(1)
     final = wait_done(store, cid, timeout_s=continuations.GRACE_S + 30)
-    assert final["status"] == Status.DONE and tool_results(final)[request["call_id"]] == "42"
+    assert final["status"] == Status.DONE, final["error"]
+    assert tool_results(final)[request["call_id"]] == "42"
 
 
 def used_memory(client) -> int:

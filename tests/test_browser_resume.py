@@ -50,6 +50,7 @@ OBSERVE_S = 20.0  # seconds a step of the test may wait for what it then looks a
 TURN_S = 60.0  # seconds for the resumed turn to end and the page to settle (the turn's own clocks end it sooner)
 CAPTION_WITHIN_S = 10.0  # seconds from the resumed job's first write to the caption on screen: a loose bound
 SILENT_WITHIN_S = 2.5  # seconds past the heartbeat's lapse for the page to say so (it looks every second)
+SEEN_DEATH_RESUME_S = 1.5  # seconds from a SIGKILL its pool sees to the resumed job's first write (goal 0.5 s)
 SCREENSHOT = "/tmp/test_browser_resume.png"
 
 # Installed before the page loads: when the resume caption, and then the answer, were first on screen
@@ -139,8 +140,13 @@ def worker_running(connection, cid: str) -> tuple[int, str] | None:
     return None
 
 
-def test_a_worker_killed_mid_turn_shows_the_resume_then_the_answer(server, page):
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_worker_lost_mid_turn_shows_the_resume_then_the_answer(server, page, how):
+    """Killed (SIGKILL): the pool sees its worker die and the turn goes on at once. Frozen (SIGSTOP): nothing
+    sees it, so the page says the worker stopped answering once it misses its beats, until the lapsed
+    heartbeat's resume."""
     page.add_init_script(RESUME_WATCH_JS)
+    frozen = []
     try:
         open_chat(page, server.url)
         server.note_redis()
@@ -157,8 +163,12 @@ def test_a_worker_killed_mid_turn_shows_the_resume_then_the_answer(server, page)
             assert not before["done"] and not [s for s in before["steps"] if s["turn_id"] == before["turn_id"]
                                                and s["kind"] == "model"], "still inside the first model call"
             killed_at = time.time()
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not alive(pid), 5, "the killed worker is gone")
+            if how == "killed":
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda: not alive(pid), 5, "the killed worker is gone")
+            else:
+                frozen.append(pid)
+                os.kill(pid, signal.SIGSTOP)
             wait_for(lambda: store.read_meta(cid)["version"] > before["version"], OBSERVE_S,
                      "the resumed job's first write")
             first_write_at = time.time()  # polled every 0.05 s: at most that late
@@ -180,11 +190,14 @@ def test_a_worker_killed_mid_turn_shows_the_resume_then_the_answer(server, page)
                                                   f"{resume_at - silent_at / 1000:.2f} s before the caption"
                                                   if silent_at else "never said"))
 
-        # Once the heartbeat lapsed (3 s after the last beat), the page says so instead of counting a call that
-        # nobody runs any more, until the resumed job's note.
-        assert silent_at is not None, "the page said the worker stopped answering"
-        assert killed_at < silent_at / 1000 <= resume_at, (killed_at, silent_at / 1000, resume_at)
-        assert silent_at / 1000 - killed_at < HEARTBEAT_TTL_S + SILENT_WITHIN_S
+        if how == "killed":  # its supervisor saw it die: the turn went on at once
+            assert first_write_at - killed_at < SEEN_DEATH_RESUME_S, f"{first_write_at - killed_at:.2f} s"
+        else:
+            # Once the frozen worker missed its beats, the page says so instead of counting a call that nobody
+            # runs any more, until the resumed job's note.
+            assert silent_at is not None, "the page said the worker stopped answering"
+            assert killed_at < silent_at / 1000 <= resume_at, (killed_at, silent_at / 1000, resume_at)
+            assert silent_at / 1000 - killed_at < HEARTBEAT_TTL_S + SILENT_WITHIN_S
         assert counted_again is None, f"it went back to counting the dead worker's call: {counted_again!r}"
 
         assert "Resume 1" in caption and "worker was lost" in caption, caption
@@ -205,3 +218,7 @@ def test_a_worker_killed_mid_turn_shows_the_resume_then_the_answer(server, page)
         with contextlib.suppress(Exception):
             page.screenshot(path=SCREENSHOT, full_page=True)
         raise
+    finally:
+        for pid in frozen:  # woken: its writes are refused, and the page server stops it with the rest
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

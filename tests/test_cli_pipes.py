@@ -18,13 +18,14 @@ from tests.test_cli import CLI_TIMEOUT_S, cli, cli_env  # noqa: F401
 
 CONVERSATION = "{cid}"  # stands for a stored conversation's id in a command below
 PARKED = "{parked}"  # for a conversation whose turn waits for an approval
+REQUEST = "{request}"  # the id of its request
 COMMANDS = [
     ("list",), ("list", "--json"),
     ("show", CONVERSATION), ("show", CONVERSATION, "--json"),
     ("export", CONVERSATION), ("export", CONVERSATION, "--format", "json"),
     ("tools",), ("tools", "--json"),
     ("ask", "What is 2+2?"), ("ask", "--json", "What is 2+2?"),
-    ("approve", PARKED), ("deny", PARKED),
+    ("approve", PARKED, "--request", REQUEST), ("deny", PARKED, "--request", REQUEST),
 ]
 
 
@@ -52,8 +53,8 @@ def test_a_command_whose_reader_left_ends_quietly(cli_env, store, queue, command
     args = [cid if part == CONVERSATION else part for part in command]
     if PARKED in command:
         waiting = ask(store, queue, "what is 6*7?", ASKS)
-        parked(store, waiting)
-        args = [waiting if part == PARKED else part for part in args]
+        request = parked(store, waiting)["approval"]["id"]
+        args = [waiting if part == PARKED else request if part == REQUEST else part for part in args]
     result = closed_stdout(cli_env, *args)
     assert "error" not in result.stderr.lower() and "Traceback" not in result.stderr, result.stderr
     assert result.returncode == EXIT_READER_LEFT, result.stderr

@@ -255,7 +255,8 @@ def test_a_json_export_is_the_stored_state_and_markdown_has_every_message(privat
     for message in state["history"]:
         for line in (message.get("content") or "").split("\n"):
             assert line in markdown
-    assert '{"expression": "17*23"}' in markdown and "Ending: answered" in markdown
+    # The call's arguments as the tool receives them (decoded, one key a line: agent/text/visible.py).
+    assert '"expression": "17*23"' in markdown and "Ending: answered" in markdown
     for content in contents:  # each tool result sits inside a fence that no backtick run in it can close
         fence = markdown[:markdown.index(content)].rstrip("\n").rsplit("\n", 1)[-1]
         assert set(fence) == {"`"} and len(fence) > max(map(len, re.findall("`+", content)))

@@ -21,6 +21,7 @@ from agent.turn.policies import EAGER_PUBLISHED_TOOLS
 from agent.turn.response_limits import MAX_TOOL_CALLS_PER_RESPONSE
 from agent.turn.tool_runs import UNRECORDED_START_RESULT
 from tests.conftest import FAST
+from tests.live_owner import keep_alive
 
 
 class ScriptedModel:
@@ -43,6 +44,9 @@ def make_turn(store: Store, config=FAST, started_at: float | None = None, clock:
     doc = {"status": "queued", "error": None, "config": config.to_dict(), "job_id": "job-" + tid,
            "enqueued_at": time.time()}
     store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, doc)
+    # Its job is made up: a live owner keeps the lost-worker checks of the suite's pools (their look for
+    # accepted turns whose job is gone) from handing it to a real worker while it runs here.
+    keep_alive(store, cid)
     return Turn.create(store, cid, tid, config, started_at=started_at or time.time(),
                        history=[{"role": "user", "content": "hi"}], doc=dict(doc), persisted_len=1, clock=clock)
 

@@ -80,6 +80,12 @@ def _run(conversation_id: str, turn_id: str) -> str:
         return "duplicate"
     if job_id and state["attempt"] > 0 and state["job_id"] == job_id:
         return _resume(store, conversation_id, state, config, job_id)
+    if job_id and state["job_id"] and state["job_id"] != job_id:
+        # Another job owns the turn now (a continuation, a resume): this one was enqueued for it earlier and
+        # runs late. It must not start it, nor enter the index of running turns, whose lapsed lease would then
+        # make a watch take the turn's real job for lost.
+        log.info("turn %s is owned by job %s, not %s: nothing to do", turn_id, state["job_id"], job_id)
+        return "not its job"
     if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
         log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
         return "duplicate"
