@@ -9,6 +9,7 @@ CPU hogs. The only long browser test: a turn must outlive the follower's runs fo
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import pytest
@@ -79,8 +80,17 @@ def wait_idle(page, timeout_s: float) -> None:
     page.wait_for_function(SETTLED_JS, arg=["", BUSY_TEXTS], timeout=timeout_s * 1000, polling=100)
 
 
+def machine_already_busy() -> bool:
+    """Inside `make test` (its other processes) or `make test-under-load` (its hogs) the machine is never idle:
+    the idle case cannot be run there, and cpu_hogs counts that load towards the busy case's two hogs."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) > 2 or int(os.environ.get("CPU_HOGS_RUNNING") or 0) > 0
+
+
 @pytest.mark.parametrize("hogs", [0, 2])
 def test_turns_longer_than_a_followers_run_leave_no_stale_copy(server, tabs, hogs):
+    if hogs == 0 and machine_already_busy():
+        pytest.skip("the machine is not idle inside a loaded suite: the case beside two hogs runs instead "
+                    "(alone: pytest tests/test_browser_long_turns.py)")
     assert LONG_S > 2 * follower.HOLD_S, "each turn outlives two of the follower's runs"
     hang, slow, parked = tabs
     with cpu_hogs(hogs):
