@@ -373,6 +373,7 @@ def test_a_reply_links_only_to_web_pages_and_mail_addresses_in_the_browser(serve
 
 STREAM_WORDS = 30  # words per reply from the stream model
 STREAM_GAP_S = 0.1  # seconds between its words: a reply takes about 3 s
+GROWING_WORDS = 60  # the reply watched as it grows: about 6 s at that pace
 LONG_STREAM_WORDS = 400  # a reply long enough to be stopped midway (about 40 s)
 
 
@@ -403,13 +404,15 @@ def test_a_reply_is_seen_growing_at_three_lengths_or_more_before_the_turn_is_don
     from harness.stream_model import word
 
     model, _ = stream_model
-    model.words = STREAM_WORDS
+    # The same pace as every reply here (a word every 0.1 s), for 6 s rather than 3: a page that starts following
+    # a second late on a machine as busy as the suite's still has the time to show the text growing.
+    model.words = GROWING_WORDS
     page.add_init_script(WORD_WATCH_JS)
-    last = word(model.next_word + STREAM_WORDS - 1)  # the reply's last word
+    last = word(model.next_word + GROWING_WORDS - 1)  # the reply's last word
     ask(page, stream_page.url, "Tell me a long story.")
     page.get_by_text("Writing…").first.wait_for(timeout=30000)  # the text shows while it is written
     wait_settled(page, last, timeout_s=30)
-    lengths = [count for _, count in word_counts(page) if 0 < count < STREAM_WORDS]
+    lengths = [count for _, count in word_counts(page) if 0 < count < GROWING_WORDS]
     assert len(set(lengths)) >= 3, f"partial lengths seen before the whole reply: {lengths}"
     assert lengths == sorted(lengths), "the text only ever grows"
 
