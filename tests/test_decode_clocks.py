@@ -118,9 +118,10 @@ def test_stop_during_a_long_decoding_ends_the_call_as_stopped_at_once(server, mo
 @pytest.mark.usefixtures("pool")
 def test_a_turn_whose_reply_outruns_its_deadline_in_decoding_ends_before_the_job_timeout(store, queue, scripted):
     # 6 s job timeout, 2 s margin, 3 s calls: the first reply comes 2.5 s into its call, and whatever
-    # is tried next gets what remains of the deadline.
+    # is tried next gets what remains of the deadline (about 1 s: the retry's reply comes 2.5 s into it too,
+    # so that a machine that decodes it in less than what remains cannot make it an answer).
     scripted.add(delayed(2.5, reply(200, body=plain_echo())))
-    scripted.add(reply(200, body=plain_echo()))
+    scripted.add(delayed(2.5, reply(200, body=plain_echo())))
     scripted.add(hang())
     cid = ask(store, queue, "hi", scripted_config(scripted))
     state = wait_done(store, cid, timeout_s=30)
