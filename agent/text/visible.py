@@ -41,7 +41,7 @@ def escape(ch: str) -> str:
 
 
 def visible(text: str) -> str:
-    """The text with each hidden character shown as its escape (and a backslash before one as itself)."""
+    """The text with each hidden character shown as its escape (a backslash already in the text stays as it is)."""
     if text.isascii() and text.isprintable():
         return text
     return "".join(escape(ch) if hidden(ch) else ch for ch in text)
