@@ -22,6 +22,7 @@ from agent.ui import render, timeline
 from agent.ui import state as ui
 from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
 from tests.conftest import FAST, wait_done
+from tests import live_owner
 from tests.live_owner import keep_alive
 
 ENV = {
@@ -1090,9 +1091,10 @@ def test_a_running_turn_whose_heartbeat_lapsed_says_its_worker_stopped_answering
         "kind": "model", "name": "demo", "started_at": time.time() - 5.2, "timeout_s": 60.0}})
     if beating:
         store.flags.beat(cid, turn_id, store.read(cid)["job_id"], ALIVE_MS)
-    else:  # as a SIGKILL leaves it: its last beat lapsed
+    else:  # as a SIGKILL leaves it: its last beat lapsed, and nothing beats again
         from agent.conversation.keys import turn_alive
 
+        live_owner.stop_all()  # the test's own owner would renew the mark at its next beat
         store.flags.client.delete(turn_alive(turn_id))
     at = app(cid)
     at.run()
