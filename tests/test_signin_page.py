@@ -91,13 +91,15 @@ def test_past_the_share_of_turns_in_flight_the_message_is_refused_and_kept(store
     monkeypatch.setenv("AGENT_MAX_TURNS_PER_USER", "1")
     carol = person("page-carol", "pc@example.org")
     busy = new_id()
-    submit_turn(door(store, carol, max_turns=1), queue, busy, "Please be slow 3 seconds, then tell me the time.",
-                SLOW)
+    # In flight for longer than a busy machine takes to draw the page (14 s of its 17 s deadline), then stopped.
+    turn_id = submit_turn(door(store, carol, max_turns=1), queue, busy,
+                          "Please be slow 14 seconds, then tell me the time.", SLOW)
     at = signed(carol)
     at.chat_input[0].set_value("And what is 2+2?").run()
     page = texts(at)
     assert "Not sent: you already have 1 turn in flight" in page, page[-1500:]
     assert any("And what is 2+2?" in code.value for code in at.code), "the text is kept to send again"
+    store.request_cancel(turn_id, ttl_s=60)
     wait_done(store, busy, timeout_s=30)
 
 
@@ -146,11 +148,15 @@ def test_a_turn_held_behind_the_persons_own_says_so(store, queue, monkeypatch):
     erin = person("page-erin", "pe@example.org")
     as_erin = door(store, erin, max_turns=5)
     cids = [new_id() for _ in range(3)]
-    for cid in cids:  # a share of 2 (one per worker): the third waits outside the queue
-        submit_turn(as_erin, queue, cid, "Please be slow 5 seconds, then tell me the time.", SLOW, share=2)
+    # A share of 2 (one per worker): the third waits outside the queue. The first two stay in flight for longer
+    # than a busy machine takes to draw the page (14 s of their 17 s deadline), then are stopped.
+    turn_ids = [submit_turn(as_erin, queue, cid, "Please be slow 14 seconds, then tell me the time.", SLOW, share=2)
+                for cid in cids]
     at = signed(erin, cids[-1])
     page = texts(at)
     assert "behind your own turns" in page and "at most 2 workers at a time" in page, page[-1500:]
+    for turn_id in turn_ids:
+        store.request_cancel(turn_id, ttl_s=60)
     for cid in cids:
         wait_done(store, cid, timeout_s=40)
 
