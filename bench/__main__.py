@@ -92,7 +92,8 @@ METHOD = {
     "Debian's is missing). turns/s = turns / (last final write - first submit); ideal = turns / (ceil(turns / "
     "workers) x {fleet_latency} s); efficiency = turns/s / ideal (goal >= 0.9). wait = the state's enqueued_at to "
     "started_at. Redis CPU = INFO cpu (used_cpu_sys + used_cpu_user, children included) across the turns / turns. "
-    "memory = peak of the mean RSS per worker process during the run.",
+    "memory = peak of the mean RSS per worker process during the run; a worker's CPU = user + system CPU seconds of "
+    "the workers across the turns / turns.",
     "page": "`streamlit run app.py` (embedded Redis, 2 workers) in headless Chromium through Playwright, against "
     "a scripted OpenAI-compatible model on loopback (harness/stream_model.py) that streams 30 words, 0.1 s apart, "
     "and notes when each word left it; earlier turns are written through the same queue with the instant demo "

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from agent.queue import new_id, submit_turn
 from agent.settings import TurnConfig
 from harness.fleet import Fleet
@@ -41,6 +43,19 @@ class _Memory(threading.Thread):
     def sample(self) -> list[int]:
         return [rss_kib(pid) + sum(rss_kib(c) for c in children(pid))
                 for pool in self.fleet.members for pid, _ in pool.worker_processes()]
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of every worker process now running, its work horses included."""
+        total = 0.0
+        for pool in self.fleet.members:
+            for pid, _ in pool.worker_processes():
+                for process in [pid, *children(pid)]:
+                    try:
+                        times = psutil.Process(process).cpu_times()
+                    except psutil.Error:
+                        continue
+                    total += times.user + times.system
+        return total
 
     def run(self) -> None:
         while not self.stopping.wait(RSS_SAMPLE_S):
@@ -70,7 +85,7 @@ def fleet_throughput(turns: int, pools: int, workers: int, latency_s: float, dir
         wait_all_done(fleet.client, list(warm), timeout_s=120)
         memory = _Memory(fleet)
         memory.start()
-        cpu_before = fleet.redis.cpu_s()
+        cpu_before, workers_cpu_before = fleet.redis.cpu_s(), memory.cpu_s()
         submitted = _submit_all(fleet, turns, TurnConfig(model=f"demo@{latency_s:g}~0"))
         ideal_s = math.ceil(turns / total) * latency_s
         try:
@@ -79,6 +94,7 @@ def fleet_throughput(turns: int, pools: int, workers: int, latency_s: float, dir
             memory.stopping.set()
             memory.join()
         redis_cpu_s = fleet.redis.cpu_s() - cpu_before
+        workers_cpu_s = memory.cpu_s() - workers_cpu_before  # no worker restarted meanwhile: same processes
         finals = {cid: fleet.store.read_meta(cid) for cid in submitted}
         redis_version = fleet.redis.version()
     statuses: dict[str, int] = {}
@@ -104,6 +120,7 @@ def fleet_throughput(turns: int, pools: int, workers: int, latency_s: float, dir
         "latency_s": summary([f["updated_at"] - submitted[cid] for cid, f in finals.items()], 1, 2),
         "redis_cpu_ms_per_turn": round(redis_cpu_s / turns * 1000, 3),
         "redis_cpu_s": round(redis_cpu_s, 2),
+        "workers_cpu_ms_per_turn": round(workers_cpu_s / turns * 1000, 1),
         "rss_mib_per_worker": round(memory.peak_mean_kib / 1024, 1),
         "rss_mib_all_workers": round(memory.peak_total_kib / 1024, 1),
     }
