@@ -35,9 +35,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -52,15 +51,10 @@ from agent.runtime.loopback_server import LoopbackServer
 from agent.settings import TurnConfig
 from agent.turn import approvals
 from faults.chaos_provider import ChaosProvider
-from faults.checks import check_observations
-from faults.ledger import ledger_problems, read_ledger
-from faults.runner import KILL_SLACK_S, WATCH_DETECT_S, _unwritten_results
+from faults.chaos_report import CANARY_KEY, Kill, TurnPlan, TurnResult, judge, passed, print_report
 from harness.fleet import Fleet, FleetPool
 from harness.follow import states
-from harness.private_redis import stored_values
-from harness.stats import summary
 
-CANARY_KEY = "sk-chaos-canary-5e1f0c9a27d4"  # given to the workers; must never reach Redis or the logs
 # Every turn may be killed, so every turn's clocks leave room to resume wherever a kill lands.
 CHAOS_CLOCKS = TurnConfig(
     provider="openai", job_timeout_s=12, deadline_margin_s=1.5, call_timeout_cap_s=2.0, connect_timeout_s=0.5,
@@ -93,41 +87,6 @@ class ChaosOptions:
     pool_every_s: float = 60.0
     pause_s: float = 3.0
     clocks: TurnConfig = CHAOS_CLOCKS
-
-
-@dataclass(frozen=True)
-class TurnPlan:
-    index: int
-    asks_first: bool  # the calculator asks first
-    answer: str | None  # approved, denied, or None (nobody answers)
-    answer_delay_s: float
-
-
-@dataclass
-class Kill:
-    at: float  # epoch seconds
-    kind: str  # "worker" or "pool"
-    pool: int
-    pids: list[int]
-    jobs: list[str] = field(default_factory=list)  # the jobs its workers were running
-    turns: list[tuple[str, str]] = field(default_factory=list)  # (conversation, turn) of those jobs
-
-
-@dataclass
-class TurnResult:
-    plan: TurnPlan
-    conversation_id: str
-    turn_id: str
-    text: str
-    model: str
-    submitted_at: float
-    observed: list[dict] = field(default_factory=list)
-    answered: list[str] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
-
-    @property
-    def final(self) -> dict | None:
-        return self.observed[-1] if self.observed else None
 
 
 class Chaos:
@@ -185,7 +144,7 @@ class Chaos:
                 chaos.join(60)
             run_s = time.monotonic() - run_started
             pages_answer = self.pages_answer()
-            report = self.judge(results, run_s, fleet_up_s, pages_answer)
+            report = judge(self, results, run_s, fleet_up_s, pages_answer)
         finally:
             if self.fleet is not None:
                 self.fleet.close()
@@ -337,157 +296,6 @@ class Chaos:
 
     # -- the judgement ----------------------------------------------------------------------------
 
-    def judge(self, results: list[TurnResult], run_s: float, fleet_up_s: float, pages_answer: list[bool]) -> dict:
-        kills_of: dict[str, list[Kill]] = {}
-        for kill in self.kills:
-            for _, turn_id in kill.turns:
-                kills_of.setdefault(turn_id, []).append(kill)
-        stuck, late, lost, delays = [], [], [], {"worker": [], "pool": []}
-        after_outage = {"worker": 0, "pool": 0}
-        unresumed: Counter = Counter()
-        for result in results:
-            served = list(self.provider.runs[result.model].served) if result.model in self.provider.runs else []
-            result.violations = check_observations(result.observed, turn_id=result.turn_id, user_text=result.text,
-                                                   served=served, max_resumes=self.options.clocks.max_resumes)
-            final = result.final
-            if final is None or not final["done"]:
-                stuck.append(result)
-                continue
-            self.recheck(result, lost)
-            bound, why = self.ending_bound(result, kills_of.get(result.turn_id, []))
-            if bound is not None and final["updated_at"] > bound:
-                late.append(result)
-                result.violations.append(f"the ending landed {final['updated_at'] - bound:+.2f} s past its bound"
-                                         + why)
-            for kill in kills_of.get(result.turn_id, []):
-                step = next((s for s in final["steps"] if s.get("kind") == "resume"
-                             and s.get("turn_id") == result.turn_id and (s.get("ended_at") or 0) > kill.at), None)
-                if step is None:
-                    unresumed[(final["error"] or {}).get("kind") or "done before a resume was needed"] += 1
-                elif self.outage_between(kill.at, step["ended_at"]):
-                    after_outage[kill.kind] += 1
-                else:
-                    delays[kill.kind].append(step["ended_at"] - kill.at)
-        leaks = self.canary_leaks()
-        ledger = read_ledger(self.ledger)
-        twice = ledger_problems(ledger)
-        unwritten = _unwritten_results(
-            [_AsRun(r) for r in results], {key for key, _ in ledger})
-        violations = sum(len(r.violations) for r in results) + len(twice) + len(unwritten) + len(leaks)
-        finals = [r.final for r in results if r.final is not None and r.final["done"]]
-        report = {
-            "turns": len(results),
-            "seed": self.options.seed,
-            "fleet": {"redis": f"{self.fleet.redis.kind} {self.fleet.redis.version()}", "pools": self.options.pools,
-                      "workers_per_pool": self.options.workers, "classes": list(self.options.classes),
-                      "page_servers": self.options.pages, "pages_answer_after": pages_answer,
-                      "up_s": round(fleet_up_s, 1)},
-            "run_s": round(run_s, 1),
-            "turns_per_s": round(len(results) / run_s, 2),
-            "stuck": len(stuck),
-            "lost": len(lost),
-            "late": len(late),
-            "invariant_violations": violations,
-            "ledger_entries": len(ledger),
-            "ledger_twice": twice,
-            "ledger_results_unwritten": unwritten,
-            "canary_leaks": leaks,
-            "statuses": dict(Counter(f["status"] for f in finals).most_common()),
-            "endings": dict(Counter((f["error"] or {}).get("kind", "answer") for f in finals).most_common()),
-            "calls": dict(Counter(k for run in self.provider.runs.values() for k in run.faults).most_common()),
-            "approvals": {"asked_first": sum(r.plan.asks_first for r in results),
-                          "answered": sum(bool(r.answered) for r in results),
-                          "left_to_expire": sum(r.plan.asks_first and not r.plan.answer for r in results)},
-            "kills": {"workers": sum(k.kind == "worker" for k in self.kills),
-                      "pools": sum(k.kind == "pool" for k in self.kills),
-                      "turns_hit": sum(len(k.turns) for k in self.kills)},
-            "resumed_turns": sum((f.get("attempt") or 0) > 0 for f in finals),
-            "resume_s": {"worker_killed": summary(delays["worker"], 1, 2),
-                         "pool_killed": summary(delays["pool"], 1, 2)},
-            "resumes_across_a_redis_outage": after_outage,
-            "killed_turns_not_resumed": dict(unresumed),
-            "pool_back_s": summary(self.pool_restarts, 1, 1),
-            "redis_outages": [{"what": what, "s": round(end - start, 2)} for start, end, what in self.outages],
-            "chaos_errors": self.errors,
-            "other_endings": [{"turn": r.plan.index, "ending": (r.final["error"] or {}).get("kind"),
-                               "message": (r.final["error"] or {}).get("message", "")[:120],
-                               "calls": self.provider.runs[r.model].faults if r.model in self.provider.runs else []}
-                              for r in results if r.final and r.final["done"] and r.final["error"]][:40],
-            "failed_turns": [{"turn": r.plan.index, "violations": r.violations,
-                              "status": (r.final or {}).get("status"), "stuck": r in stuck,
-                              "calls": self.provider.runs[r.model].faults if r.model in self.provider.runs else [],
-                              "kills": [(k.kind, round(k.at, 2)) for k in kills_of.get(r.turn_id, [])],
-                              "trace": [(s["version"], s["status"], s.get("attempt"), s.get("deadline_at") and round(
-                                  s["deadline_at"], 2), s.get("job_id"), round(s["updated_at"], 2))
-                                  for s in r.observed]}
-                             for r in results if r.violations or r in stuck][:30],
-        }
-        return report
-
-    def ending_bound(self, result: TurnResult, kills: list[Kill]) -> tuple[float | None, str]:
-        """The latest instant the turn's final write may land (None: its job never started), and why.
-
-        A turn's ending lands before its job timeout (a resume keeps the turn's clocks; an answer's continuation
-        runs on fresh ones, so the last set counts), except: after a kill, the watch's ending once the heartbeat
-        lapsed (WATCH_DETECT_S after it); where Redis was away, the front ends' lost-worker bound plus the outage."""
-        job_timeout_at = next((s["job_timeout_at"] for s in reversed(result.observed) if s.get("job_timeout_at")),
-                              None)
-        if job_timeout_at is None:
-            return None, ""
-        final = result.final
-        outage = sum(max(0.0, min(end, final["updated_at"]) - max(start, result.submitted_at))
-                     for start, end, _ in self.outages)
-        bound, why = job_timeout_at, ""
-        if kills:
-            bound = max(bound, max(k.at for k in kills) + WATCH_DETECT_S + KILL_SLACK_S)
-            why = f" (a kill: {WATCH_DETECT_S + KILL_SLACK_S:g} s after it)"
-        if outage > 0:
-            bound = max(bound, job_timeout_at + LOST_GRACE_S + KILL_SLACK_S + outage)
-            why += f" (Redis away {outage:.1f} s: job timeout + {LOST_GRACE_S + KILL_SLACK_S:g} s + the outage)"
-        return bound, why
-
-    def outage_between(self, start: float, end: float) -> bool:
-        return any(s < end and e > start for s, e, _ in self.outages)
-
-    def recheck(self, result: TurnResult, lost: list[TurnResult]) -> None:
-        """The turn is still there after the run, as its client last saw it (none lost to Redis's restart)."""
-        try:
-            state = self.fleet.store.read(result.conversation_id)
-        except redis.RedisError as exc:
-            result.violations.append(f"could not read the state after the run: {exc}")
-            return
-        last = result.final
-        if state is None:
-            lost.append(result)
-            result.violations.append("the conversation disappeared after the run")
-        elif state["version"] != last["version"] or not state["done"]:
-            lost.append(result)
-            result.violations.append(f"the state moved after done: version {last['version']} -> {state['version']}")
-
-    def canary_leaks(self) -> list[str]:
-        leaks = [f"redis key {key.decode(errors='replace')}" for key, values in stored_values(self.fleet.client)
-                 if any(CANARY_KEY.encode() in v for v in [key, *values])]
-        for log_file in sorted(self.fleet.dir.glob("**/*.log*")):
-            if CANARY_KEY in log_file.read_text(errors="replace"):
-                leaks.append(f"the log {log_file.relative_to(self.fleet.dir)}")
-        return sorted(set(leaks))
-
-
-@dataclass
-class _AsRun:
-    """A turn as the fault runner's ledger check reads one (`observed`)."""
-
-    result: TurnResult
-
-    @property
-    def observed(self) -> list[dict]:
-        return self.result.observed
-
-    @property
-    def plan(self):
-        return self.result.plan
-
-
 def make_plans(options: ChaosOptions) -> list[TurnPlan]:
     rng = random.Random(f"chaos-plans:{options.seed}")
     plans = []
@@ -535,40 +343,6 @@ def _retry(fn, timeout_s: float = REDIS_RETRY_S, pause_s: float = 0.25):
             if time.monotonic() > end:
                 raise
             time.sleep(pause_s)
-
-
-def print_report(report: dict, out) -> None:
-    r = report
-    w, p = r["resume_s"]["worker_killed"], r["resume_s"]["pool_killed"]
-    print(
-        f"chaos: {r['turns']} turns (seed {r['seed']}) in {r['run_s']} s, {r['turns_per_s']} turns/s "
-        f"(whole run {r.get('elapsed_s')} s, fleet up in {r['fleet']['up_s']} s: {r['fleet']['redis']} on TCP, "
-        f"{r['fleet']['pools']} pools x {r['fleet']['workers_per_pool']} workers, {r['fleet']['page_servers']} "
-        f"page servers, answering after: {r['fleet']['pages_answer_after']})\n"
-        f"stuck {r['stuck']}, lost {r['lost']}, endings past their bound {r['late']}, "
-        f"invariant violations {r['invariant_violations']}\n"
-        f"statuses {r['statuses']}\nendings {r['endings']}\ncalls {r['calls']}\napprovals {r['approvals']}\n"
-        f"kills {r['kills']}; resumed turns {r['resumed_turns']}; killed turns not resumed "
-        f"{r['killed_turns_not_resumed']}\n"
-        f"kill -> resumed first write: worker killed p50 {w['p50']} s, p95 {w['p95']} s, max {w['max']} s "
-        f"(n {w['n']}); pool killed p50 {p['p50']} s, p95 {p['p95']} s, max {p['max']} s (n {p['n']}); "
-        f"across a Redis outage {r['resumes_across_a_redis_outage']}\n"
-        f"pool back (kill -> workers registered): {r['pool_back_s']}\n"
-        f"Redis outages {r['redis_outages']}\n"
-        f"ledger: {r['ledger_entries']} side effects; run twice {len(r['ledger_twice'])}, results without their "
-        f"side effect {len(r['ledger_results_unwritten'])}; canary leaks {r['canary_leaks']}",
-        file=out, flush=True)
-    for turn in r["failed_turns"]:
-        print(f"FAILED turn {turn['turn']}: {turn}", file=out)
-    for problem in r["ledger_twice"] + r["ledger_results_unwritten"]:
-        print(f"LEDGER: {problem}", file=out)
-    for error in r["chaos_errors"]:
-        print(f"CHAOS ERROR: {error}", file=out)
-
-
-def passed(report: dict) -> bool:
-    return not (report["invariant_violations"] or report["stuck"] or report["lost"] or report["late"]
-                or report["chaos_errors"])
 
 
 def run_chaos(options: ChaosOptions, out=None) -> dict:
