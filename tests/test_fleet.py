@@ -21,7 +21,7 @@ from harness.processes import listening_tcp_sockets
 from harness.tcp_redis import TcpRedis
 from harness.waiting import wait_for
 
-SHORT = ChaosOptions(turns=50, seed=41, workers=3, concurrency=9, kill_every_s=2.0, pool_every_s=12.0, pause_s=3.0)
+SHORT = ChaosOptions(turns=50, seed=41, workers=3, concurrency=9, kill_every_s=2.0, pool_every_s=8.0, pause_s=3.0)
 
 
 def test_a_tcp_redis_asks_a_password_keeps_its_append_only_file_and_comes_back_from_it(tmp_path):
@@ -80,7 +80,7 @@ def test_a_fleet_serves_turns_from_every_pool_and_leaves_nothing_when_one_was_ki
 
 
 def test_a_short_chaos_run_ends_every_turn_and_runs_no_side_effect_twice():
-    """`make chaos` in small: 50 turns while a worker is killed every 2 s, a pool every 12 s, Redis paused 3 s
+    """`make chaos` in small: 50 turns while a worker is killed every 2 s, a pool every 8 s, Redis paused 3 s
     once and crashed and restarted from its append-only file once."""
     out = io.StringIO()
     report = run_chaos(SHORT, out=out)
