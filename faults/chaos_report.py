@@ -64,6 +64,7 @@ def judge(chaos, results: list[TurnResult], run_s: float, fleet_up_s: float, pag
     stuck, late, lost, delays = [], [], [], {"worker": [], "pool": []}
     after_outage = {"worker": 0, "pool": 0}
     unresumed: Counter = Counter()
+    past: Counter = Counter()  # final writes after the turn's job timeout, by what explains them
     for result in results:
         served = list(chaos.provider.runs[result.model].served) if result.model in chaos.provider.runs else []
         result.violations = check_observations(result.observed, turn_id=result.turn_id, user_text=result.text,
@@ -78,6 +79,9 @@ def judge(chaos, results: list[TurnResult], run_s: float, fleet_up_s: float, pag
             late.append(result)
             result.violations.append(f"the ending landed {final['updated_at'] - bound:+.2f} s past its bound"
                                      + why)
+        why_late = past_job_timeout(chaos, result, kills_of.get(result.turn_id, []))
+        if why_late:
+            past[why_late] += 1
         for kill in kills_of.get(result.turn_id, []):
             step = next((s for s in final["steps"] if s.get("kind") == "resume"
                          and s.get("turn_id") == result.turn_id and (s.get("ended_at") or 0) > kill.at), None)
@@ -106,6 +110,7 @@ def judge(chaos, results: list[TurnResult], run_s: float, fleet_up_s: float, pag
         "stuck": len(stuck),
         "lost": len(lost),
         "late": len(late),
+        "past_job_timeout": dict(past),
         "invariant_violations": violations,
         "ledger_entries": len(ledger),
         "ledger_twice": twice,
@@ -143,19 +148,17 @@ def judge(chaos, results: list[TurnResult], run_s: float, fleet_up_s: float, pag
     }
     return report
 
+
 def ending_bound(chaos, result: TurnResult, kills: list[Kill]) -> tuple[float | None, str]:
     """The latest instant the turn's final write may land (None: its job never started), and why.
 
     A turn's ending lands before its job timeout (a resume keeps the turn's clocks; an answer's continuation
     runs on fresh ones, so the last set counts), except: after a kill, the watch's ending once the heartbeat
     lapsed (WATCH_DETECT_S after it); where Redis was away, the front ends' lost-worker bound plus the outage."""
-    job_timeout_at = next((s["job_timeout_at"] for s in reversed(result.observed) if s.get("job_timeout_at")),
-                          None)
+    job_timeout_at = last_job_timeout_at(result)
     if job_timeout_at is None:
         return None, ""
-    final = result.final
-    outage = sum(max(0.0, min(end, final["updated_at"]) - max(start, result.submitted_at))
-                 for start, end, _ in chaos.outages)
+    outage = outage_s(chaos, result)
     bound, why = job_timeout_at, ""
     if kills:
         bound = max(bound, max(k.at for k in kills) + WATCH_DETECT_S + KILL_SLACK_S)
@@ -165,8 +168,29 @@ def ending_bound(chaos, result: TurnResult, kills: list[Kill]) -> tuple[float | 
         why += f" (Redis away {outage:.1f} s: job timeout + {LOST_GRACE_S + KILL_SLACK_S:g} s + the outage)"
     return bound, why
 
+
+def last_job_timeout_at(result: TurnResult) -> float | None:
+    """The turn's last job timeout (an answer's continuation sets a new one; a resume keeps it)."""
+    return next((s["job_timeout_at"] for s in reversed(result.observed) if s.get("job_timeout_at")), None)
+
+
+def outage_s(chaos, result: TurnResult) -> float:
+    """Seconds Redis was away between the turn's submission and its final write."""
+    return sum(max(0.0, min(end, result.final["updated_at"]) - max(start, result.submitted_at))
+               for start, end, _ in chaos.outages)
+
+
+def past_job_timeout(chaos, result: TurnResult, kills: list[Kill]) -> str | None:
+    """Why the turn's final write landed after its job timeout (None: it did not)."""
+    job_timeout_at = last_job_timeout_at(result)
+    if job_timeout_at is None or result.final["updated_at"] <= job_timeout_at:
+        return None
+    return "redis_away" if outage_s(chaos, result) > 0 else "after_a_kill" if kills else "neither"
+
+
 def outage_between(chaos, start: float, end: float) -> bool:
     return any(s < end and e > start for s, e, _ in chaos.outages)
+
 
 def recheck(chaos, result: TurnResult, lost: list[TurnResult]) -> None:
     """The turn is still there after the run, as its client last saw it (none lost to Redis's restart)."""
@@ -182,6 +206,7 @@ def recheck(chaos, result: TurnResult, lost: list[TurnResult]) -> None:
     elif state["version"] != last["version"] or not state["done"]:
         lost.append(result)
         result.violations.append(f"the state moved after done: version {last['version']} -> {state['version']}")
+
 
 def canary_leaks(chaos) -> list[str]:
     leaks = [f"redis key {key.decode(errors='replace')}" for key, values in stored_values(chaos.fleet.client)
@@ -215,7 +240,8 @@ def print_report(report: dict, out) -> None:
         f"(whole run {r.get('elapsed_s')} s, fleet up in {r['fleet']['up_s']} s: {r['fleet']['redis']} on TCP, "
         f"{r['fleet']['pools']} pools x {r['fleet']['workers_per_pool']} workers, {r['fleet']['page_servers']} "
         f"page servers, answering after: {r['fleet']['pages_answer_after']})\n"
-        f"stuck {r['stuck']}, lost {r['lost']}, endings past their bound {r['late']}, "
+        f"stuck {r['stuck']}, lost {r['lost']}, endings past their bound {r['late']} (after their job timeout: "
+        f"{r['past_job_timeout'] or 'none'}), "
         f"invariant violations {r['invariant_violations']}\n"
         f"statuses {r['statuses']}\nendings {r['endings']}\ncalls {r['calls']}\napprovals {r['approvals']}\n"
         f"kills {r['kills']}; resumed turns {r['resumed_turns']}; killed turns not resumed "

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from faults.chaos import ChaosOptions, make_plans
 from faults.chaos_provider import CHAOS_CALLS, ChaosProvider
-from faults.chaos_report import Kill, TurnPlan, TurnResult, ending_bound
+from faults.chaos_report import Kill, TurnPlan, TurnResult, ending_bound, past_job_timeout
 from faults.checks import check_resumes
 from faults.runner import KILL_SLACK_S, WATCH_DETECT_S
 
@@ -78,6 +78,14 @@ def test_an_ending_is_held_to_its_job_timeout_unless_a_kill_or_redis_being_away_
     assert bound > 100.0 + 3.0 and "Redis away 3.0 s" in why
     assert ending_bound(calm, TurnResult(TurnPlan(0, False, None, 0.0), "c", "t", "hi", "m", 0.0,
                                          observed=[{"job_timeout_at": None, "updated_at": 1.0}]), []) == (None, "")
+
+
+def test_an_ending_after_its_job_timeout_is_counted_by_what_explains_it():
+    calm, away = SimpleNamespace(outages=[]), SimpleNamespace(outages=[(90.0, 93.0, "paused 3 s")])
+    assert past_job_timeout(calm, _result(100.0, 99.0), []) is None
+    assert past_job_timeout(calm, _result(100.0, 101.0), [Kill(98.0, "worker", 0, [1])]) == "after_a_kill"
+    assert past_job_timeout(away, _result(100.0, 101.0, submitted_at=80.0), []) == "redis_away"
+    assert past_job_timeout(calm, _result(100.0, 101.0), []) == "neither"
 
 
 def test_an_answers_continuation_may_start_fresh_clocks_but_a_resume_may_not():
