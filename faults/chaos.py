@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="turns followed at once")
     parser.add_argument("--kill-every", type=float, default=defaults.kill_every_s, help="seconds")
     parser.add_argument("--pool-every", type=float, default=defaults.pool_every_s, help="seconds")
+    parser.add_argument("--pause", type=float, default=defaults.pause_s, help="seconds Redis is paused, once")
     parser.add_argument("--json", type=Path, help="also write the report to this file")
     args = parser.parse_args(argv)
     if args.turns < 1 or args.workers < 1 or args.concurrency < 1:
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     options = ChaosOptions(turns=args.turns, seed=args.seed, workers=args.workers, concurrency=args.concurrency,
-                           kill_every_s=args.kill_every, pool_every_s=args.pool_every)
+                           kill_every_s=args.kill_every, pool_every_s=args.pool_every, pause_s=args.pause)
     try:
         report = run_chaos(options)
     except KeyboardInterrupt:
