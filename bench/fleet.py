@@ -26,7 +26,8 @@ from harness.processes import children, rss_kib
 from harness.stats import summary
 
 EFFICIENCY_GOAL = 0.9  # turns/s against the ideal
-RSS_SAMPLE_S = 0.5  # seconds between memory samples while the turns run
+RSS_SAMPLE_S = 2.0  # seconds between memory samples while the turns run (a sample reads 24 processes)
+DONE_TICK_S = 1.0  # seconds between the bench's looks for the turns' ends (their times come from the state)
 MESSAGE = "hello"  # the demo model answers without tools: one model call
 
 
@@ -89,7 +90,7 @@ def fleet_throughput(turns: int, pools: int, workers: int, latency_s: float, dir
         submitted = _submit_all(fleet, turns, TurnConfig(model=f"demo@{latency_s:g}~0"))
         ideal_s = math.ceil(turns / total) * latency_s
         try:
-            wait_all_done(fleet.client, list(submitted), timeout_s=max(120.0, 4 * ideal_s), tick_s=0.2)
+            wait_all_done(fleet.client, list(submitted), timeout_s=max(120.0, 4 * ideal_s), tick_s=DONE_TICK_S)
         finally:
             memory.stopping.set()
             memory.join()
