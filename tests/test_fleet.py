@@ -79,6 +79,16 @@ def test_a_fleet_serves_turns_from_every_pool_and_leaves_nothing_when_one_was_ki
     assert fleet.redis.pid is None and members and redis_pid
 
 
+def test_a_fleet_that_fails_to_start_leaves_nothing_running(tmp_path):
+    """A pool refused at start (a bad setting: worker.py says so and exits 2): the fleet stops what it started."""
+    fleet = Fleet(tmp_path / "fleet", pools=2, workers=1, pages=0, pool_env={"AGENT_JOB_TIMEOUT": "-1"},
+                  say=lambda line: None)
+    with pytest.raises(RuntimeError, match="did not start"):
+        fleet.start()
+    assert "AGENT_JOB_TIMEOUT" in fleet.members[0].log_tail()
+    assert fleet.redis.pid is None and not any(pool.members() for pool in fleet.members)
+
+
 def test_a_short_chaos_run_ends_every_turn_and_runs_no_side_effect_twice():
     """`make chaos` in small: 50 turns while a worker is killed every 2 s, a pool every 8 s, Redis paused 3 s
     once and crashed and restarted from its append-only file once."""
