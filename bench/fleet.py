@@ -58,12 +58,18 @@ class _Memory(threading.Thread):
                     total += times.user + times.system
         return total
 
+    def record(self) -> None:
+        per_worker = self.sample()
+        if per_worker:
+            self.peak_mean_kib = max(self.peak_mean_kib, statistics.mean(per_worker))
+            self.peak_total_kib = max(self.peak_total_kib, sum(per_worker))
+
     def run(self) -> None:
+        """A sample at once, then every RSS_SAMPLE_S until stopped, and a last one then (a short run has two)."""
+        self.record()
         while not self.stopping.wait(RSS_SAMPLE_S):
-            per_worker = self.sample()
-            if per_worker:
-                self.peak_mean_kib = max(self.peak_mean_kib, statistics.mean(per_worker))
-                self.peak_total_kib = max(self.peak_total_kib, sum(per_worker))
+            self.record()
+        self.record()
 
 
 def _submit_all(fleet: Fleet, turns: int, config: TurnConfig) -> dict[str, float]:
