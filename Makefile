@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run run-signin test test-under-load lint faults bench worker dashboard rq-info clean
+.PHONY: setup run run-signin test test-under-load lint faults chaos bench worker dashboard rq-info clean
 
 setup: $(STAMP)
 
@@ -70,6 +70,13 @@ RUNS ?= 1000
 SEED ?= 1
 faults: setup
 	$(PY) -m faults --runs $(RUNS) --seed $(SEED)
+
+# A fleet on this machine (Debian's redis-server on TCP, 3 pools of worker.py, 2 page servers) under chaos: a
+# worker SIGKILLed every 5 s, a whole pool every 60 s, Redis paused once and restarted from its AOF once
+# (faults/chaos.py). `apt-get install redis-server` first (without it: the embedded binary, on TCP).
+TURNS ?= 1000
+chaos: setup
+	$(PY) -m faults.chaos --turns $(TURNS) --seed $(SEED)
 
 bench: setup
 	$(PY) -m bench

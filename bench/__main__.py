@@ -29,6 +29,7 @@ from bench import (
     conversations,
     cost,
     first_screen,
+    fleet,
     latency,
     load,
     page,
@@ -84,6 +85,15 @@ METHOD = {
     "workers after a warm-up; turns/s = N / (last final write - first submit); latency = final write - submit; "
     "memory = peak of the mean RSS per worker process (plus its work horse, for fork) during the run. "
     "ideal = turns / (ceil(turns / W) rounds x {latency} s).",
+    "fleet_throughput": "{fleet_turns} one-call turns (demo@{fleet_latency}~0) submitted at once, after a warm-up "
+    "of two instant turns per worker, to {fleet_pools} pools of `python worker.py --workers {fleet_workers}` (simple "
+    "workers, each pool with its own AGENT_DATA_DIR and demo model) on one Redis over TCP (harness/fleet.py: "
+    "Debian's redis-server 7, a password, appendonly yes, appendfsync everysec; the embedded binary on TCP where "
+    "Debian's is missing). turns/s = turns / (last final write - first submit); ideal = turns / (ceil(turns / "
+    "workers) x {fleet_latency} s); efficiency = turns/s / ideal (goal >= 0.9). wait = the state's enqueued_at to "
+    "started_at. Redis CPU = INFO cpu (used_cpu_sys + used_cpu_user, children included) across the turns / turns. "
+    "memory = peak of the mean RSS per worker process during the run; a worker's CPU = user + system CPU seconds of "
+    "the workers across the turns / turns.",
     "page": "`streamlit run app.py` (embedded Redis, 2 workers) in headless Chromium through Playwright, against "
     "a scripted OpenAI-compatible model on loopback (harness/stream_model.py) that streams 30 words, 0.1 s apart, "
     "and notes when each word left it; earlier turns are written through the same queue with the instant demo "
@@ -238,6 +248,12 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
             results["throughput"].append(load.throughput(lab, pool, turns, plan.latency_s))
             lab.stop_pool(pool)
 
+        progress(f"throughput across pools: {plan.fleet_turns} turns on {plan.fleet_pools} pools x "
+                 f"{plan.fleet_workers} workers, one Redis over TCP", started)
+        results["fleet_throughput"] = fleet.fleet_throughput(
+            plan.fleet_turns, plan.fleet_pools, plan.fleet_workers, plan.fleet_latency_s, lab.dir / "fleet",
+            lambda message: progress(message, started))
+
         progress(f"deadline accuracy: {plan.deadline_turns} turns on {plan.deadline_workers} workers", started)
         pool = lab.pool(plan.deadline_workers, DEFAULT_WORKER_CLASS)
         results["deadline_accuracy"] = load.deadline_accuracy(
@@ -277,6 +293,7 @@ def judge(results: dict) -> dict:
         "publish_to_observed_p50": lambda r: r["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
         # O(1) poll and O(new messages) publish: 100x the history, (nearly) the same bytes.
         "cost_vs_history": lambda r: r["poll_growth_1000_vs_10"] <= 1.1 and r["publish_growth_1000_vs_10"] <= 1.2,
+        "fleet_throughput": lambda r: fleet.goals(r["fleet_throughput"])["fleet_throughput"],
         "deadline_accuracy": lambda r: (r["deadline_accuracy"]["turns_past_job_timeout"] == 0
                                         and r["deadline_accuracy"]["killed_by_queue"] == 0),
     }
@@ -341,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                     approvals_looks=approvals.LOOKS, signin_workers=signin.WORKERS, signin_share=signin.SHARE,
                     signin_turns=plan.signin_turns, signin_call=f"{plan.signin_call_s:g}",
                     signin_conversations=f"{plan.signin_list_conversations:,}", signin_owners=plan.signin_list_owners,
-                    signin_repeats=plan.signin_list_repeats, signin_pairs=plan.signin_page_pairs)
+                    signin_repeats=plan.signin_list_repeats, signin_pairs=plan.signin_page_pairs,
+                    fleet_turns=f"{plan.fleet_turns:,}", fleet_latency=f"{plan.fleet_latency_s:g}",
+                    fleet_pools=plan.fleet_pools, fleet_workers=plan.fleet_workers)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -361,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
              "worker_memory",
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
-             "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "deadline_accuracy", "resume",
+             "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "fleet_throughput",
+             "deadline_accuracy", "resume",
              "approvals", "signin",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
              "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "approve_click", "goals",

@@ -55,6 +55,10 @@ class Plan:
     signin_list_conversations: int = 10_000  # conversations across them
     signin_list_repeats: int = 50  # listings timed at each size, in turns
     signin_page_pairs: int = 20  # AppTest first draws, signed in and local, in turns
+    fleet_turns: int = 1000  # one-call turns across the fleet's pools (bench/fleet.py)
+    fleet_pools: int = 3  # pools of worker.py on one Redis over TCP, standing in for machines
+    fleet_workers: int = 8  # simple workers per pool
+    fleet_latency_s: float = 1.0  # the one call's seconds
 
 
 # Throughput: 100 turns where 100 turns take at most ~25 s; fewer (25 per worker) below that, so
@@ -116,6 +120,9 @@ QUICK = Plan(
     signin_list_conversations=200,
     signin_list_repeats=5,
     signin_page_pairs=2,
+    fleet_turns=12,
+    fleet_workers=2,
+    fleet_latency_s=0.2,
 )
 
 

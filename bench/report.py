@@ -87,6 +87,15 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     f"{row['turns_per_s']:.2f} turns/s, p95 {row['latency_s']['p95']:g} s, "
                     f"{row['rss_mib_per_worker']:g} MiB/worker", f"~{row['ideal_turns_per_s']:.1f}/s",
                     f"{row['scaling_efficiency'] * 100:.0f}%"))
+    across = results.get("fleet_throughput")
+    if across:
+        out.append((f"throughput across {across['pools']} pools x {across['workers_per_pool']} workers, one Redis "
+                    f"over TCP ({across['turns']} turns of one {across['latency_per_call_s']:g} s call)",
+                    f"{across['turns_per_s']:.2f} turns/s ({across['efficiency'] * 100:.0f}% of "
+                    f"{across['ideal_turns_per_s']:.1f}); wait to start p95 "
+                    f"{across['wait_enqueue_to_start_s']['p95']:g} s; Redis {across['redis_cpu_ms_per_turn']:g} ms "
+                    f"CPU/turn; {across['rss_mib_per_worker']:g} MiB/worker", ">= 90% of ideal",
+                    _check(goals.get("fleet_throughput"))))
     section = results.get("page")
     if section:
         for condition, figures in section["conditions"].items():

@@ -7,7 +7,8 @@ appears at most once and in order, tool call ids are unique and each call is ans
 
 A turn outlives its worker (agent/turn/resume.py), so the promises of a resume too: `attempt` never
 goes back nor past max_resumes, `deadline_at` and `job_timeout_at` never change once set, one resume
-step per attempt at most, and no tool run twice. The runner offers the model built-in tools only,
+step per attempt at most, and no tool run twice (a turn parked on a request for approval starts its clocks
+afresh when the answer's continuation runs). The runner offers the model built-in tools only,
 all safe to repeat, so "no side-effecting tool run twice" is checked as: one result and at most one
 recorded run per call, and a "not run again" result only for a tool that is not safe to repeat (an
 unknown name), only in a resumed turn.
@@ -67,7 +68,11 @@ def check_resumes(observed: list[dict], *, max_resumes: int | None) -> list[str]
     problems: list[str] = []
     attempt = 0
     fixed: dict[str, float] = {}
+    parked = False
     for state in observed:
+        if parked or state.get("status") == "awaiting_approval":
+            fixed = {}  # the answer's continuation runs on a fresh set of clocks (agent/turn/approvals.py)
+        parked = state.get("status") == "awaiting_approval"
         now = state.get("attempt") or 0
         if now < attempt:
             problems.append(f"attempt went back from {attempt} to {now} at version {state['version']}")

@@ -203,6 +203,7 @@ LONGEST_FIRST = (
     "test_browser_long_chat.py",
     "test_resume.py",
     "test_faults.py",
+    "test_fleet.py",
     "test_bench.py",
     "test_markdown.py",
     "test_approvals_page.py",

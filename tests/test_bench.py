@@ -20,6 +20,7 @@ KEYS = (
     "publish_to_observed_ms",
     "cost_vs_history",
     "throughput",
+    "fleet_throughput",
     "deadline_accuracy",
     "worker_memory",
     "resume",
@@ -71,6 +72,10 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     listed = signin["list_per_owner"]["rows"]
     assert listed[0]["redis_commands"] == listed[-1]["redis_commands"]  # a person's list does not grow with others'
     assert results["tracing_overhead"]["export_requests"] >= 1  # the traced turns' spans reached the collector
+    across = results["fleet_throughput"]  # 12 turns on 3 pools x 2 workers, one Redis over TCP
+    assert across["statuses"] == {"done": 12} and across["workers"] == 6 and across["redis_cpu_ms_per_turn"] > 0
+    assert across["rss_mib_per_worker"] > 0 and "fleet_throughput" in results["goals"]
+    assert "throughput across 3 pools" in run.stdout
     assert "first_step_ratio" in run.stdout  # the table
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert (tmp_path / "history_cost.png").stat().st_size > 0

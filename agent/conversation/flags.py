@@ -57,10 +57,14 @@ class Flags:
         (room.py)."""
         self.client.zrem(RESERVED_KEY, f"{conversation_id} {turn_id}")
 
-    def accepted(self, limit: int) -> list[tuple[str, str]]:
-        """(conversation, turn) of the turns accepted and not ended, the oldest first (at most `limit`)."""
-        members = [_text(member).partition(" ") for member in self.client.zrange(RESERVED_KEY, 0, limit - 1)]
-        return [(conversation_id, turn_id) for conversation_id, _, turn_id in members if turn_id]
+    def accepted(self, limit: int, after: float | None = None) -> list[tuple[str, str, float]]:
+        """(conversation, turn, score) of at most `limit` turns accepted and not ended, in the order their
+        reservations lapse: the first ones, or those scored after `after` (one range read, whatever the count); a
+        member not of that form has an empty turn."""
+        low = "-inf" if after is None else f"({after!r}"
+        rows = self.client.zrangebyscore(RESERVED_KEY, low, "+inf", start=0, num=limit, withscores=True)
+        members = [(*_text(member).partition(" "), score) for member, score in rows]
+        return [(conversation_id, turn_id, score) for conversation_id, _, turn_id, score in members]
 
     # -- the turns running, and their heartbeats ---------------------------------------------------
 

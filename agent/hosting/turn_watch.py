@@ -11,10 +11,12 @@ die is not left to the lease: its turn is handed over at once (deaths.py).
 
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
 index of parked turns scored by expiry: one range read when none is due. Every STRANDED_EVERY_S it also
-reads the accepted turns (the index of their memory reservations, agent/conversation/room.py), the
-oldest first, and their jobs' records, in three round trips: a turn whose job is gone (refused by a full
-Redis, or never enqueued by a sender that died) is ended with the reason by the front ends' own check
-(lost_worker.py), so that no accepted turn waits for ever when no page is open.
+reads STRANDED_BATCH of the accepted turns (the index of their memory reservations, agent/conversation/room.py),
+going on from where its last look stopped and round again, and their jobs' records, in three round trips: a
+turn whose job is gone (refused by a full Redis, or never enqueued by a sender that died) is ended with the
+reason by the front ends' own check (lost_worker.py), so that no accepted turn waits for ever when no page is
+open. That look's cost is flat in the turns accepted; the time to come round to every one of them is not
+(STRANDED_EVERY_S per STRANDED_BATCH: 100 s at 1,000 accepted), which suits a loss this rare.
 
 A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
 nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'
@@ -52,6 +54,7 @@ MAX_WATCHED = 1000  # lapsed turns looked at per look, the longest lapsed first 
 # renewed every HEARTBEAT_S lapses only when its worker could not reach Redis for about this long.
 REDIS_AWAY_S = HEARTBEAT_TTL_S - HEARTBEAT_S
 STRANDED_EVERY_S = 5.0  # seconds between two looks for accepted turns whose job is gone
+STRANDED_BATCH = 50  # accepted turns read per such look, on from the last one read (then round again)
 
 
 def lost_job_reason(queue_connection: redis.Redis, job_id: str, now: float) -> str | None:
@@ -85,6 +88,7 @@ class TurnWatch:
         self.held_off = 0  # looks at which lapsed heartbeats were let be, Redis having been away
         self.stranded = 0  # accepted turns whose job was gone, ended by this watch
         self.next_stranded_look = 0.0  # time.monotonic() of the next look for them
+        self.stranded_after: float | None = None  # the score of the last accepted turn read (None: from the first)
 
     def sweep(self) -> None:
         try:
@@ -108,12 +112,15 @@ class TurnWatch:
         """End the accepted turns whose job is gone (the front ends' check decides, and words it); forget the
         reservations of turns that ended, or whose conversation went, without releasing them."""
         flags = self.store.flags
-        accepted = flags.accepted(MAX_WATCHED)
+        accepted = flags.accepted(STRANDED_BATCH, after=self.stranded_after)
+        # A short read reached the end of the index: the next look starts from its first entry again.
+        self.stranded_after = accepted[-1][2] if len(accepted) == STRANDED_BATCH else None
+        accepted = [(conversation_id, turn_id, score) for conversation_id, turn_id, score in accepted if turn_id]
         if not accepted:
             return
-        owners = flags.owners([conversation_id for conversation_id, _ in accepted])
+        owners = flags.owners([conversation_id for conversation_id, _, _ in accepted])
         waiting = []
-        for (conversation_id, turn_id), (current, done, owner, _) in zip(accepted, owners, strict=True):
+        for (conversation_id, turn_id, _), (current, done, owner, _) in zip(accepted, owners, strict=True):
             if current != turn_id or done != "0":
                 flags.release_reservation(conversation_id, turn_id)
             elif owner:  # "" while parked on a request for approval: no job to look for
