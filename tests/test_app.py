@@ -20,9 +20,9 @@ from agent.queue import JOB_FUNCTION, MAX_MESSAGE_CHARS, SafeJob, new_id
 from agent.text.markdown import safe_markdown
 from agent.ui import render, timeline
 from agent.ui import state as ui
+from tests import live_owner
 from tests.apptest_page import APP, RUN_TIMEOUT_S, app, autorefreshes, page_environment, texts, walk
 from tests.conftest import FAST, wait_done
-from tests import live_owner
 from tests.live_owner import keep_alive
 
 ENV = {
