@@ -93,6 +93,29 @@ class Ending:
                    f"I ran out of time: {remaining_s:.1f} s were left before the deadline, and a model call "
                    f"needs at least {min_call_s:g} s, so I stopped here.")
 
+    # -- the fourth clock: the turn's budget (agent/spend.py) -------------------------------------
+
+    @classmethod
+    def budget_answered(cls, spent: str, kept: str) -> Ending:
+        """No useful call fitted the budget: the last call answered without tools, inside the reserve."""
+        return cls(Status.DONE, ErrorKind.BUDGET,
+                   f"The budget for this turn is spent, so I answered with what I had: it spent {spent}; {kept}.")
+
+    @classmethod
+    def budget_spent(cls, spent: str, left: str) -> Ending:
+        """Not even an answer fitted what was left: no call was started."""
+        return cls(Status.FAILED, ErrorKind.BUDGET,
+                   f"The budget for this turn is spent: it spent {spent}, and the {left} left cannot pay for an "
+                   "answer, so I stopped here without calling the model again.")
+
+    @classmethod
+    def budget_overshot(cls, spent: str, over: str, *, answered: bool) -> Ending:
+        """Safeguards off: the budget was only checked after each call, and the last one went past it."""
+        status = Status.DONE if answered else Status.FAILED
+        return cls(status, ErrorKind.BUDGET,
+                   f"The budget was only checked after each call (safeguards off), and this turn overshot it: it "
+                   f"spent {spent}, {over}.")
+
     # -- the model ------------------------------------------------------------------------------
 
     @classmethod
