@@ -243,3 +243,43 @@ def money(usd: float | None) -> str:
 
 def tokens_text(tokens: int | None) -> str:
     return "no limit" if tokens is None else f"{tokens:,} tokens"
+
+
+# -- a spend (the state's `spend`) in words, for the page, the CLI and the export ----------------------
+
+
+def spent_text(doc: dict | None) -> str:
+    """"$0.0205 (4,816 tokens)", or "4,816 tokens" without a price; "" for no spend."""
+    if not doc or doc.get("tokens") is None:
+        return ""
+    tokens = f"{doc['tokens']:,} tokens"
+    return f"{money(doc['usd'])} ({tokens})" if doc.get("usd") is not None else tokens
+
+
+def budget_text(doc: dict | None) -> str:
+    """"$0.03", "20,000 tokens", "$0.03 and 20,000 tokens"; "" without a budget."""
+    if not doc:
+        return ""
+    parts = []
+    if doc.get("budget_usd") is not None:
+        parts.append(money(doc["budget_usd"]))
+    if doc.get("budget_tokens") is not None:
+        parts.append(f"{doc['budget_tokens']:,} tokens")
+    return " and ".join(parts)
+
+
+def spend_words(doc: dict | None) -> str:
+    """A turn's cost in words: "$0.0205 (4,816 tokens) of a $0.03 budget"; "" when it spent nothing."""
+    spent = spent_text(doc)
+    if not spent:
+        return ""
+    budget = budget_text(doc)
+    return f"{spent} of a {budget} budget" if budget else spent
+
+
+def total(docs: list[dict | None]) -> dict:
+    """The spend of several turns added up: {"tokens", "usd" (None when none was priced), "turns"}."""
+    counted = [doc for doc in docs if doc and doc.get("tokens") is not None]
+    priced = [doc["usd"] for doc in counted if doc.get("usd") is not None]
+    return {"tokens": sum(doc["tokens"] for doc in counted), "usd": sum(priced) if priced else None,
+            "turns": len(counted)}
