@@ -62,7 +62,7 @@ BUDGET_TOKENS_VARIABLE = "AGENT_TURN_BUDGET_TOKENS"
 BUDGET_USD_VARIABLE = "AGENT_TURN_BUDGET_USD"
 DAILY_BUDGET_VARIABLE = "AGENT_USER_DAILY_BUDGET_USD"
 MIN_BUDGET_TOKENS = 1000  # tokens: less cannot hold one request with its tools and an answer
-MAX_BUDGET_USD = 100_000.0  # US dollars: more is a typo
+MAX_BUDGET_USD = 1000.0  # US dollars: more is a typo (and past what Redis's Lua counts exactly in picodollars)
 
 
 class SettingsError(ValueError):
@@ -105,6 +105,9 @@ class TurnConfig:
     budget_tokens: int | None = None
     budget_usd: float | None = None
     price: dict | None = None
+    # With sign-in and AGENT_USER_DAILY_BUDGET_USD: the part of its person's day reserved for the turn
+    # ({"person", "day", "pusd"}), settled against what it spent when it ends (agent/conversation/daily.py).
+    daily: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -264,7 +267,7 @@ def validate_budget(turn: TurnConfig) -> None:
         if not 0 < turn.budget_usd <= MAX_BUDGET_USD:
             raise SettingsError(BUDGET_USD_VARIABLE, f"must be more than 0 and at most {MAX_BUDGET_USD:g} US dollars, "
                                 f"not {turn.budget_usd:g}")
-        if turn.price is None:
+        if turn.price is None and price_for(turn.model) is None:  # a config built without one: the shipped table's
             raise SettingsError(BUDGET_USD_VARIABLE, _no_price(turn.model))
 
 

@@ -36,6 +36,11 @@ MIN_USEFUL_TOKENS = 128  # a call with tools that may write fewer is not started
 MIN_ANSWER_TOKENS = 32  # a last call that may write fewer is not started: the turn ends with a sentence
 
 
+def turn_price(config) -> Price | None:
+    """The price a turn is charged at: the one fixed with it, else (a config built without one) the shipped table's."""
+    return Price.from_dict(config.price) if getattr(config, "price", None) else price_for(config.model)
+
+
 def json_bytes(value) -> int:
     """Bytes of `value` as ASCII JSON: at least the UTF-8 bytes of every string in it (a character
     outside ASCII is 6 or 12 bytes escaped, at most 4 in UTF-8)."""
@@ -221,7 +226,7 @@ class Spend:
     def for_turn(cls, config, doc: dict | None = None) -> Spend:
         """A turn's spend from its settings, carrying on from `doc` (its state's `spend`, when resumed or
         continued after an approval): a call that was in flight is charged at its worst case."""
-        price = Price.from_dict(config.price) if getattr(config, "price", None) else price_for(config.model)
+        price = turn_price(config)
         budget_usd = getattr(config, "budget_usd", None)
         spend = cls(budget_tokens=getattr(config, "budget_tokens", None),
                     budget_pusd=usd_to_pusd(budget_usd) if budget_usd is not None and price is not None else None,

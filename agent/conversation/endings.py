@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass
 
 from agent import tracing
+from agent.prices import PUSD_PER_USD
 from agent.contract import Error, ErrorKind, ProviderErrorKind, Role, Status, carried, turn_summary
+from agent.conversation import daily
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 
@@ -231,6 +233,7 @@ def write_ending(
     doc["job_timeout_at"] = doc["job_timeout_at"] or job_timeout_at
     now = time.time()
     doc.update(status=ending.status, error=ending.error, current_step=None, ended_at=now)
+    doc["spend"] = charged_in_flight(doc.get("spend"))
     try:
         store.publish(
             conversation_id,
@@ -243,5 +246,19 @@ def write_ending(
         )
     except StoreError:
         return False
+    daily.settle(store.redis, (doc.get("config") or {}).get("daily"), turn_id, daily.spent_of(doc["spend"]))
     tracing.turn_ended(store, conversation_id, turn_id)
     return True
+
+
+def charged_in_flight(spend: dict | None) -> dict | None:
+    """A turn ended from outside its job: the call it had in flight counts as spent, at its worst case."""
+    if not spend or not spend.get("in_flight_tokens"):
+        return spend
+    usd = spend.get("pusd")
+    charged = {**spend, "tokens": (spend.get("tokens") or 0) + spend["in_flight_tokens"], "in_flight_tokens": 0,
+               "in_flight_pusd": 0}
+    if usd is not None:
+        charged["pusd"] = usd + (spend.get("in_flight_pusd") or 0)
+        charged["usd"] = charged["pusd"] / PUSD_PER_USD
+    return charged
