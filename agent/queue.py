@@ -29,9 +29,9 @@ from agent.conversation import daily
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.conversation.workers import live_workers
+from agent.prices import pusd_to_usd, usd_to_pusd
 from agent.runtime import json_only
 from agent.runtime.connection import redis_problem
-from agent.prices import pusd_to_usd, usd_to_pusd
 from agent.settings import MIN_BUDGET_TOKENS, TurnConfig
 from agent.spend import turn_price
 

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 
 from agent import tracing
-from agent.prices import PUSD_PER_USD
 from agent.contract import Error, ErrorKind, ProviderErrorKind, Role, Status, carried, turn_summary
 from agent.conversation import daily
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
+from agent.prices import PUSD_PER_USD
 
 # The one wording of an empty reply, in the ending and in its step (the page, the CLI and the export show them).
 EMPTY_REPLY = "The model sent an empty reply"

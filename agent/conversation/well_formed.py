@@ -283,7 +283,7 @@ def step(raw, turn_id: str | None) -> dict:
     for name in _STEP_COUNTS:
         if name in value:
             fixed[name] = count(value[name])
-    for name in ("kept_s", "deadline_at", "job_timeout_at", "cost_usd"):  # where a step has them (approvals: the clocks)
+    for name in ("kept_s", "deadline_at", "job_timeout_at", "cost_usd"):  # where a step has them (approvals, model)
         if name in value:
             fixed[name] = number(value[name])
     for name in ("last_call", "cost_worst"):

@@ -36,10 +36,12 @@ def message_tokens(message: dict) -> int:
     content = message.get("content")
     if isinstance(content, list):  # content blocks
         content = " ".join(str(block.get("text", "")) if isinstance(block, dict) else str(block) for block in content)
-    tokens = TOKENS_PER_MESSAGE + count(str(message.get("role", ""))) + count(content if isinstance(content, str) else "")
+    text = content if isinstance(content, str) else ""
+    tokens = TOKENS_PER_MESSAGE + count(str(message.get("role", ""))) + count(text)
     for call in message.get("tool_calls") or []:
         function = (call.get("function") or {}) if isinstance(call, dict) else {}
-        tokens += TOKENS_PER_TOOL_CALL + count(str(function.get("name", ""))) + count(str(function.get("arguments", "")))
+        tokens += TOKENS_PER_TOOL_CALL + count(str(function.get("name", "")))
+        tokens += count(str(function.get("arguments", "")))
     if message.get("tool_call_id"):
         tokens += count(str(message["tool_call_id"]))
     return tokens

@@ -132,7 +132,8 @@ class MessageStream:
         counted = streaming.usage_of(usage, "input_tokens", "output_tokens") or Usage()
         self._input_tokens = self._input_tokens if counted.input_tokens is None else counted.input_tokens
         self._output_tokens = self._output_tokens if counted.output_tokens is None else counted.output_tokens
-        self._cached_tokens = self._cached_tokens if counted.cached_input_tokens is None else counted.cached_input_tokens
+        cached = counted.cached_input_tokens
+        self._cached_tokens = self._cached_tokens if cached is None else cached
 
     def _index(self, data: dict) -> int:
         index = data.get("index")

@@ -181,7 +181,8 @@ class Turn:
             # The fourth clock: when no useful call fits the budget, the last call answers inside its reserve.
             out_of_money = not last_call and not model.useful_call_fits(self.history)
             try:
-                completion = model.complete(self.history, last_call=last_call or out_of_money, budget_spent=out_of_money)
+                completion = model.complete(self.history, last_call=last_call or out_of_money,
+                                            budget_spent=out_of_money)
             except NoUsefulCall:  # a retry that no longer fits with its tools: the answer, inside the reserve
                 out_of_money = True
                 completion = model.complete(self.history, last_call=True, budget_spent=True)
