@@ -11,6 +11,7 @@ once). A day is a UTC day: the budget renews at midnight UTC.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import uuid
 
@@ -24,6 +25,16 @@ from agent.spend import money, pusd_to_usd
 log = logging.getLogger(__name__)
 
 DAY_TTL_S = 2 * 24 * 3600  # seconds a person's day is kept: past the longest turn that began on it
+
+
+_registered: dict[str, object] = {}
+
+
+def _script(client: redis.Redis, name: str):
+    """The script, registered once (its SHA; EVALSHA after its first use), run on `client`."""
+    if name not in _registered:
+        _registered[name] = client.register_script(source(name))
+    return functools.partial(_registered[name], client=client)
 
 
 def today(now: float) -> str:
@@ -44,7 +55,7 @@ def reserve(client: redis.Redis, person: str, *, daily_pusd: int, want_pusd: int
     """Reserve a turn's budget against the person's day: {"person", "day", "pusd"} (what was granted), or
     DailyBudgetSpent with when it renews."""
     day = today(now)
-    granted, amount = client.register_script(source("daily_reserve"))(
+    granted, amount = _script(client, "daily_reserve")(
         keys=[person_day_spend(person, day)], args=[daily_pusd, want_pusd, least_pusd, DAY_TTL_S])
     if not int(granted):
         raise DailyBudgetSpent(money(pusd_to_usd(int(amount))), money(pusd_to_usd(daily_pusd)), renews_in(now))
@@ -63,7 +74,7 @@ def settle(client: redis.Redis, daily: dict | None, turn_id: str, spent_pusd: in
     if not daily or not daily.get("person") or not daily.get("day"):
         return
     try:
-        client.register_script(source("daily_settle"))(
+        _script(client, "daily_settle")(
             keys=[person_day_spend(daily["person"], daily["day"]), turn_settled(turn_id)],
             args=[-int(daily.get("pusd") or 0), max(0, int(spent_pusd)), DAY_TTL_S])
     except redis.RedisError as exc:
