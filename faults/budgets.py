@@ -72,6 +72,7 @@ class BudgetOutcome:
     ending: str  # "answer", "answer, budget spent", "budget spent", or the error kind
     bound_ratios: list[float]  # input bound / reported input tokens, each call that reported
     later_bound_ratios: list[float]  # the same, calls after a turn's first
+    later_tools_bound_ratios: list[float]  # the same, calls after a turn's first that offered tools (not its last)
     charged_below_counted: bool  # charged fewer tokens than the provider counted for the run's requests
 
 
@@ -85,13 +86,15 @@ def outcome(plan: BudgetPlan, final: dict, counted_tokens: int) -> BudgetOutcome
         ratios.append((spend.get("pusd") or 0) / usd_to_pusd(plan.usd))
         over |= (spend.get("pusd") or 0) > usd_to_pusd(plan.usd)
     steps = [s for s in final["steps"] if s.get("kind") == "model" and s.get("turn_id") == final["turn_id"]]
-    bounds, later = [], []
+    bounds, later, later_tools = [], [], []
     for number, step in enumerate(steps):
         reported = (step.get("usage") or {}).get("input_tokens")
         if reported and step.get("input_bound"):
             bounds.append(step["input_bound"] / reported)
             if number:
                 later.append(step["input_bound"] / reported)
+                if not step.get("last_call"):
+                    later_tools.append(step["input_bound"] / reported)
     kind = (final.get("error") or {}).get("kind")
     last = (final["history"][-1].get("content") or "") if final["history"] else ""
     if kind:
@@ -100,13 +103,16 @@ def outcome(plan: BudgetPlan, final: dict, counted_tokens: int) -> BudgetOutcome
         ending = "answer, budget spent"
     else:
         ending = "answer"
-    return BudgetOutcome(max(ratios) if ratios else 0.0, over, ending, bounds, later,
+    return BudgetOutcome(max(ratios) if ratios else 0.0, over, ending, bounds, later, later_tools,
                          (spend.get("tokens") or 0) < counted_tokens)
 
 
-def figures(outcomes: list[BudgetOutcome]) -> dict:
+def figures(runs: list[tuple[int, str, BudgetOutcome]]) -> dict:
+    """The budget runs' figures; `runs`: (run number, its process fault and note, its outcome)."""
+    outcomes = [o for _, _, o in runs]
     bounds = [r for o in outcomes for r in o.bound_ratios]
     later = [r for o in outcomes for r in o.later_bound_ratios]
+    later_tools = [r for o in outcomes for r in o.later_tools_bound_ratios]
     endings: dict[str, int] = {}
     for o in outcomes:
         endings[o.ending] = endings.get(o.ending, 0) + 1
@@ -121,7 +127,11 @@ def figures(outcomes: list[BudgetOutcome]) -> dict:
         "input_bound_over_reported_after_first_call": {
             "calls": len(later), "p50": _round(percentile(later, 50)), "p95": _round(percentile(later, 95)),
             "min": _round(min(later, default=None))},
+        "input_bound_over_reported_later_with_tools": {
+            "calls": len(later_tools), "p50": _round(percentile(later_tools, 50)),
+            "p95": _round(percentile(later_tools, 95)), "min": _round(min(later_tools, default=None))},
         "charged_below_counted": sum(o.charged_below_counted for o in outcomes),
+        "charged_below_counted_runs": [f"run {index}: {fault}" for index, fault, o in runs if o.charged_below_counted],
     }
 
 
@@ -131,7 +141,11 @@ def report_lines(report: dict) -> str:
             f"budget {report['worst_spent_to_budget']}, p50 {report['spent_to_budget_p50']}; endings "
             f"{report['budget_endings']}; charged less than the provider counted: {report['charged_below_counted']}\n"
             f"input bound / reported input tokens: p50 {b['p50']}, p95 {b['p95']}, min {b['min']} over {b['calls']} "
-            f"calls; after a turn's first call p50 {later['p50']}, p95 {later['p95']}, min {later['min']}")
+            f"calls; after a turn's first call p50 {later['p50']}, p95 {later['p95']}, min {later['min']}; of those, "
+            f"the calls that offered tools (not a last call, which leaves them out: its bound still counts them) "
+            f"p50 {report['input_bound_over_reported_later_with_tools']['p50']}, "
+            f"p95 {report['input_bound_over_reported_later_with_tools']['p95']}"
+            + "".join(f"\ncharged less than counted: {run}" for run in report["charged_below_counted_runs"]))
 
 
 def _round(value):

@@ -127,6 +127,8 @@ class FaultProvider:
         (or not) as the run's mode says, streamed when the run streams."""
         rng = random.Random(f"{self.seed}:{model}:{number}")  # details of this call
         usage_mode, streams = budgets.mode_of(model)
+        if usage_mode is not None and kind.startswith("tool_") and request is not None and not request.get("tools"):
+            kind = "answer"  # a budget run's last call offers no tools: a model offered none answers
         if kind in ("answer", "slow_answer", "trickle") or kind.startswith("tool_"):
             if kind.startswith("tool_"):
                 message = tool_message(kind, model, number, rng, self.slow_tool_max_s)

@@ -528,8 +528,10 @@ def summarize(options: Options, results: list[RunResult], elapsed_s: float, leak
             and not r.redis_outage_s and not (r.fault_applied and r.plan.process_fault in HARD_KILLS)]
     applied = Counter(r.plan.process_fault for r in results if r.fault_applied)
     violated = [r for r in results if r.violations]
+    budget_runs = [(r.plan.index, f"{r.plan.process_fault} {r.fault_note}", r.budget)
+                   for r in results if r.budget is not None]
     return {**_figures(options, results, elapsed_s, leaks, deltas, calm, applied, violated),
-            **resume_figures(results), **budgets.figures([r.budget for r in results if r.budget is not None])}
+            **resume_figures(results), **budgets.figures(budget_runs)}
 
 
 def resume_figures(results: list[RunResult]) -> dict:
