@@ -240,10 +240,10 @@ class Spend:
 
 
 def money(usd: float | None) -> str:
-    """US dollars as a person reads a small amount: $0.0123, $1.25."""
+    """US dollars as a person reads them: $0.0123 below a dollar (a turn costs fractions of a cent), $1.25 above."""
     if usd is None:
         return "no price"
-    return f"${usd:,.2f}" if usd >= 10 else f"${usd:.4f}"
+    return f"${usd:,.2f}" if usd >= 1 else f"${usd:.4f}"
 
 
 def tokens_text(tokens: int | None) -> str:

@@ -21,6 +21,7 @@ from bench.tracing_cost import _turn_s
 from harness.stats import summary
 
 BUDGET_TOKENS = 200_000  # a budget the four calls fit in: the turn is the same, with max_tokens asked
+OFF_PLAN = CallPlan(10**9, None, 10**9, None)  # no arithmetic, and a bound no count passes (nothing to log)
 
 
 def clamp_overhead(lab: Lab, pool: PoolProcess, pairs: int, latency_s: float) -> dict:
@@ -31,7 +32,7 @@ def clamp_overhead(lab: Lab, pool: PoolProcess, pairs: int, latency_s: float) ->
 
     def turn_s(clamp: bool, turn: TurnConfig = config) -> float:
         if not clamp:
-            model_calls.ModelCalls.plan = lambda self, ask: CallPlan(0, None, 0, None)
+            model_calls.ModelCalls.plan = lambda self, ask: OFF_PLAN
             model_calls.ModelCalls.remember = lambda self, ask, plan, charge: None
         try:
             return _turn_s(lab, turn)[0]
