@@ -30,6 +30,7 @@ from agent.turn.approvals import BY_PAGE
 from harness.token_model import TokenModel
 from harness.waiting import wait_for
 from tests.conftest import FAST, ROOT, ask, wait_done
+from tests.test_cli import cli, cli_env  # noqa: F401 (a fixture)
 from tests.test_resume import (  # noqa: F401 (a fixture)
     OBSERVE_S,
     TURN_S,
@@ -363,3 +364,59 @@ def test_a_persons_daily_budget_holds_across_two_tabs_sending_at_once(store, que
     cid = new_id()
     submit_turn(door, queue, cid, "hi", config, daily_budget_usd=daily_usd)
     assert wait_done(store, cid)["config"]["daily"]["pusd"] == min(left, usd_to_pusd(0.04))
+
+
+# -- the command line, the export, the trace ------------------------------------------------------------
+
+
+def test_ask_prints_each_calls_cost_and_the_turns_on_stderr_and_json_carries_them(cli_env):  # noqa: F811
+    env = {**cli_env, "AGENT_TURN_BUDGET_USD": "0.03"}
+    text = cli(env, "ask", "What is 17*23?")
+    assert text.returncode == 0, text.stderr
+    err = text.stderr.decode()
+    assert "[model call 1: " in err and ", max_tokens " in err and "$0.0" in err
+    assert "[cost of this turn: $0.0" in err and "of a $0.0300 budget]" in err
+    lines = cli(env, "ask", "--json", "What is 17*23?").stdout.decode().strip().splitlines()
+    final = json.loads(lines[-1])
+    assert final["spend"]["budget_usd"] == 0.03 and 0 < final["spend"]["pusd"] <= usd_to_pusd(0.03)
+    assert all("cost_usd" in s and "max_tokens" in s for s in model_steps(final))
+
+
+def test_the_markdown_export_says_each_turns_cost_and_the_conversations():
+    from agent.conversation.export import to_markdown
+
+    spend = {"tokens": 2000, "usd": 0.005, "pusd": 5_000_000_000, "budget_tokens": None, "budget_usd": 0.02}
+    state = {"conversation_id": "c1", "history": [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "hello"}],
+             "steps": [], "turns": [{"turn_id": "t1", "status": "done", "error": None, "spend": spend}],
+             "turn_id": "t1", "done": True, "status": "done", "spend": spend}
+    markdown = to_markdown(state, "a chat")
+    assert "Cost of the conversation: $0.0050 (2,000 tokens)." in markdown
+    assert "Cost: $0.0050 (2,000 tokens) of a $0.0200 budget." in markdown
+
+
+@pytestmark_pool
+def test_the_trace_carries_each_calls_cost_and_max_tokens_and_the_turns_spend(store, queue):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    try:
+        cid = ask(store, queue, "What is 17*23?", FAST.with_changes(budget_usd=0.03))
+        state = wait_done(store, cid)
+        tracing.export_turn(tracing._tracer, state, state["turn_id"])
+        spans = exporter.get_finished_spans()
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+    [turn] = [s for s in spans if s.name == tracing.TURN_SPAN]
+    assert turn.attributes["agent.cost.usd"] == state["spend"]["usd"] and turn.attributes["agent.budget.usd"] == 0.03
+    calls = [s for s in spans if s.name.startswith("chat ")]
+    assert calls and all(c.attributes["gen_ai.request.max_tokens"] > 0 and c.attributes["agent.call.cost_usd"] > 0
+                         and c.attributes["gen_ai.usage.input_tokens"] > 0 for c in calls)
