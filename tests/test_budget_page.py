@@ -37,7 +37,7 @@ def test_the_money_bar_shows_spent_left_and_kept_for_the_answer_beside_the_time_
     bars = [bar.proto.text for bar in at.progress]
     assert len(bars) == 2 and bars[0].startswith("⏱️"), bars
     money = bars[1]
-    assert money.startswith("💵 $0.0030 (1,200 tokens) spent (the call in flight counted at its worst case)"), money
+    assert money.startswith("💵 $0.0030 (1,200 tokens) spent · the call in flight: $0.0020 at most"), money
     assert "$0.0150 left" in money and "$0.0040 of it kept for the answer" in money
     assert at.progress[1].proto.value == 25  # ($0.003 + $0.002) of $0.02
 

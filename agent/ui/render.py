@@ -143,13 +143,13 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
         return f"⏱️ {name} hit its {timeout} timeout{left_text}: {detail}"
     if outcome == Outcome.ERROR:
         cost = cost_label(step)
-        return f"⚠️ {name} failed after {took}: {detail}" + (f" Cost: {cost}." if cost else "")
+        return f"⚠️ {name} failed after {took}: {detail}" + (f" Cost: {dollars(cost)}." if cost else "")
     if outcome == Outcome.STOPPED:
         return f"⏹️ {name} stopped at your request after {took}."
     tokens = tokens_text(*step_tokens(step))
     tokens = f" {tokens}." if tokens else ""
     if cost := cost_label(step):
-        tokens += f" Cost: {cost}."
+        tokens += f" Cost: {dollars(cost)}."
     if not safeguards:
         return f"🧠 {name}: {took} (safeguards off: no timeout of its own).{tokens}"
     return f"🧠 {name}: {took} of its {timeout} timeout{left_text}.{tokens}"
@@ -343,13 +343,18 @@ def render_ending(summary: TurnSummary) -> None:
         )
 
 
+def dollars(text: str) -> str:
+    """Amounts in US dollars as Markdown shows them: a `$` escaped, so two on a line never open math."""
+    return text.replace("$", "\\$")
+
+
 def render_turn_cost(summary: TurnSummary) -> None:
     """The turn's cost, against its budget when it had one (the fourth clock)."""
     spend = summary.get("spend") if isinstance(summary.get("spend"), dict) else None
     if words := spend_words(spend):
         checked = " (checked only after each call: safeguards off)" if spend.get("checked") == "after each call" \
             and (spend.get("budget_usd") is not None or spend.get("budget_tokens") is not None) else ""
-        st.caption(f"💵 This turn cost {words}{checked}.")
+        st.caption(f"💵 This turn cost {dollars(words)}{checked}.")
 
 
 def render_conversation_cost(turns: list[TurnView]) -> None:
@@ -358,7 +363,7 @@ def render_conversation_cost(turns: list[TurnView]) -> None:
     if spent["turns"] >= 2:
         cost = f"{money(spent['usd'])} ({spent['tokens']:,} tokens)" if spent["usd"] is not None else \
             f"{spent['tokens']:,} tokens"
-        st.caption(f"💵 This conversation so far: {cost} over {spent['turns']} turns.")
+        st.caption(f"💵 This conversation so far: {dollars(cost)} over {spent['turns']} turns.")
 
 
 def money_bar(state: State) -> tuple[float, str] | None:
@@ -369,7 +374,11 @@ def money_bar(state: State) -> tuple[float, str] | None:
     if not spend or spend.get("tokens") is None:
         return None
     priced = spend.get("usd") is not None
-    flight = " (the call in flight counted at its worst case)" if spend.get("in_flight_tokens") else ""
+    flight = ""
+    if spend.get("in_flight_tokens"):
+        at_most = money((spend.get("in_flight_pusd") or 0) / PUSD_PER_USD) if priced else \
+            f"{spend['in_flight_tokens']:,} tokens"
+        flight = f" · the call in flight: {at_most} at most"
     fills, left = [], []
     if spend.get("budget_usd") is not None and priced:
         spent_usd = spend["usd"] + (spend.get("in_flight_pusd") or 0) / PUSD_PER_USD

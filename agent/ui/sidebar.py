@@ -299,10 +299,10 @@ def budget_caption(config: TurnConfig) -> str:
     budgets = [part for part in (f"${config.budget_usd:g}" if config.budget_usd else "",
                                  f"{config.budget_tokens:,} tokens" if config.budget_tokens else "") if part]
     if not budgets:
-        return f"💵 No budget: the turn's cost is shown, not limited. {priced}"
+        return f"💵 No budget: the turn's cost is shown, not limited. {priced}".replace("$", "\\$")
     how = ("checked only after each call (safeguards off)" if not config.safeguards else
            "never exceeded: each call asks for no more than what remains, less a reserve kept for the answer")
-    return f"💵 Budget **{' and '.join(budgets)}** a turn, {how}. {priced}"
+    return f"💵 Budget **{' and '.join(budgets)}** a turn, {how}. {priced}".replace("$", "\\$")
 
 
 def _budget_settings(sb) -> None:
