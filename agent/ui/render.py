@@ -393,8 +393,8 @@ def money_bar(state: State) -> tuple[float, str] | None:
         if spend.get("reserve_tokens") and spend.get("budget_usd") is None:
             left.append(f"{spend['reserve_tokens']:,} of them kept for the answer")
     spent = spent_text(spend)
-    if not fills:
-        return 0.0, f"{spent} spent{flight} · no budget"
+    if not fills:  # no budget: no max_tokens either, so the call in flight has no "at most"
+        return 0.0, f"{spent} spent · no budget"
     checked = " · checked only after each call (safeguards off)" if spend.get("checked") == "after each call" else ""
     return max(0.0, min(1.0, max(fills))), f"{spent} spent{flight} · {' · '.join(left)}{checked}"
 
