@@ -84,6 +84,7 @@ class ErrorKind(StrEnum):
     QUEUE_EXPIRED = "queue_expired"
     NOT_QUEUED = "not_queued"  # accepted, but its job could not be put on the queue (Redis refused it)
     EMPTY_REPLY = "empty_reply"  # the model answered with no text and no tool call
+    BUDGET = "budget"  # the turn's budget (tokens or US dollars) left no room for a call, not even the answer
 
 
 class ProviderErrorKind(StrEnum):
@@ -138,6 +139,23 @@ class Usage(TypedDict):
 
     input_tokens: int | None
     output_tokens: int | None
+    cached_input_tokens: NotRequired[int | None]  # of the input, what the provider's cache served
+
+
+class Spend(TypedDict):
+    """A turn's spend against its budget (agent/spend.py): the state's and each turn summary's `spend`.
+    Money in US dollars (None: the model has no price), exact in picodollars (`pusd`)."""
+
+    tokens: int  # input + output tokens charged so far: as reported, or a call's worst case where not
+    usd: float | None
+    pusd: int | None
+    budget_tokens: int | None  # None: no token budget
+    budget_usd: float | None  # None: no dollar budget
+    reserve_tokens: int | None  # kept for the turn's last answer (None: no budget)
+    reserve_usd: float | None
+    in_flight_tokens: int  # the worst case of the call running now (charged so if its worker is lost)
+    in_flight_pusd: int
+    checked: str  # "before each call" (the clamp), or "after each call" (safeguards off)
 
 
 class Live(TypedDict):
@@ -176,6 +194,13 @@ class Step(TypedDict):
     refused_calls: NotRequired[int]  # the record of a refusal: how many calls it answers for
     not_run_calls: NotRequired[int]  # the record of calls left unrun (deadline, or time kept for the answer)
     usage: NotRequired[Usage]  # model calls: the tokens the provider reported
+    # model calls (the fourth clock): the bound on its input tokens, the max_tokens it asked for (absent: none),
+    # what it was charged in tokens and US dollars, and whether that is its worst case (not reported, failed, cut)
+    input_bound: NotRequired[int]
+    max_tokens: NotRequired[int]
+    cost_tokens: NotRequired[int]
+    cost_usd: NotRequired[float | None]
+    cost_worst: NotRequired[bool]
     partial_text: NotRequired[str]  # model calls cut, failed or stopped mid-stream: the text that arrived (cut)
     partial_chars: NotRequired[int]  # ... and how many characters had arrived
     # approvals (kind approval: from the request to its answer): the clocks of the job that parked the turn,
@@ -216,6 +241,7 @@ class TurnSummary(TypedDict):
     ended_at: float | None
     config: dict | None
     trace_parent: NotRequired[str | None]  # the W3C traceparent of the turn's trace (tracing on)
+    spend: NotRequired[Spend | None]  # what the turn spent, against its budget
 
 
 class TurnDoc(TypedDict, total=False):
@@ -235,6 +261,7 @@ class TurnDoc(TypedDict, total=False):
     trace_parent: str | None  # the W3C traceparent of the turn's trace, when tracing is on (agent/tracing.py)
     attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
     approval: Approval | None  # the turn's latest request for approval, pending or answered
+    spend: Spend | None  # the turn's spend so far (None until it first calls the model)
 
 
 class State(TypedDict):
@@ -262,11 +289,12 @@ class State(TypedDict):
     live: Live | None  # the text being written now; None between model calls and once the turn ends
     approval: Approval | None  # the turn's latest request for approval: pending while status is awaiting_approval
     owner: str | None  # the id of the signed-in person whose conversation it is; None in the local playground
+    spend: Spend | None  # the turn's spend so far against its budget (the fourth clock)
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
 CARRIED_FIELDS = ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at", "current_step",
-                  "config", "job_id", "trace_parent", "attempt", "approval")
+                  "config", "job_id", "trace_parent", "attempt", "approval", "spend")
 LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
@@ -274,7 +302,7 @@ def queued_doc(config: dict, job_id: str, enqueued_at: float, trace_parent: str 
     """A turn's small fields when it is enqueued: nothing has run yet."""
     return TurnDoc(status=Status.QUEUED, error=None, config=config, job_id=job_id, enqueued_at=enqueued_at,
                    deadline_at=None, job_timeout_at=None, started_at=None, current_step=None,
-                   trace_parent=trace_parent, attempt=0, approval=None)
+                   trace_parent=trace_parent, attempt=0, approval=None, spend=None)
 
 
 def carried(state: State | TurnDoc) -> TurnDoc:
@@ -293,7 +321,8 @@ def turn_summary(turn_id: str, doc: TurnDoc | State, ended_at: float | None) -> 
     return TurnSummary(turn_id=turn_id, status=doc.get("status"), error=doc.get("error"),
                        enqueued_at=doc.get("enqueued_at"), started_at=doc.get("started_at"),
                        deadline_at=doc.get("deadline_at"), job_timeout_at=doc.get("job_timeout_at"),
-                       ended_at=ended_at, config=doc.get("config"), trace_parent=doc.get("trace_parent"))
+                       ended_at=ended_at, config=doc.get("config"), trace_parent=doc.get("trace_parent"),
+                       spend=doc.get("spend"))
 
 
 def live_summary(state: State) -> TurnSummary:
@@ -326,6 +355,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         attempt=doc.get("attempt") or 0,
         live=live,
         approval=doc.get("approval"),
+        spend=doc.get("spend"),
     )
 
 

@@ -25,12 +25,15 @@ from rq.serializers import JSONSerializer
 
 from agent import tracing
 from agent.contract import Role, queued_doc
+from agent.conversation import daily
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.conversation.workers import live_workers
+from agent.prices import pusd_to_usd, usd_to_pusd
 from agent.runtime import json_only
 from agent.runtime.connection import redis_problem
-from agent.settings import TurnConfig
+from agent.settings import MIN_BUDGET_TOKENS, TurnConfig
+from agent.spend import turn_price
 
 json_only.install()  # before any queue, job or worker of this process loads a job
 
@@ -183,11 +186,14 @@ def submit_turn(
     turn_id: str | None = None,
     must_exist: bool = False,
     share: int = 0,
+    daily_budget_usd: float | None = None,
 ) -> str:
     """Append the user's message, mark the turn queued, and enqueue it. Returns the turn id.
 
     Raises BadMessage for bad input, TurnInFlight when a turn is still running, and (from the
-    store) ConversationGone, ConversationFull or StoreFull; in each case nothing is enqueued.
+    store) ConversationGone, ConversationFull, StoreFull or DailyBudgetSpent; in each case nothing is enqueued.
+    `daily_budget_usd` (with sign-in): the turn's budget is reserved against the person's day first, and is at
+    most what is left of it (agent/conversation/daily.py).
     The same turn id twice (a double submit) enqueues once. `must_exist`: the sender continues a
     conversation it has seen, so one that expired or was deleted meanwhile is not started afresh.
     """
@@ -196,10 +202,35 @@ def submit_turn(
     config = replace(config, share=share)  # kept with the turn: its continuations count against it too
     turn_id = turn_id or new_id()
     job_id = job_id_for(turn_id)
+    if daily_budget_usd is not None and store.person and turn_price(config) is not None:
+        config = reserve_daily(store, config, daily_budget_usd)
+    return _submit(store, queue, conversation_id, text, config, turn_id, job_id, must_exist, share)
+
+
+def reserve_daily(store: Store, config: TurnConfig, daily_budget_usd: float) -> TurnConfig:
+    """The turn's dollar budget, reserved against its person's day: the turn's own budget, or what is left of
+    the day when that is less (or the turn has none); DailyBudgetSpent when less is left than a turn needs."""
+    price = turn_price(config)
+    want = usd_to_pusd(config.budget_usd) if config.budget_usd is not None else 0
+    least = MIN_BUDGET_TOKENS * max(price.input_pusd, price.output_pusd)  # what the smallest token budget costs
+    granted = daily.reserve(store.redis, store.person, daily_pusd=usd_to_pusd(daily_budget_usd), want_pusd=want,
+                            least_pusd=least, now=time.time())
+    return replace(config, budget_usd=pusd_to_usd(granted["pusd"]), daily=granted)
+
+
+def _submit(store: Store, queue: Queue, conversation_id: str, text: str, config: TurnConfig, turn_id: str,
+            job_id: str, must_exist: bool, share: int) -> str:
     doc = queued_doc(config.to_dict(), job_id, time.time(), tracing.submit_span(conversation_id, turn_id,
                                                                                   config.to_dict()))
-    new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
-                              ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist)
+    try:
+        new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
+                                  ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist)
+    except BaseException:
+        if config.daily:  # refused, never sent: its reservation goes back to the person's day
+            daily.release(store.redis, config.daily, turn_id)
+        raise
+    if not new and config.daily:  # a double submit: the turn has the reservation of the first
+        daily.release(store.redis, config.daily, turn_id)
     # A retry of a submit that reached the state but not the queue enqueues what is missing; a job
     # enqueued twice is harmless: only the first to claim the turn runs it.
     if new or not SafeJob.exists(job_id, connection=queue.connection):

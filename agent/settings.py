@@ -16,6 +16,7 @@ from agent.contract import TOOL_NAME
 from agent.conversation.store import DEFAULT_MAX_CONVERSATION_BYTES
 from agent.deadline import LOST_GRACE_S
 from agent.hosts import host_name
+from agent.prices import PRICES_VARIABLE, Price, PriceFileError, load_prices, price_for
 from agent.providers import registry
 from agent.providers.spec import ProviderSpec
 from agent.runtime.embedded_redis import DEFAULT_MAXMEMORY_MB as DEFAULT_REDIS_MAXMEMORY_MB
@@ -56,6 +57,12 @@ REDIS_WAIT_VARIABLE = "AGENT_REDIS_WAIT"
 # other Host header is a browser sent here by a name someone else controls (DNS rebinding).
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
 ALLOWED_HOSTS_VARIABLE = "AGENT_ALLOWED_HOSTS"
+# The fourth clock (agent/spend.py): unset, no budget.
+BUDGET_TOKENS_VARIABLE = "AGENT_TURN_BUDGET_TOKENS"
+BUDGET_USD_VARIABLE = "AGENT_TURN_BUDGET_USD"
+DAILY_BUDGET_VARIABLE = "AGENT_USER_DAILY_BUDGET_USD"
+MIN_BUDGET_TOKENS = 1000  # tokens: less cannot hold one request with its tools and an answer
+MAX_BUDGET_USD = 1000.0  # US dollars: more is a typo (and past what Redis's Lua counts exactly in picodollars)
 
 
 class SettingsError(ValueError):
@@ -93,6 +100,14 @@ class TurnConfig:
     # A signed-in person's fair share of the workers (their turns queued or running at once; 0: none), which
     # the continuation after an answer counts against too (agent/queue.py submit_turn, agent/turn/approvals.py).
     share: int = 0
+    # The fourth clock: the turn's budget (None: none of that kind), and the price it is charged at, fixed
+    # with it (None: the model has none, so only a token budget); agent/spend.py.
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    price: dict | None = None
+    # With sign-in and AGENT_USER_DAILY_BUDGET_USD: the part of its person's day reserved for the turn
+    # ({"person", "day", "pusd"}), settled against what it spent when it ends (agent/conversation/daily.py).
+    daily: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,8 +122,12 @@ class TurnConfig:
         return cls(**known)
 
     def with_changes(self, **changes) -> TurnConfig:
+        if ("model" in changes or "provider" in changes) and "price" not in changes:
+            price = price_for(changes.get("model", self.model), extra_prices())
+            changes["price"] = price.to_dict() if price is not None else None
         config = replace(self, **changes)
         validate_clocks(config)
+        validate_budget(config)
         return config
 
 
@@ -125,6 +144,7 @@ class Settings:
     max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES
     admins: frozenset[str] = frozenset()  # emails (lower-cased) or person ids of who may read every conversation
     max_turns_per_user: int = DEFAULT_MAX_TURNS_PER_USER  # a signed-in person's turns in flight at most
+    daily_budget_usd: float | None = None  # with sign-in: what one person's turns may spend in a day (UTC)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, bound_address: str | None = None) -> Settings:
@@ -150,8 +170,15 @@ class Settings:
             max_resumes=_integer(env, "AGENT_MAX_RESUMES", DEFAULT_MAX_RESUMES, minimum=0),
             approve_tools=tool_names(env, APPROVE_TOOLS_VARIABLE),
             approval_timeout_s=_seconds(env, APPROVAL_TIMEOUT_VARIABLE, DEFAULT_APPROVAL_TIMEOUT_S),
+            budget_tokens=_optional_integer(env, BUDGET_TOKENS_VARIABLE, minimum=MIN_BUDGET_TOKENS),
+            budget_usd=_dollars(env, BUDGET_USD_VARIABLE),
+            price=_price(model, env),
         )
         validate_clocks(turn)
+        validate_budget(turn)
+        daily_budget_usd = _dollars(env, DAILY_BUDGET_VARIABLE)
+        if daily_budget_usd is not None and turn.price is None:
+            raise SettingsError(DAILY_BUDGET_VARIABLE, _no_price(model))
         mcp_start_timeout_s(env)  # used by the workers, refused here at start like the other durations
         redis_maxmemory_mb(env)  # used by the embedded Redis's config, refused here at start
         redis_url = env.get("REDIS_URL", "").strip() or None
@@ -172,6 +199,7 @@ class Settings:
                                             minimum=0),
             admins=admins(env),
             max_turns_per_user=_integer(env, MAX_TURNS_PER_USER_VARIABLE, DEFAULT_MAX_TURNS_PER_USER, minimum=1),
+            daily_budget_usd=daily_budget_usd,
         )
 
 
@@ -229,6 +257,48 @@ def validate_clocks(turn: TurnConfig) -> None:
     if not 0 < turn.approval_timeout_s <= MAX_APPROVAL_TIMEOUT_S:
         raise SettingsError(APPROVAL_TIMEOUT_VARIABLE, f"must be more than 0 and at most {MAX_APPROVAL_TIMEOUT_S:g} "
                             f"seconds (7 days), not {turn.approval_timeout_s:g}")
+
+
+def validate_budget(turn: TurnConfig) -> None:
+    """Refuse a budget that cannot be kept: a dollar budget for a model with no price, or one out of range."""
+    if turn.budget_tokens is not None and turn.budget_tokens < MIN_BUDGET_TOKENS:
+        raise SettingsError(BUDGET_TOKENS_VARIABLE, f"must be at least {MIN_BUDGET_TOKENS}, not {turn.budget_tokens}")
+    if turn.budget_usd is not None:
+        if not 0 < turn.budget_usd <= MAX_BUDGET_USD:
+            raise SettingsError(BUDGET_USD_VARIABLE, f"must be more than 0 and at most {MAX_BUDGET_USD:g} US dollars, "
+                                f"not {turn.budget_usd:g}")
+        if turn.price is None and price_for(turn.model) is None:  # a config built without one: the shipped table's
+            raise SettingsError(BUDGET_USD_VARIABLE, _no_price(turn.model))
+
+
+def _no_price(model: str) -> str:
+    return (f"the model {model!r} has no price, so a dollar budget cannot be kept: give it one in "
+            f"{PRICES_VARIABLE}, or set {BUDGET_TOKENS_VARIABLE} instead")
+
+
+def _price(model: str, env: Mapping[str, str]) -> dict | None:
+    price = price_for(model, extra_prices(env))
+    return price.to_dict() if price is not None else None
+
+
+_price_files: dict[tuple[str, float], dict[str, Price]] = {}
+
+
+def extra_prices(env: Mapping[str, str] | None = None) -> dict[str, Price]:
+    """The prices AGENT_PRICES adds (read again when the file changes); refused at start when unreadable."""
+    path = (os.environ if env is None else env).get(PRICES_VARIABLE, "").strip()
+    if not path:
+        return {}
+    try:
+        key = (path, os.stat(path).st_mtime)
+    except OSError as exc:
+        raise SettingsError(PRICES_VARIABLE, f"cannot read {path!r} ({exc.strerror or exc})") from None
+    if key not in _price_files:
+        try:
+            _price_files[key] = load_prices(path)
+        except PriceFileError as exc:
+            raise SettingsError(PRICES_VARIABLE, str(exc)) from None
+    return _price_files[key]
 
 
 def state_ttl_s(env: Mapping[str, str], turn: TurnConfig) -> int:
@@ -316,6 +386,26 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         raise SettingsError(name, f"must be a number of seconds, not {raw!r}") from None
     if not math.isfinite(value) or value < 0:
         raise SettingsError(name, f"must be a finite, non-negative number of seconds, not {raw!r}")
+    return value
+
+
+def _optional_integer(env: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    if _raw(env, name) is None:
+        return None
+    return _integer(env, name, minimum, minimum=minimum)
+
+
+def _dollars(env: Mapping[str, str], name: str) -> float | None:
+    """An amount of US dollars, more than 0; unset: None."""
+    raw = _raw(env, name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw.removeprefix("$"))
+    except ValueError:
+        raise SettingsError(name, f"must be an amount of US dollars (0.05), not {raw!r}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_BUDGET_USD:
+        raise SettingsError(name, f"must be more than 0 and at most {MAX_BUDGET_USD:g} US dollars, not {raw!r}")
     return value
 
 

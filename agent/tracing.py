@@ -213,6 +213,7 @@ def export_turn(tracer, state: State, turn_id: str, owner_email: str | None = No
         "agent.clock.started_at": started_at,
         "agent.clock.deadline_at": summary.get("deadline_at"),
         "agent.clock.job_timeout_at": summary.get("job_timeout_at"),
+        **_spend_attributes(summary.get("spend")),
     }))
     context = set_span_in_context(turn)
     if started_at:
@@ -228,6 +229,16 @@ def export_turn(tracer, state: State, turn_id: str, owner_email: str | None = No
         turn.set_attribute("error.type", error.get("kind") or status or "unknown")
         turn.set_status(SpanStatus(StatusCode.ERROR, f"the turn ended {status}"))
     turn.end(end_time=_ns(summary["ended_at"]))
+
+
+def _spend_attributes(spend) -> dict:
+    """The fourth clock on a turn's span: what it spent (tokens, US dollars) against its budget."""
+    if not isinstance(spend, dict):
+        return {}
+    return {"agent.cost.tokens": spend.get("tokens"), "agent.cost.usd": spend.get("usd"),
+            "agent.budget.tokens": spend.get("budget_tokens"), "agent.budget.usd": spend.get("budget_usd"),
+            "agent.budget.reserve_usd": spend.get("reserve_usd"),
+            "agent.budget.checked": spend.get("checked")}
 
 
 def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -> None:
@@ -254,7 +265,13 @@ def _step_span(tracer, turn, context, step: dict, config: dict, content: bool) -
             "gen_ai.response.model": step.get("response_model") or model,
             "gen_ai.usage.input_tokens": usage.get("input_tokens"),
             "gen_ai.usage.output_tokens": usage.get("output_tokens"),
+            "gen_ai.usage.cache_read.input_tokens": usage.get("cached_input_tokens"),
+            "gen_ai.request.max_tokens": step.get("max_tokens"),
             "gen_ai.response.finish_reasons": _finish_reasons(step),
+            "agent.call.cost_usd": step.get("cost_usd"),
+            "agent.call.cost_tokens": step.get("cost_tokens"),
+            "agent.call.cost_worst_case": step.get("cost_worst"),
+            "agent.call.input_bound": step.get("input_bound"),
             "agent.call.attempt": step.get("attempt"),
             "agent.call.last_call": step.get("last_call"),
             **clocks,

@@ -26,6 +26,7 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from bench import (
     approvals,
     approve_click,
+    budget_cost,
     conversations,
     cost,
     first_screen,
@@ -57,6 +58,11 @@ METHOD = {
     "tracing_overhead": "The same three-tool turn (4 model calls at {latency} s) called in-process, tracing off "
     "then on (the SDK's batch processor, OTLP/HTTP to a loopback collector), back to back, {pairs} pairs; ratio = "
     "on / off per pair, median. spans_build_ms: building one turn's spans from its final state, alone.",
+    "clamp_overhead": "The fourth clock's cost on a turn without a budget: the same three-tool turn (4 model calls "
+    "at {latency} s) called in-process, with the clamp's arithmetic (each call's input bound from the request's "
+    "bytes or the last call's count, its plan, the spend written with its start, its charge) and with a constant "
+    "plan instead, back to back, {pairs} pairs; ratio = on / off per pair, median. budget_ratio: the same turn "
+    "with a 200,000-token budget (max_tokens asked) / without one.",
     "conversations_list": "The sidebar's page of 20 conversations listed from the index (a sorted set by last "
     "write) with 20, 1,000 and 10,000 conversations stored (calculator turns written through the store's own "
     "scripts); median of 50 listings, and the Redis commands one listing sends. memory_per_conversation: "
@@ -228,6 +234,8 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
             if kind == DEFAULT_WORKER_CLASS:
                 progress(f"{kind} workers: tracing off and on", started)
                 results["tracing_overhead"] = tracing_cost.tracing_overhead(lab, pool, pairs, plan.latency_s)
+                progress(f"{kind} workers: the fourth clock's clamp on and off", started)
+                results["clamp_overhead"] = budget_cost.clamp_overhead(lab, pool, pairs, plan.latency_s)
                 progress(f"{kind} workers: first-step ratio", started)
                 results["first_step"] = latency.first_step(
                     lab, plan.first_step_repeats, plan.poll_interval_s, rng, plan.latency_s)
@@ -290,6 +298,7 @@ def judge(results: dict) -> dict:
         "queue_overhead_ratio": lambda r: r["queue_overhead_ratio"] <= 1.02,
         "worker_memory": lambda r: r["worker_memory"]["ratio"] <= 1.3,
         "tracing_overhead_ratio": lambda r: r["tracing_overhead"]["ratio"] <= 1.02,
+        "clamp_overhead_ratio": lambda r: r["clamp_overhead"]["ratio"] <= 1.01,
         "publish_to_observed_p50": lambda r: r["publish_to_observed_ms"]["event_driven"]["p50"] <= 100,
         # O(1) poll and O(new messages) publish: 100x the history, (nearly) the same bytes.
         "cost_vs_history": lambda r: r["poll_growth_1000_vs_10"] <= 1.1 and r["publish_growth_1000_vs_10"] <= 1.2,
@@ -376,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
     }
     order = ("first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
-             "queue_overhead_ratio_by_class", "tracing_overhead", "conversations_list", "memory_per_conversation",
-             "worker_memory",
+             "queue_overhead_ratio_by_class", "tracing_overhead", "clamp_overhead", "conversations_list",
+             "memory_per_conversation", "worker_memory",
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "fleet_throughput",

@@ -54,6 +54,11 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         out.append((f"tracing_overhead (on / off, {call} calls)", f"{traced['ratio']:.4f}", "<= 1.02",
                     _check(goals.get("tracing_overhead_ratio"))))
         out.append(("  building one turn's spans, p50/p95", _ms(traced["spans_build_ms"]), "", ""))
+    clamp = results.get("clamp_overhead")
+    if clamp:
+        out.append((f"clamp_overhead, no budget (on / off, {call} calls)", f"{clamp['ratio']:.4f}", "<= 1.01",
+                    _check(goals.get("clamp_overhead_ratio"))))
+        out.append(("  with a budget / without one", f"{clamp['budget_ratio']:.4f}", "", ""))
     for kind, stats in results.get("dispatch_latency_ms", {}).items():
         out.append((f"dispatch {kind}: enqueue->job start, p50/p95", _ms(stats["start_ms"]), "", ""))
         out.append((f"dispatch {kind}: enqueue->first model call", _ms(stats["first_call_ms"]), "", ""))

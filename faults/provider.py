@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from agent.runtime.loopback_server import Action, Request, hang, reply, reset, trickle
+from agent.demo import stream as demo_stream
+from agent.demo import tokens
+from agent.runtime.loopback_server import Action, Request, delayed, hang, reply, reset, stream, trickle
+from faults import budgets
 
 HANG_CAP_S = 120.0  # seconds; a hanging handler gives up even if the client never leaves
 # Seconds a trickled body takes in all: either quick enough to finish inside a call's timeout, or far too slow.
@@ -83,6 +86,7 @@ class RunLog:
     faults: list[str] = field(default_factory=list)
     served: list[dict] = field(default_factory=list)  # assistant messages whose reply was fully written
     calls: int = 0
+    counted_tokens: int = 0  # budget runs: the input and output tokens of every reply it gave, as it counted them
 
 
 class FaultProvider:
@@ -99,7 +103,7 @@ class FaultProvider:
         body = request.json
         model = str(body.get("model", "unknown")) if isinstance(body, dict) else "unknown"
         kind, run, number = self.draw(model)
-        return self.action(kind, run, model, number)
+        return self.action(kind, run, model, number, body if isinstance(body, dict) else {})
 
     def run_log(self, model: str) -> RunLog:
         with self._lock:
@@ -116,17 +120,46 @@ class FaultProvider:
             run.faults.append(kind)
             return kind, run, run.calls
 
-    def action(self, kind: str, run: RunLog, model: str, number: int) -> Action:
+    def action(self, kind: str, run: RunLog, model: str, number: int, request: dict | None = None) -> Action:
         """What call `number` of this run gets for fault `kind`; a reply the model completes is recorded
-        in `run.served` just before its last byte, since the client may act on it at once."""
+        in `run.served` just before its last byte, since the client may act on it at once. A budget run's reply
+        (faults/budgets.py) is cut at the request's max_tokens, its tokens counted, and its usage reported
+        (or not) as the run's mode says, streamed when the run streams."""
         rng = random.Random(f"{self.seed}:{model}:{number}")  # details of this call
+        usage_mode, streams = budgets.mode_of(model)
+        if usage_mode is not None and kind.startswith("tool_") and request is not None and not request.get("tools"):
+            kind = "answer"  # a budget run's last call offers no tools: a model offered none answers
         if kind in ("answer", "slow_answer", "trickle") or kind.startswith("tool_"):
             if kind.startswith("tool_"):
                 message = tool_message(kind, model, number, rng, self.slow_tool_max_s)
             else:
-                message = {"role": "assistant", "content": f"answer {number} for {model}"}
+                extra = " word" * rng.choice(budgets.ANSWER_WORDS) if usage_mode else ""
+                message = {"role": "assistant", "content": f"answer {number} for {model}{extra}"}
+            usage = None
+            if usage_mode is not None:
+                request = request or {}
+                limit = request.get("max_completion_tokens") or request.get("max_tokens")
+                if isinstance(limit, int) and limit > 0:
+                    message, _ = tokens.cut_reply(message, limit)
+                counted_in = tokens.request_tokens(request.get("messages") or [], request.get("tools") or [])
+                counted_out = tokens.reply_tokens(message)
+                with self._lock:
+                    run.counted_tokens += counted_in + counted_out
+                usage = {"prompt_tokens": counted_in, "completion_tokens": counted_out,
+                         "total_tokens": counted_in + counted_out}
             served = partial(run.served.append, message)
-            body = json.dumps(_completion(message))
+            completion = _completion(message)
+            if usage is not None and streams and request.get("stream") is True and kind != "trickle":
+                options = request.get("stream_options") or {}
+                asked = isinstance(options, dict) and options.get("include_usage") is True
+                completion.update(model=model, usage=usage)
+                parts, _ = demo_stream.events(completion, chars_per_s=0, include_usage=usage_mode == "late" or (
+                    usage_mode == "asked" and asked))
+                delay_s = rng.uniform(0.3, self.answer_delay_max_s) if kind == "slow_answer" else 0.0
+                return delayed(delay_s, stream(parts, 0.0, on_last_byte=served))
+            if usage is not None and usage_mode != "never":
+                completion["usage"] = usage
+            body = json.dumps(completion)
             if kind == "trickle":
                 return trickle(body, len(body) / rng.choice(TRICKLE_SECONDS), on_last_byte=served)
             delay_s = rng.uniform(0.3, self.answer_delay_max_s) if kind == "slow_answer" else 0.0

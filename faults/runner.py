@@ -51,6 +51,7 @@ from agent.queue import SafeJob, job_id_for, new_id, submit_turn
 from agent.runtime.loopback_server import LoopbackServer
 from agent.settings import TurnConfig
 from agent.turn.heartbeat import HEARTBEAT_TTL_S
+from faults import budgets
 from faults.checks import check_observations
 from faults.ledger import ledger_problems, read_ledger
 from faults.provider import FaultProvider
@@ -106,6 +107,7 @@ class Plan:
     fault_at_s: float  # seconds after the job started
     pause_s: float  # for redis_pause
     refused: bool
+    budget: budgets.BudgetPlan | None = None  # the fourth clock (faults/budgets.py); None: no budget
 
 
 @dataclass
@@ -132,6 +134,7 @@ class RunResult:
     lost_tool_results: int = 0  # tool calls answered "not run again" after a lost worker
     ending_after_kill_s: float | None = None  # a hard-killed turn's final write, seconds after the kill
     error_message: str = ""  # the ending's reason, for the report of resumed turns
+    budget: budgets.BudgetOutcome | None = None  # a budget run's spend against its budget
 
     @property
     def hard_killed(self) -> bool:
@@ -160,6 +163,7 @@ def make_plans(options: Options) -> list[Plan]:
             fault_at_s=round(rng.uniform(0.0, 1.5 if rng.random() < 0.7 else options.clocks.job_timeout_s), 3),
             pause_s=round(rng.uniform(0.2, 2.5), 3),
             refused=rng.random() < options.refused_share,
+            budget=budgets.draw(random.Random(f"budget:{options.seed}:{index}")),  # its own draws: plans as before
         ))
     return plans
 
@@ -273,13 +277,14 @@ class FaultLab:
 def run_one(lab: FaultLab, plan: Plan) -> RunResult:
     options = lab.options
     store = lab.store
-    model = f"fault-{plan.index}" + ("-slow" if plan.process_fault else "")
+    model = f"fault-{plan.index}" + (plan.budget.model_suffix() if plan.budget else "") + (
+        "-slow" if plan.process_fault else "")
     cid = f"faults-{options.seed}-{plan.index}-{new_id()[:6]}"
     turn_id = new_id()
     result = RunResult(plan=plan, conversation_id=cid)
     base_url = f"http://127.0.0.1:{lab.closed_port}/v1" if plan.refused else lab.provider.url
     clocks = clocks_for(options, plan)
-    config = clocks.with_changes(model=model, base_url=base_url)
+    config = clocks.with_changes(model=model, base_url=base_url, **budgets.config_changes(plan.budget))
     text = f"run {plan.index}: what is 17*23, and what time is it in Tokyo?"
     submitted = result.submitted_at = time.time()
     _retry(lambda: submit_turn(store, lab.queue, cid, text, config, turn_id=turn_id))
@@ -328,6 +333,10 @@ def finish_result(lab: FaultLab, plan: Plan, result: RunResult, turn_id: str, te
     result.resume_steps = sum(s.get("kind") == "resume" and s.get("turn_id") == turn_id for s in final["steps"])
     result.lost_tool_results = sum(m.get("role") == "tool" and "not run again" in str(m.get("content"))
                                    for m in final["history"])
+    if plan.budget is not None:
+        result.budget = budgets.outcome(plan.budget, final, run_log.counted_tokens if run_log else 0)
+        if result.budget.over:
+            result.violations.append(f"the turn spent past its budget ({result.budget.ratio:.3f} of it)")
     # The turn's own instant, as first set (checks.py: it never changes once set).
     job_timeout_at = next((s["job_timeout_at"] for s in result.observed if s.get("job_timeout_at")), None)
     started_at = final.get("started_at")
@@ -519,8 +528,10 @@ def summarize(options: Options, results: list[RunResult], elapsed_s: float, leak
             and not r.redis_outage_s and not (r.fault_applied and r.plan.process_fault in HARD_KILLS)]
     applied = Counter(r.plan.process_fault for r in results if r.fault_applied)
     violated = [r for r in results if r.violations]
+    budget_runs = [(r.plan.index, f"{r.plan.process_fault} {r.fault_note}", r.budget)
+                   for r in results if r.budget is not None]
     return {**_figures(options, results, elapsed_s, leaks, deltas, calm, applied, violated),
-            **resume_figures(results)}
+            **resume_figures(results), **budgets.figures(budget_runs)}
 
 
 def resume_figures(results: list[RunResult]) -> dict:
@@ -636,6 +647,7 @@ def print_report(report: dict, out) -> None:
         f"results without their side effect {len(report['ledger_results_unwritten'])}",
         file=out, flush=True,
     )
+    print(budgets.report_lines(report), file=out, flush=True)
     for run in report["rq_timeout_runs"]:
         print(f"RQ timeout in run {run['run']} [{run['class']}] fault={run['fault']} {run['note']!r} "
               f"calls={run['calls']}", file=out)

@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+from playwright.sync_api import expect
 
 from agent.ui.sidebar import SETTINGS_LABEL
 from harness.page import (
@@ -202,9 +203,11 @@ def test_screenshots_for_the_readme(server, browser):
         page.get_by_role("button", name="New chat").click()
         settings = open_settings(page)
         settings.get_by_role("button", name="Demo clocks").click()
-        settings.get_by_test_id("stNumberInput").filter(has_text="Job timeout").locator("input").wait_for()
-        assert settings.get_by_test_id("stNumberInput").filter(has_text="Job timeout").locator(
-            "input").input_value() == "20"  # the demo clocks were applied, and the settings stay open
+        job_timeout = settings.get_by_test_id("stNumberInput").filter(has_text="Job timeout").locator("input")
+        job_timeout.wait_for()
+        # The demo clocks were applied (the rerun the click asked for may land a moment later), and the settings
+        # stay open.
+        expect(job_timeout).to_have_value("20", timeout=10000)
         settings.get_by_test_id("stSelectbox").nth(1).click()  # the scenario
         page.get_by_role("option", name="hang").click()
         page.wait_for_timeout(500)
@@ -215,6 +218,25 @@ def test_screenshots_for_the_readme(server, browser):
         page.wait_for_timeout(1000)
         page.get_by_test_id("stExpander").filter(has_text="The three clocks").last.screenshot(
             path=str(SCREENSHOTS / "timeline.png"))
+
+        # The fourth clock: the verbose scenario on a $0.02 budget, its money bar beside the time bar.
+        page.get_by_role("button", name="New chat").click()
+        settings = open_settings(page)
+        settings.get_by_test_id("stSelectbox").nth(1).click()  # the scenario
+        page.get_by_role("option", name="verbose").click()
+        for label, value in (("US dollars a turn", "0.02"), ("Model latency", "1.5")):
+            field = settings.get_by_test_id("stNumberInput").filter(has_text=label).locator("input")
+            field.fill(value)
+            field.press("Enter")
+            page.wait_for_timeout(500)
+        page.keyboard.press("Escape")
+        page.fill(INPUT, QUESTION)
+        page.keyboard.press("Enter")
+        page.get_by_text("kept for the answer").first.wait_for(timeout=30000)  # the money bar, mid-turn
+        page.wait_for_timeout(700)
+        page.screenshot(path=str(SCREENSHOTS / "budget.png"), full_page=True)
+        wait_settled(page, "This turn cost", timeout_s=60)
+        assert page.get_by_text("of a $0.0200 budget").count() >= 1
     finally:
         context.close()
 

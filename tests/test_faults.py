@@ -79,6 +79,25 @@ def test_a_reply_is_recorded_as_served_only_once_it_is_sent_in_full():
     assert len(run.served) == 3
 
 
+def test_a_budget_runs_reply_is_counted_cut_at_its_max_tokens_and_its_usage_reported_as_its_mode_says():
+    from agent.demo import tokens
+    from faults import budgets
+
+    provider = FaultProvider(seed=5)
+    request = {"model": "fault-9-unever", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 40}
+    for number in range(1, 30):
+        run = provider.run_log(request["model"])
+        action = provider.action("answer", run, request["model"], number, request)
+        recording = Recording()
+        action.serve(recording)
+        body = json.loads(recording.sent)
+        assert "usage" not in body, "never reports usage"
+        assert tokens.reply_tokens(body["choices"][0]["message"]) <= 40
+    assert run.counted_tokens > 0
+    assert budgets.mode_of("fault-3-uasked-st-slow") == ("asked", True)
+    assert budgets.mode_of("fault-3-slow") == (None, False)
+
+
 def test_every_call_fault_is_an_action():
     provider = FaultProvider(1)
     run = provider.run_log("fault-0")
@@ -121,6 +140,12 @@ def test_a_ci_sample_of_fault_runs_keeps_every_promise():
     assert report["ledger_runs"] >= 1 and report["ledger_entries"] >= 1
     assert report["ledger_twice"] == [] and report["ledger_results_unwritten"] == []
     assert "resumed turns" in out.getvalue() and "hard-killed turns ended done" in out.getvalue()
+    # The fourth clock: half the runs have a budget, and none spent past it (an overshoot is a violation too).
+    assert report["budget_runs"] >= CI_RUNS / 4 and report["over_budget"] == 0
+    assert report["worst_spent_to_budget"] <= 1.0
+    assert report["input_bound_over_reported"]["min"] >= 1.0, "an input bound below what the provider counted"
+    assert report["charged_below_counted"] == 0
+    assert "budgets:" in out.getvalue() and "input bound / reported input tokens" in out.getvalue()
 
 
 def test_the_ledger_check_finds_a_side_effect_run_twice(tmp_path):

@@ -373,7 +373,9 @@ class Follower:
         if ended is None:
             return None
         if not self.as_json:
-            self.printer.print_tokens()
+            spend = state.get("spend") if state["turn_id"] == self.turn_id else next(
+                (t.get("spend") for t in state["turns"] if t["turn_id"] == self.turn_id), None)
+            self.printer.print_tokens(spend)
             print(f"[{ended}]", file=sys.stderr, flush=True)
         return exit_status(ended)
 

@@ -1,7 +1,7 @@
 """What `python -m agent ask` prints of each new version of a turn: each printer prints only what
 the version added. `JsonLines` (`--json`): one JSON object a line, a delta until the last, which is
 the whole state. `TextLines`: the reply's text as it is written, then the turn's new messages as
-plain text; each model call's tokens, and the turn's, go to stderr."""
+plain text; each model call's tokens and cost, and the turn's, go to stderr."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 
 from agent.contract import LIST_FIELDS, Kind, Live, Outcome, Role, State
+from agent.spend import budget_text, money, spend_words
 from agent.text.plain_text import TERMINAL_ACTIVE, PlainTextStream, plain_text, terminal_safe
 
 # How a text that never became a message is marked, by its model step's outcome.
@@ -144,11 +145,14 @@ class TextLines:
             print(terminal_safe(f"[model call {self.model_calls}: asked without streaming: {step['unstreamed']}]"),
                   file=sys.stderr, flush=True)
         usage = step.get("usage")
+        cost = call_cost_text(step)
         if usage:
             tokens_in, tokens_out = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
             self.tokens = [self.tokens[0] + tokens_in, self.tokens[1] + tokens_out, self.tokens[2] + 1]
-            print(f"[model call {self.model_calls}: {tokens_in:,} tokens in, {tokens_out:,} out]", file=sys.stderr,
-                  flush=True)
+            print(f"[model call {self.model_calls}: {tokens_in:,} tokens in, {tokens_out:,} out{cost}]",
+                  file=sys.stderr, flush=True)
+        elif cost:
+            print(f"[model call {self.model_calls}: no usage reported{cost}]", file=sys.stderr, flush=True)
         if "partial_text" in step:
             if self.stream is not None:
                 # What arrived but was not printed yet (the last words), then the mark.
@@ -159,11 +163,27 @@ class TextLines:
             mark = CUT_MARKS.get(step.get("outcome"), "cut off")
             print(f"  [{mark}: {step['partial_chars']:,} characters had arrived]", flush=True)
 
-    def print_tokens(self) -> None:
-        """The turn's tokens (stderr), when any model call reported them."""
+    def print_tokens(self, spend: dict | None = None) -> None:
+        """The turn's tokens (stderr), when any model call reported them, and what the turn cost."""
         if self.tokens[2]:
             print(f"[tokens this turn: {self.tokens[0]:,} in, {self.tokens[1]:,} out, "
                   f"{calls_text(self.model_calls, self.tokens[2])}]", file=sys.stderr, flush=True)
+        if (words := spend_words(spend)) and (spend.get("usd") is not None or budget_text(spend)):
+            print(f"[cost of this turn: {words}]", file=sys.stderr, flush=True)
+
+
+def call_cost_text(step: dict) -> str:
+    """", $0.0021, max_tokens 1,232": a model call's cost (marked when it is its worst case), and its limit."""
+    parts = []
+    if step.get("cost_usd") is not None:
+        parts.append(money(step["cost_usd"]))
+    elif step.get("cost_tokens") is not None and step.get("cost_worst"):  # else: the tokens it reported
+        parts.append(f"{step['cost_tokens']:,} tokens charged")
+    if parts and step.get("cost_worst"):
+        parts[-1] += " (worst case: not reported)"
+    if step.get("max_tokens") is not None:
+        parts.append(f"max_tokens {step['max_tokens']:,}")
+    return "".join(f", {part}" for part in parts)
 
 
 def calls_text(calls: int, reported: int) -> str:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from agent import tracing
 from agent.contract import Error, ErrorKind, ProviderErrorKind, Role, Status, carried, turn_summary
+from agent.conversation import daily
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
+from agent.prices import PUSD_PER_USD
 
 # The one wording of an empty reply, in the ending and in its step (the page, the CLI and the export show them).
 EMPTY_REPLY = "The model sent an empty reply"
@@ -92,6 +94,29 @@ class Ending:
         return cls(Status.TIMED_OUT, ErrorKind.DEADLINE,
                    f"I ran out of time: {remaining_s:.1f} s were left before the deadline, and a model call "
                    f"needs at least {min_call_s:g} s, so I stopped here.")
+
+    # -- the fourth clock: the turn's budget (agent/spend.py) -------------------------------------
+
+    @classmethod
+    def budget_answered(cls, spent: str, kept: str) -> Ending:
+        """No useful call fitted the budget: the last call answered without tools, inside the reserve."""
+        return cls(Status.DONE, ErrorKind.BUDGET,
+                   f"The budget for this turn is spent, so I answered with what I had: it spent {spent}; {kept}.")
+
+    @classmethod
+    def budget_spent(cls, spent: str, left: str) -> Ending:
+        """Not even an answer fitted what was left: no call was started."""
+        return cls(Status.FAILED, ErrorKind.BUDGET,
+                   f"The budget for this turn is spent: it spent {spent}, and the {left} left cannot pay for an "
+                   "answer, so I stopped here without calling the model again.")
+
+    @classmethod
+    def budget_overshot(cls, spent: str, over: str, *, answered: bool) -> Ending:
+        """Safeguards off: the budget was only checked after each call, and the last one went past it."""
+        status = Status.DONE if answered else Status.FAILED
+        return cls(status, ErrorKind.BUDGET,
+                   f"The budget was only checked after each call (safeguards off), and this turn overshot it: it "
+                   f"spent {spent}, {over}.")
 
     # -- the model ------------------------------------------------------------------------------
 
@@ -208,6 +233,7 @@ def write_ending(
     doc["job_timeout_at"] = doc["job_timeout_at"] or job_timeout_at
     now = time.time()
     doc.update(status=ending.status, error=ending.error, current_step=None, ended_at=now)
+    doc["spend"] = charged_in_flight(doc.get("spend"))
     try:
         store.publish(
             conversation_id,
@@ -220,5 +246,19 @@ def write_ending(
         )
     except StoreError:
         return False
+    daily.settle(store.redis, (doc.get("config") or {}).get("daily"), turn_id, daily.spent_of(doc["spend"]))
     tracing.turn_ended(store, conversation_id, turn_id)
     return True
+
+
+def charged_in_flight(spend: dict | None) -> dict | None:
+    """A turn ended from outside its job: the call it had in flight counts as spent, at its worst case."""
+    if not spend or not spend.get("in_flight_tokens"):
+        return spend
+    usd = spend.get("pusd")
+    charged = {**spend, "tokens": (spend.get("tokens") or 0) + spend["in_flight_tokens"], "in_flight_tokens": 0,
+               "in_flight_pusd": 0}
+    if usd is not None:
+        charged["pusd"] = usd + (spend.get("in_flight_pusd") or 0)
+        charged["usd"] = charged["pusd"] / PUSD_PER_USD
+    return charged

@@ -8,6 +8,7 @@
         ├── ConversationGone  the conversation expired or was deleted meanwhile
         ├── ConversationFull  the conversation holds the most one conversation keeps
         ├── TooManyTurns      the signed-in person has AGENT_MAX_TURNS_PER_USER turns in flight already
+        ├── DailyBudgetSpent  the signed-in person's budget for the day (AGENT_USER_DAILY_BUDGET_USD) is spent
         └── StoreFull         Redis is close to its memory limit
 
 A conversation that belongs to someone else is refused as one that does not exist (ConversationGone
@@ -101,3 +102,12 @@ class ConversationFull(MessageRefused):
         self.conversation_id = conversation_id
         self.size_bytes = size_bytes
         self.max_bytes = max_bytes
+
+
+class DailyBudgetSpent(MessageRefused):
+    """The signed-in person's budget for the day is spent (or reserved by their turns in flight)."""
+
+    def __init__(self, spent: str, budget: str, renews: str):
+        super().__init__(f"you have spent {spent} of your {budget} for today (AGENT_USER_DAILY_BUDGET_USD, turns in "
+                         f"flight counted at their budget); it renews {renews}: send it again then")
+        self.renews = renews

@@ -21,6 +21,7 @@ import json
 from agent.contract import Kind, Outcome, Role, State
 from agent.conversation.turns import TurnView, split_turns
 from agent.conversation.words import exported_words
+from agent.spend import money, spend_words, total
 from agent.text.markdown import inert, no_html_markdown
 from agent.text.visible import shown_json_text
 
@@ -37,7 +38,13 @@ def to_markdown(state: State, title: str | None = None) -> str:
     lines = [f"# {inert(_one_line(title)) or 'Conversation'}", "",
              f"Conversation `{_code_span(state.get('conversation_id'))}`, exported "
              f"{_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
-    for number, turn in enumerate(split_turns(state), start=1):
+    turns = split_turns(state)
+    spent = total([turn.summary.get("spend") for turn in turns if turn.summary])
+    if spent["turns"]:
+        cost = f"{money(spent['usd'])} ({spent['tokens']:,} tokens)" if spent["usd"] is not None else \
+            f"{spent['tokens']:,} tokens"
+        lines += [f"Cost of the conversation: {cost}.", ""]
+    for number, turn in enumerate(turns, start=1):
         lines += [f"## Turn {number}", ""]
         approvals = {step.get("call_id"): step for step in turn.steps if step.get("kind") == Kind.APPROVAL}
         for message in turn.messages:
@@ -81,7 +88,9 @@ def _ending(turn: TurnView) -> str:
     ended = f" at {_when(turn.ended_at)}" if turn.ended_at else ""
     error = summary.get("error") if isinstance(summary.get("error"), dict) else {}
     reason = f" ({inert(_one_line(error.get('kind')))})" if error.get("kind") else ""
-    return f"*Ending: {words}{reason}{ended}.*"
+    spend = summary.get("spend") if isinstance(summary.get("spend"), dict) else None
+    cost = f" Cost: {spend_words(spend)}." if spend_words(spend) else ""
+    return f"*Ending: {words}{reason}{ended}.{cost}*"
 
 
 # A block quote's marker that puts its content at column 4: a tab in the content then ends at the

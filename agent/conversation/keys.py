@@ -49,6 +49,13 @@ Beside the conversations:
     agent:person:{person}:turns
                              sorted set: the person's turns in flight (`{conversation} {turn}`), scored by
                              when each began: what AGENT_MAX_TURNS_PER_USER is checked against
+    agent:person:{person}:spend:{day}
+                             hash: a signed-in person's spend on one UTC day (YYYY-MM-DD), in picodollars:
+                             `spent` by turns that ended, `reserved` by turns in flight (their budgets);
+                             checked and reserved in one step at send (AGENT_USER_DAILY_BUDGET_USD,
+                             agent/conversation/daily.py); kept two days
+    agent:turn:{turn}:settled
+                             string: the turn's spend was added to its person's day (once, whoever ends it)
     agent:person:{person}    hash: who the person is (issuer, subject, name, email), written at sign-in,
                              for the operator's `--owner`
     agent:people:by-email    hash: an email, lower-cased, to the id of the person who last signed in with it
@@ -161,6 +168,14 @@ def person_conversations(person_id: str) -> str:
 
 def person_turns(person_id: str) -> str:
     return f"{KEY_PREFIX}person:{person_id}:turns"
+
+
+def person_day_spend(person_id: str, day: str) -> str:
+    return f"{KEY_PREFIX}person:{person_id}:spend:{day}"
+
+
+def turn_settled(turn_id: str) -> str:
+    return f"{KEY_PREFIX}turn:{turn_id}:settled"
 
 
 def person_record(person_id: str) -> str:

@@ -36,6 +36,8 @@ class Scripts:
     answer: Script  # a parked turn's request answered, once
     beat: Script  # a running turn's heartbeat and lease renewed, also at Redis's maxmemory
     lapsed: Script  # the running turns whose lease lapsed, by Redis's clock
+    daily_reserve: Script  # a signed-in person's daily budget: checked, and a turn's budget reserved, at send
+    daily_settle: Script  # a turn's reservation replaced by what it spent, once
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -123,7 +123,39 @@ def usage(value) -> dict | None:
         return None
     fixed = {"input_tokens": token_count(value.get("input_tokens")),
              "output_tokens": token_count(value.get("output_tokens"))}
-    return fixed if fixed != {"input_tokens": None, "output_tokens": None} else None
+    if fixed == {"input_tokens": None, "output_tokens": None}:
+        return None
+    if "cached_input_tokens" in value:
+        fixed["cached_input_tokens"] = token_count(value.get("cached_input_tokens"))
+    return fixed
+
+
+_SPEND_COUNTS = ("tokens", "budget_tokens", "reserve_tokens", "in_flight_tokens")
+_SPEND_PUSD = ("pusd", "in_flight_pusd")
+_SPEND_MONEY = ("usd", "budget_usd", "reserve_usd")
+MAX_PUSD = 10**18  # picodollars: a million dollars, past any turn's spend
+
+
+def pusd(value) -> int | None:
+    """An amount in picodollars: a whole number from 0 to MAX_PUSD, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PUSD:
+        return None
+    return value
+
+
+def spend(value) -> dict | None:
+    """A turn's spend (agent/spend.py), each count a token_count, each amount a number; None when it is none."""
+    if not isinstance(value, dict):
+        return None
+    fixed = {name: token_count(value.get(name)) for name in _SPEND_COUNTS}
+    fixed.update({name: pusd(value.get(name)) for name in _SPEND_PUSD})
+    fixed.update({name: number(value.get(name)) for name in _SPEND_MONEY})
+    if fixed["tokens"] is None:
+        return None
+    fixed["in_flight_tokens"] = fixed["in_flight_tokens"] or 0
+    fixed["in_flight_pusd"] = fixed["in_flight_pusd"] or 0
+    fixed["checked"] = text_of(value.get("checked") or "before each call")
+    return fixed
 
 
 def _text_or_none(value) -> str | None:
@@ -174,6 +206,7 @@ def doc(value) -> dict:
     fixed["config"] = _config(value.get("config"))
     fixed["job_id"] = _text_or_none(value.get("job_id"))
     fixed["approval"] = approval(value.get("approval"))
+    fixed["spend"] = spend(value.get("spend"))
     attempt = value.get("attempt")
     fixed["attempt"] = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0 else 0
     for name in _TIMES:
@@ -222,7 +255,8 @@ def _unreadable_message(raw, why: str) -> dict:
 
 
 _STEP_TEXTS = ("detail", "arguments", "result", "unstreamed", "answered_by")
-_STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls", "turns_not_sent", "partial_chars")
+_STEP_COUNTS = ("attempt", "tool_calls", "refused_calls", "not_run_calls", "turns_not_sent", "partial_chars",
+                "input_bound", "max_tokens", "cost_tokens")
 _STEP_NUMBERS = ("started_at", "ended_at", "timeout_s", "remaining_s", "duration_s")
 
 
@@ -249,11 +283,12 @@ def step(raw, turn_id: str | None) -> dict:
     for name in _STEP_COUNTS:
         if name in value:
             fixed[name] = count(value[name])
-    for name in ("kept_s", "deadline_at", "job_timeout_at"):  # where a step has them (approvals: the clocks)
+    for name in ("kept_s", "deadline_at", "job_timeout_at", "cost_usd"):  # where a step has them (approvals, model)
         if name in value:
             fixed[name] = number(value[name])
-    if "last_call" in value:
-        fixed["last_call"] = value["last_call"] is True
+    for name in ("last_call", "cost_worst"):
+        if name in value:
+            fixed[name] = value[name] is True
     if "usage" in value:
         fixed["usage"] = usage(value["usage"])
     return fixed
@@ -279,6 +314,8 @@ def summary(raw) -> dict:
     fixed["status"] = text_of(value.get("status") or Status.FAILED)
     fixed["error"] = error(value.get("error"))
     fixed["config"] = _config(value.get("config"))
+    if "spend" in value:
+        fixed["spend"] = spend(value.get("spend"))
     for name in ("enqueued_at", "started_at", "deadline_at", "job_timeout_at", "ended_at"):
         fixed[name] = number(value.get(name))
     return fixed

@@ -37,7 +37,8 @@ STATUS_LABELS: dict[str, str] = {status: f"{words.icon} {words.label}" for statu
 
 # An ending kind the page names in its own words, before the ending's message.
 KIND_HEADLINES: dict[str, str] = {ErrorKind.WORKER_LOST: "The worker was lost",
-                                  ErrorKind.SHUTDOWN: "The app was stopped"}
+                                  ErrorKind.SHUTDOWN: "The app was stopped",
+                                  ErrorKind.BUDGET: "The budget is spent"}
 
 
 def status_words(status: str) -> str:

@@ -21,6 +21,12 @@ SLOW_TOOL_WAIT_S = 30.0  # seconds; the `slow-tool` scenario's wait, longer than
 DEFAULT_WAIT_S = 3.0  # seconds; "slow" without a number
 MAX_WAIT_S = 600.0  # seconds; the wait tool honours the deadline anyway, this only tames typos
 MAX_RESULT_CHARS = 1500  # a long docs passage is cut so the answer stays readable
+VERBOSE_POINTS = 24  # the `verbose` scenario's answer goes on for this many paragraphs (~2,000 tokens)
+VERBOSE_PARAGRAPH = (
+    "To be thorough, point {n}: the figures above came straight from the tools, which I checked once more "
+    "against what you asked, and nothing in them needs a caveat. I could say it again in other words, "
+    "considering each assumption one by one, but the answer stays the same."
+)
 
 # ~20 common cities -> IANA zones. Longer names first, so "new york" wins over "york".
 CITY_TIMEZONES: dict[str, str] = {
@@ -130,7 +136,10 @@ def respond(messages: list[dict], tools: list[dict], scenario: Scenario) -> dict
         batch = pending if any(c.name == NOTE_TOOL for c in pending) else pending[:1]
         return _tool_calls_message(len(tool_results) + 1, batch)
 
-    return {"role": "assistant", "content": _answer(calls_made, tool_results, _not_done(plan, calls_made))}
+    answer = _answer(calls_made, tool_results, _not_done(plan, calls_made))
+    if scenario.name == "verbose":  # a model that will not stop: only max_tokens (the budget's clamp) ends it
+        answer += "".join("\n\n" + VERBOSE_PARAGRAPH.format(n=n) for n in range(1, VERBOSE_POINTS + 1))
+    return {"role": "assistant", "content": answer}
 
 
 def _not_done(plan: list[PlannedCall], calls_made: list[dict]) -> list[PlannedCall]:

@@ -29,6 +29,7 @@ SCENARIO_LATENCIES_S: dict[str, float] = {
     "trickle": QUICK_LATENCY_S,
     "loop": QUICK_LATENCY_S,
     "slow-tool": QUICK_LATENCY_S,
+    "verbose": DEFAULT_LATENCY_S,  # answers at great length: what a budget's clamp is for
 }
 
 

@@ -16,6 +16,7 @@ import uuid
 
 from agent import bounded_json
 from agent.demo import stream as demo_stream
+from agent.demo import tokens
 from agent.demo.model import respond
 from agent.demo.scenarios import Scenario, UnknownModelError, model_names, parse_model_name
 from agent.runtime.loopback_server import Action, LoopbackServer, Request, delayed, hang, reply, stream, trickle
@@ -72,7 +73,8 @@ class DemoProvider:
             if attempt == 2:
                 return _error(500, "The server had an error (demo:flaky, attempt 2).", "server_error", None,
                               delay_s=scenario.latency_s)
-        completion = _completion(chat, respond(chat["messages"], chat.get("tools") or [], scenario))
+        completion = _completion(chat, respond(chat["messages"], chat.get("tools") or [], scenario),
+                                 _max_tokens(chat))
         if chat.get("stream") is True:
             return delayed(scenario.latency_s, _streamed(chat, completion, scenario))
         if scenario.name == "trickle":
@@ -131,7 +133,16 @@ def _parse_request(body: bytes) -> dict | str:
         return "`messages` must be a non-empty list of message objects."
     if not isinstance(request.get("tools") or [], list):
         return "`tools` must be a list."
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = request.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"`{name}` must be a whole number of at least 1."
     return request
+
+
+def _max_tokens(request: dict) -> int | None:
+    """The most the reply may write, as OpenAI reads it (max_completion_tokens first)."""
+    return request.get("max_completion_tokens") or request.get("max_tokens")
 
 
 def _round_trip_key(messages: list[dict]) -> str:
@@ -142,17 +153,22 @@ def _round_trip_key(messages: list[dict]) -> str:
     return f"{digest}:{answers}"
 
 
-def _completion(request: dict, message: dict) -> dict:
-    # Rough token counts (4 characters a token): enough for a usage display, and deterministic.
-    prompt_tokens = len(json.dumps(request["messages"])) // 4 + 1
-    completion_tokens = len(json.dumps(message)) // 4 + 1
+def _completion(request: dict, message: dict, max_tokens: int | None = None) -> dict:
+    """The reply as a chat completion: cut at `max_tokens` as a model stops there (finish_reason `length`),
+    its usage counted as a tokenizer counts (agent/demo/tokens.py)."""
+    cut = False
+    if max_tokens is not None:
+        message, cut = tokens.cut_reply(message, max_tokens)
+    prompt_tokens = tokens.request_tokens(request["messages"], request.get("tools") or [])
+    completion_tokens = tokens.reply_tokens(message)
+    finish = "length" if cut else "tool_calls" if message.get("tool_calls") else "stop"
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request["model"],
         "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}
+            {"index": 0, "message": message, "finish_reason": finish}
         ],
         "usage": {
             "prompt_tokens": prompt_tokens,

@@ -40,9 +40,10 @@ class AnthropicProvider(StreamedModel):
         stop: threading.Event | None = None,
         on_text: TextListener | None = None,
         stream: bool = True,
+        max_tokens: int | None = None,
     ) -> Completion:
         system, mapped = to_anthropic_messages(messages)
-        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": mapped}
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens or self.max_tokens, "messages": mapped}
         if system:
             body["system"] = system
         if tools:  # without tools, no tool_choice: Anthropic refuses one alone
@@ -71,6 +72,7 @@ class MessageStream:
         self._stopped = False
         self._input_tokens: int | None = None
         self._output_tokens: int | None = None
+        self._cached_tokens: int | None = None
 
     def take(self, events: list[Event]) -> bool:
         for event in events:
@@ -91,7 +93,7 @@ class MessageStream:
         content: str | None = self._text.finish()
         if not content and calls:
             content = None
-        usage = Usage(self._input_tokens, self._output_tokens)
+        usage = Usage(self._input_tokens, self._output_tokens, self._cached_tokens)
         return Completion(content=content, tool_calls=calls, usage=None if usage == Usage() else usage, streamed=True)
 
     def _event(self, event: Event) -> None:
@@ -127,10 +129,11 @@ class MessageStream:
         if not isinstance(usage, dict):
             return
         # message_delta's output count is the running total, so the latest one wins.
-        input_tokens = streaming.token_count(usage.get("input_tokens"))
-        output_tokens = streaming.token_count(usage.get("output_tokens"))
-        self._input_tokens = self._input_tokens if input_tokens is None else input_tokens
-        self._output_tokens = self._output_tokens if output_tokens is None else output_tokens
+        counted = streaming.usage_of(usage, "input_tokens", "output_tokens") or Usage()
+        self._input_tokens = self._input_tokens if counted.input_tokens is None else counted.input_tokens
+        self._output_tokens = self._output_tokens if counted.output_tokens is None else counted.output_tokens
+        cached = counted.cached_input_tokens
+        self._cached_tokens = self._cached_tokens if cached is None else cached
 
     def _index(self, data: dict) -> int:
         index = data.get("index")

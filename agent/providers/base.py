@@ -25,8 +25,9 @@ class ToolCall:
 class Usage:
     """Tokens a call used, as the provider reported them (None: it did not say)."""
 
-    input_tokens: int | None = None
-    output_tokens: int | None = None
+    input_tokens: int | None = None  # all of the input, cached or not
+    output_tokens: int | None = None  # reasoning and thinking included, as the providers bill them
+    cached_input_tokens: int | None = None  # of the input, what was read from the provider's cache
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,13 @@ class Provider(Protocol):
         stop: threading.Event | None = None,
         on_text: TextListener | None = None,
         stream: bool = True,
+        max_tokens: int | None = None,
     ) -> Completion:
         """One model call, bounded as a whole by `timeout.total_s`, and ended at once when `stop`
         is set (from another thread). Raises ProviderError. `stream=False` asks for one plain reply (the
         turn asks it only of a provider that streamed: a Completion marked `streamed`, or a
-        ProviderError marked `nothing_streamed`).
+        ProviderError marked `nothing_streamed`). `max_tokens` bounds the reply's output tokens (the turn's
+        budget, agent/spend.py; asked only when it has one: None leaves the provider's own limit).
 
         `on_text` is called, from the caller's thread and in order, with the answer's text as it
         arrives: whole characters, one call per network read at most (tool calls never reach it).

@@ -24,6 +24,16 @@ STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}  # u
 # Said, not left to the server's default: llama-cpp-python leaves the tools out of the prompt without it.
 TOOL_CHOICE = "auto"
 DONE_MARKER = "[DONE]"
+OPENAI_HOST = "api.openai.com"
+
+
+def output_limit(base_url: str, max_tokens: int) -> dict:
+    """The request's bound on output tokens: OpenAI's own API takes `max_completion_tokens` (reasoning
+    included; its reasoning models refuse `max_tokens`); other servers (Ollama, vLLM, llama.cpp) read
+    `max_tokens`, and some only that, so they are sent both."""
+    if OPENAI_HOST in base_url.split("/")[2:3]:
+        return {"max_completion_tokens": max_tokens}
+    return {"max_tokens": max_tokens, "max_completion_tokens": max_tokens}
 
 
 class OpenAIProvider(StreamedModel):
@@ -35,8 +45,11 @@ class OpenAIProvider(StreamedModel):
         stop: threading.Event | None = None,
         on_text: TextListener | None = None,
         stream: bool = True,
+        max_tokens: int | None = None,
     ) -> Completion:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if max_tokens is not None:
+            body.update(output_limit(self.base_url, max_tokens))
         if tools:  # without tools (the last call), no tool_choice either: servers refuse one alone
             body["tools"] = tools
             body["tool_choice"] = TOOL_CHOICE

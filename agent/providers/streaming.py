@@ -156,10 +156,20 @@ def token_count(value: Any) -> int | None:
 
 
 def usage_of(raw: Any, input_name: str, output_name: str) -> Usage | None:
-    """Usage from a reply's `usage` object, named the provider's way; None when it has none."""
+    """Usage from a reply's `usage` object, named the provider's way; None when it has none. Cached input:
+    OpenAI's `prompt_tokens_details.cached_tokens` (inside its input count); Anthropic's cache reads and
+    writes, which its `input_tokens` leaves out, are added to the input."""
     if not isinstance(raw, dict):
         return None
-    usage = Usage(input_tokens=token_count(raw.get(input_name)), output_tokens=token_count(raw.get(output_name)))
+    input_tokens, cached = token_count(raw.get(input_name)), None
+    details = raw.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        cached = token_count(details.get("cached_tokens"))
+    read, written = token_count(raw.get("cache_read_input_tokens")), token_count(raw.get("cache_creation_input_tokens"))
+    if input_tokens is not None and (read or written):
+        input_tokens, cached = input_tokens + (read or 0) + (written or 0), read
+    usage = Usage(input_tokens=input_tokens, output_tokens=token_count(raw.get(output_name)),
+                  cached_input_tokens=cached)
     return None if usage == Usage() else usage
 
 

@@ -135,6 +135,7 @@ class Stream:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     stall: bool = False
+    on_last_byte: Callable[[], None] | None = field(default=None, compare=False)  # just before the last part
 
     def serve(self, exchange: Exchange) -> None:
         exchange.close_after()  # a stream cut short leaves the connection unusable
@@ -143,6 +144,8 @@ class Stream:
         for index, part in enumerate(self.parts):
             if index and self.interval_s > 0 and exchange.wait(self.interval_s):
                 return
+            if index == len(self.parts) - 1 and self.on_last_byte is not None:
+                self.on_last_byte()
             if part:
                 exchange.send_chunk(part)
         if self.stall:
@@ -247,8 +250,10 @@ def stream(
     status: int = 200,
     headers: dict | None = None,
     stall: bool = False,
+    on_last_byte: Callable[[], None] | None = None,
 ) -> Stream:
-    return Stream(tuple(_as_bytes(part) for part in parts), interval_s, status, dict(headers or {}), stall)
+    return Stream(tuple(_as_bytes(part) for part in parts), interval_s, status, dict(headers or {}), stall,
+                  on_last_byte)
 
 
 def reset(body: bytes | str | None = None, sent_bytes: int | None = None, *, status: int = 200) -> Reset:

@@ -1,10 +1,11 @@
-"""What the parts of one turn share: its settings, clocks, publishing, writer and stop requests."""
+"""What the parts of one turn share: its settings, clocks, spend, publishing, writer and stop requests."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from agent.settings import TurnConfig
+from agent.spend import Spend
 from agent.turn.policies import Clocks, Publishing
 from agent.turn.stop_watch import StopRequests
 from agent.turn.writer import StateWriter
@@ -19,3 +20,4 @@ class TurnContext:
     publishing: Publishing  # when the state is written
     writer: StateWriter  # the writes
     stops: StopRequests  # the user's Stop
+    spend: Spend  # the fourth clock: the turn's budget in tokens and US dollars, and what it has spent

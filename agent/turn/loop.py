@@ -22,11 +22,12 @@ from agent.providers import make_provider
 from agent.providers.base import ProviderError, ToolCall
 from agent.runtime.connection import redis_problem
 from agent.settings import TurnConfig
+from agent.spend import Spend
 from agent.turn import approvals, shutdown
 from agent.turn.approvals import TurnParked
 from agent.turn.context import TurnContext
 from agent.turn.exits import Exit, TurnClosed, TurnEnded, exit_for
-from agent.turn.model_calls import ModelCalls
+from agent.turn.model_calls import ModelCalls, NoUsefulCall
 from agent.turn.policies import policies_for
 from agent.turn.response_limits import PlannedCall, bound_response
 from agent.turn.resume import Resumption
@@ -58,7 +59,10 @@ class Turn:
         """A turn with the clocks and publishing its settings ask for; `owner` is the job that writes it."""
         budget, publishing = policies_for(config, started_at, clock)
         writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now, owner)
-        return cls(TurnContext(config, budget, publishing, writer, StopRequests(store, turn_id)), history, resumption)
+        spend = Spend.for_turn(config, doc.get("spend"))  # carried on: a resumed or continued turn keeps its spend
+        writer.doc["spend"] = spend.to_doc()
+        return cls(TurnContext(config, budget, publishing, writer, StopRequests(store, turn_id), spend), history,
+                   resumption)
 
     def run(self) -> str:
         """Run the turn and write its ending; the queue's timeout and a shutdown are raised again after it."""
@@ -174,11 +178,26 @@ class Turn:
             # The last call goes without tools: after a tool, when only one call fits, or when tools were
             # left unrun to keep its time.
             last_call = self.tools.out_of_time or (self.tools.used and self.context.budget.only_one_call_left())
-            response = bound_response(model.complete(self.history, last_call=last_call), self.tools.call_ids)
+            # The fourth clock: when no useful call fits the budget, the last call answers inside its reserve.
+            out_of_money = not last_call and not model.useful_call_fits(self.history)
+            try:
+                completion = model.complete(self.history, last_call=last_call or out_of_money,
+                                            budget_spent=out_of_money)
+            except NoUsefulCall:  # a retry that no longer fits with its tools: the answer, inside the reserve
+                out_of_money = True
+                completion = model.complete(self.history, last_call=True, budget_spent=True)
+            last_call = last_call or out_of_money
+            response = bound_response(completion, self.tools.call_ids)
             message = response.completion.as_message()
-            if last_call:
+            overshot = self.context.spend.limited and not self.context.spend.clamp and self.context.spend.exceeded()
+            if last_call or overshot:
                 message.pop("tool_calls", None)
             self.add_message(message)
+            if out_of_money:
+                raise TurnEnded(Ending.budget_answered(model.spent_words(), model.kept_words()))
+            if overshot:  # safeguards off: the budget is only looked at after each call, as others do
+                raise TurnEnded(Ending.budget_overshot(model.spent_words(), model.overshoot_words(),
+                                                       answered=not response.calls))
             if last_call or not response.calls:
                 return  # the answer goes out with the ending, in one write: a tab sees both at once
             self.context.publishing.publish(self.context.writer)

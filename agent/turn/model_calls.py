@@ -22,6 +22,7 @@ from agent.deadline import CallTimeout
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
 from agent.providers.retry import MAX_ATTEMPTS_PER_CALL, RETRY_POLICY
+from agent.spend import CallPlan, Charge, Sent, input_bound, money, pusd_to_usd
 from agent.text.redaction import cut
 from agent.turn.context import TurnContext
 from agent.turn.exits import TurnEnded
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 PARTIAL_TEXT_CHARS = 20_000  # characters of a cut call's text kept in its step
 LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
+    "Do not call any tools."
+)
+BUDGET_NUDGE = (
+    "The budget for this turn is nearly spent. Answer now, briefly, with what you already have. "
     "Do not call any tools."
 )
 NO_TEXT_NO_CALL = "no text and no tool call"
@@ -51,7 +56,12 @@ class Ask:
     tools: list[dict]
     last_call: bool
     step_fields: dict  # what each attempt's step records about what was sent (the history cap)
+    history_count: int = 0  # how many of `messages` are the history (after them: the last call's nudge)
     unstreamed: str | None = None  # why it is asked without streaming now; None: it streams
+
+
+class NoUsefulCall(Exception):
+    """A call with tools no longer fits the turn's budget: the turn's last call answers, inside the reserve."""
 
 
 @dataclass
@@ -60,22 +70,46 @@ class ModelCalls:
 
     context: TurnContext
     provider: Provider
+    sent: Sent | None = None  # what the last completed call sent and counted: the next input bound's base
+    kept: tuple[int, int] = (0, 0)  # (tokens, pusd) kept for the answer when the budget made the last call
+    answer_cost: Charge | None = None  # what that answer was charged
 
     @property
     def name(self) -> str:
         config = self.context.config  # the demo's model names say what they are ("demo@0.8")
         return config.model if config.provider == DEMO.name else f"{config.provider}:{config.model}"
 
-    def complete(self, history: list[Message], *, last_call: bool) -> Completion:
+    def ask(self, history: list[Message], *, last_call: bool, budget_spent: bool = False) -> Ask:
+        """What a round-trip sends: the history (its latest turns, up to the cap; the stored history stays
+        whole), and for the last call, a nudge to answer now instead of the tools."""
+        config = self.context.config
+        sent, not_sent = latest_turns(history, config.max_history_sent_bytes)
+        nudge = BUDGET_NUDGE if budget_spent else LAST_CALL_NUDGE
+        return Ask(messages=sent + ([{"role": Role.SYSTEM, "content": nudge}] if last_call else []),
+                   tools=[] if last_call else tool_registry.schemas(config.tools), last_call=last_call,
+                   step_fields={"turns_not_sent": not_sent} if not_sent else {}, history_count=len(sent))
+
+    def plan(self, ask: Ask) -> CallPlan | None:
+        """The budget's plan for the call `ask` makes (agent/spend.py), or None when it does not fit."""
+        bound = input_bound(ask.messages, ask.tools, ask.history_count, self.sent)
+        return self.context.spend.plan(bound, last_call=ask.last_call)
+
+    def useful_call_fits(self, history: list[Message]) -> bool:
+        """A call with tools fits what remains of the budget, with the reserve kept for the answer after it."""
+        spend = self.context.spend
+        if not spend.limited or not spend.clamp:
+            return True
+        return self.plan(self.ask(history, last_call=False)) is not None
+
+    def complete(self, history: list[Message], *, last_call: bool, budget_spent: bool = False) -> Completion:
         """The model's reply; the last call goes out without tools, asking for an answer now. A reply
         with no text and no tool call is no answer: asked again without streaming when it came as a
-        stream and that fits, else the turn ends saying so."""
-        config = self.context.config
-        # A long conversation is sent from its latest turns, up to the cap; the stored history stays whole.
-        sent, not_sent = latest_turns(history, config.max_history_sent_bytes)
-        ask = Ask(messages=sent + ([{"role": Role.SYSTEM, "content": LAST_CALL_NUDGE}] if last_call else []),
-                  tools=[] if last_call else tool_registry.schemas(config.tools), last_call=last_call,
-                  step_fields={"turns_not_sent": not_sent} if not_sent else {})
+        stream and that fits, else the turn ends saying so. `budget_spent`: the budget made this the last
+        call (it answers inside the reserve)."""
+        ask = self.ask(history, last_call=last_call, budget_spent=budget_spent)
+        if budget_spent:  # what is left now is what the answer may use: at least the reserve the calls kept
+            spend = self.context.spend
+            self.kept = ((spend.budget_tokens or 0) - spend.spent_tokens, (spend.budget_pusd or 0) - spend.spent_pusd)
         for attempt in RETRY_POLICY.attempts():
             try:
                 completion = self.attempt(ask, attempt)
@@ -98,6 +132,14 @@ class ModelCalls:
         timeout = budget.call_timeout()
         if timeout is None:
             self.skip(remaining)
+        plan = self.plan(ask)
+        if plan is None:
+            if not ask.last_call:
+                raise NoUsefulCall()
+            self.skip_for_budget(ask)
+        spend = self.context.spend
+        spend.start(plan)
+        writer.doc["spend"] = spend.to_doc()  # published with the call's start: a lost worker's call is charged
         started = budget.now()
         writer.set_current(Kind.MODEL, self.name, timeout.total_s)
         publishing.publish(writer)
@@ -106,6 +148,10 @@ class ModelCalls:
                   **({"unstreamed": ask.unstreamed} if ask.unstreamed else {})}
         # Asked only when it must be: a provider that never streams (a scripted test model) takes no `stream`.
         how = {"stream": False} if ask.unstreamed else {}
+        if plan.max_tokens is not None:  # asked only with a budget: a provider's own limit otherwise
+            how["max_tokens"] = plan.max_tokens
+            fields["max_tokens"] = plan.max_tokens
+        fields["input_bound"] = plan.input_bound
         try:
             completion = self.provider.complete(ask.messages, ask.tools, timeout, stop=self.context.stops.event,
                                                 on_text=on_text, **how)
@@ -113,8 +159,10 @@ class ModelCalls:
             writer.set_current(None)
             partial, arrived = writer.end_live()
             outcome = FAILED_CALL_OUTCOMES.get(exc.kind, Outcome.ERROR)
+            charge = spend.charge(plan)  # failed or cut: billed perhaps, so charged at its worst case
+            writer.doc["spend"] = spend.to_doc()
             self.record(started, outcome, timeout, remaining, detail=exc.message, **partial_fields(partial, arrived),
-                        **fields)
+                        **fields, **cost_fields(charge))
             if outcome == Outcome.STOPPED:
                 raise TurnEnded(Ending.cancelled_in_call(budget.now() - started, arrived)) from None
             raise
@@ -122,11 +170,87 @@ class ModelCalls:
             writer.end_live()  # also when the queue's alarm or a shutdown cuts the call
         writer.set_current(None)
         usage = usage_of(completion)
+        reported = completion.usage
+        charge = spend.charge(plan, reported.input_tokens if reported else None,
+                              reported.output_tokens if reported else None,
+                              reported.cached_input_tokens if reported else None)
+        writer.doc["spend"] = spend.to_doc()
+        self.remember(ask, plan, charge)
+        if ask.last_call:
+            self.answer_cost = charge
+        if charge.over_limit:
+            log.warning("turn %s: the provider counted past the call's bound (input bound %d, max_tokens %s): %s",
+                        writer.turn_id, plan.input_bound, plan.max_tokens, usage)
         lack = lacks(completion, ask.last_call)  # no answer: the caller says what follows
         empty = {"detail": f"{EMPTY_REPLY.lower()} ({lack})"} if lack else {}
         self.record(started, Outcome.ERROR if empty else Outcome.OK, timeout, remaining,
-                    tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **empty, **fields)
+                    tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **empty, **fields,
+                    **cost_fields(charge))
         return completion
+
+    def remember(self, ask: Ask, plan: CallPlan, charge: Charge) -> None:
+        """The base of the next call's input bound: what this one sent, and its tokens as counted (none when
+        its output is unknown: no report and no max_tokens)."""
+        if not ask.history_count or (charge.worst and plan.max_tokens is None):
+            self.sent = None
+            return
+        self.sent = Sent(first=ask.messages[0], count=ask.history_count, last=ask.messages[ask.history_count - 1],
+                         had_tools=bool(ask.tools), tokens=charge.tokens)
+
+    def skip_for_budget(self, ask: Ask) -> None:
+        """Not even the answer fits what remains of the budget: recorded, and the turn ends saying so."""
+        spend, writer = self.context.spend, self.context.writer
+        bound = input_bound(ask.messages, ask.tools, ask.history_count, self.sent)
+        writer.add_step(Kind.SKIP, self.name, self.context.budget.now(), Outcome.SKIPPED, input_bound=bound,
+                        detail=f"budget: {self.left_words()} left, and an answer needs its input ({bound:,} tokens "
+                               "at most) and room to write")
+        writer.doc["spend"] = spend.to_doc()
+        log.info("turn %s: model call skipped: the budget has %s left", writer.turn_id, self.left_words())
+        raise TurnEnded(Ending.budget_spent(self.spent_words(), self.left_words()))
+
+    # -- the budget in words (the endings) ----------------------------------------------------------
+
+    def amount(self, tokens: int, pusd: int | None) -> str:
+        priced = self.context.spend.price is not None
+        if priced and pusd is not None:
+            return f"{money(pusd_to_usd(pusd))} ({tokens:,} tokens)"
+        return f"{tokens:,} tokens"
+
+    def spent_words(self) -> str:
+        spend = self.context.spend
+        budget = " and ".join(part for part in (
+            money(pusd_to_usd(spend.budget_pusd)) if spend.budget_pusd is not None else "",
+            f"{spend.budget_tokens:,} tokens" if spend.budget_tokens is not None else "") if part)
+        return f"{self.amount(spend.spent_tokens, spend.spent_pusd)} of its {budget} budget"
+
+    def left_words(self) -> str:
+        spend = self.context.spend
+        parts = []
+        if spend.budget_pusd is not None:
+            parts.append(money(pusd_to_usd(max(0, spend.budget_pusd - spend.spent_pusd))))
+        if spend.budget_tokens is not None:
+            parts.append(f"{max(0, spend.budget_tokens - spend.spent_tokens):,} tokens")
+        return " and ".join(parts)
+
+    def kept_words(self) -> str:
+        spend, (kept_tokens, kept_pusd) = self.context.spend, self.kept
+        kept = []
+        if spend.budget_pusd is not None:
+            kept.append(money(pusd_to_usd(max(0, kept_pusd))))
+        if spend.budget_tokens is not None:
+            kept.append(f"{max(0, kept_tokens):,} tokens")
+        took = self.answer_cost
+        used = f", and the answer took {self.amount(took.tokens, took.pusd)}" if took else ""
+        return f"{' and '.join(kept)} was kept for the answer{used}"
+
+    def overshoot_words(self) -> str:
+        spend = self.context.spend
+        shares = []
+        if spend.budget_pusd:
+            shares.append(spend.spent_pusd / spend.budget_pusd)
+        if spend.budget_tokens:
+            shares.append(spend.spent_tokens / spend.budget_tokens)
+        return f"{(max(shares) - 1) * 100:.0f}% over" if shares else "over"
 
     def after_empty_reply(self, completion: Completion, ask: Ask, attempt: int, lack: str) -> str:
         """An empty reply that came as a stream is asked again once, without streaming (why, returned),
@@ -208,4 +332,15 @@ def usage_of(completion: Completion) -> Usage | None:
     usage = getattr(completion, "usage", None)
     if usage is None:
         return None
-    return Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
+    found = Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
+    if getattr(usage, "cached_input_tokens", None) is not None:
+        found["cached_input_tokens"] = usage.cached_input_tokens
+    return found
+
+
+def cost_fields(charge: Charge) -> dict:
+    """What a model call's step says it cost: tokens, US dollars (None: no price), and whether that is its
+    worst case (the provider did not report it, or the call failed or was cut)."""
+    return {"cost_tokens": charge.tokens,
+            "cost_usd": None if charge.pusd is None else round(pusd_to_usd(charge.pusd), 9),
+            **({"cost_worst": True} if charge.worst else {})}

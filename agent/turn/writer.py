@@ -24,6 +24,7 @@ from collections.abc import Callable
 import redis
 
 from agent.contract import CurrentStep, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
+from agent.conversation import daily
 from agent.conversation.endings import Ending
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
@@ -270,6 +271,8 @@ class StateWriter:
         while True:
             try:
                 self.flush(done=True, summary=summary)
+                daily.settle(self.store.redis, (self.doc.get("config") or {}).get("daily"), self.turn_id,
+                             daily.spent_of(self.doc.get("spend")))
                 return True
             except TurnClosed:
                 return False

@@ -24,7 +24,7 @@ def send_text(settings: Settings, be: ui.Backend, cid: str, text: str | None) ->
     except SettingsError as exc:
         config, error = None, str(exc)
     try:
-        ui.send(be.store, be.queue, st.session_state, cid, text, config, error, be.share)
+        ui.send(be.store, be.queue, st.session_state, cid, text, config, error, be.share, be.daily_budget_usd)
     except redis.RedisError as exc:
         why = redis_problem(exc) if is_memory_error(exc) else f"Redis is not answering ({type(exc).__name__})"
         st.session_state[ui.FLASH_KEY] = ("error", f"Not sent: {why}.", text)

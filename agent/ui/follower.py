@@ -395,6 +395,8 @@ def _in_flight(settings: Settings, be: ui.Backend, state: dict, now: float) -> f
         else:
             fill, text = render.budget_text(state, now)
             st.progress(fill, text=f"⏱️ {text}")
+            if (bar := render.money_bar(state)) is not None:  # the fourth clock, beside the time
+                st.progress(bar[0], text=f"💵 {bar[1]}")
             silent, look_again_s = worker_silent(be, state)
             if silent:  # no more counting of a step that nobody runs any more
                 st.markdown(WORKER_SILENT)

@@ -222,6 +222,7 @@ def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None]
         with drawn_or_said(f"turn {index + 1}"):
             last = index == len(turns) - 1
             render.render_turn(turn, latest=last, request=request if last else None)
+    render.render_conversation_cost(turns)
 
 
 def new_chat_button() -> None:

@@ -23,11 +23,13 @@ from agent.contract import (
 from agent.conversation.turns import TurnView
 from agent.conversation.well_formed import Malformed, number, parse_json
 from agent.conversation.words import KIND_HEADLINES, status_words
+from agent.prices import PUSD_PER_USD
 from agent.providers.streaming import token_count
+from agent.spend import money, spend_words, spent_text, total
 from agent.text.markdown import inert, safe_markdown
 from agent.text.visible import visible, visible_json
 from agent.ui.guard import drawn_or_said
-from agent.ui.timeline import timeline_chart
+from agent.ui.timeline import cost_label, timeline_chart
 
 RECENT_TURNS = 10  # finished turns a full run draws; earlier ones wait behind a button
 
@@ -140,11 +142,14 @@ def model_step_caption(step: Step, *, safeguards: bool = True) -> str:
     if outcome == Outcome.TIMEOUT:
         return f"⏱️ {name} hit its {timeout} timeout{left_text}: {detail}"
     if outcome == Outcome.ERROR:
-        return f"⚠️ {name} failed after {took}: {detail}"
+        cost = cost_label(step)
+        return f"⚠️ {name} failed after {took}: {detail}" + (f" Cost: {dollars(cost)}." if cost else "")
     if outcome == Outcome.STOPPED:
         return f"⏹️ {name} stopped at your request after {took}."
     tokens = tokens_text(*step_tokens(step))
     tokens = f" {tokens}." if tokens else ""
+    if cost := cost_label(step):
+        tokens += f" Cost: {dollars(cost)}."
     if not safeguards:
         return f"🧠 {name}: {took} (safeguards off: no timeout of its own).{tokens}"
     return f"🧠 {name}: {took} of its {timeout} timeout{left_text}.{tokens}"
@@ -253,6 +258,7 @@ def _full_body(turn: TurnView, messages: list[dict], *, expanded: bool) -> None:
             st.markdown(safe_markdown(reply.get("content")))
     if not turn.in_flight:  # the live part of a turn in flight is drawn by the page, below
         render_ending(summary)
+        render_turn_cost(summary)
         render_turn_clocks(turn, expanded=expanded)
 
 
@@ -289,6 +295,7 @@ def _compact_body(turn: TurnView, messages: list[dict]) -> None:
         if reply.get("role") == Role.ASSISTANT and reply.get("content") and not _is_ending_text(reply, summary):
             st.markdown(safe_markdown(reply.get("content")))
     render_ending(summary)
+    render_turn_cost(summary)
     _turn_details(turn)
 
 
@@ -334,6 +341,62 @@ def render_ending(summary: TurnSummary) -> None:
             "ended, so the page could not show any step while it ran. With safeguards on, the same turn "
             "stops itself before the job timeout and reports each step as it lands."
         )
+
+
+def dollars(text: str) -> str:
+    """Amounts in US dollars as Markdown shows them: a `$` escaped, so two on a line never open math."""
+    return text.replace("$", "\\$")
+
+
+def render_turn_cost(summary: TurnSummary) -> None:
+    """The turn's cost, against its budget when it had one (the fourth clock)."""
+    spend = summary.get("spend") if isinstance(summary.get("spend"), dict) else None
+    if words := spend_words(spend):
+        checked = " (checked only after each call: safeguards off)" if spend.get("checked") == "after each call" \
+            and (spend.get("budget_usd") is not None or spend.get("budget_tokens") is not None) else ""
+        st.caption(f"💵 This turn cost {dollars(words)}{checked}.")
+
+
+def render_conversation_cost(turns: list[TurnView]) -> None:
+    """What the conversation's ended turns cost in all, once two or more have a cost."""
+    spent = total([turn.summary.get("spend") for turn in turns if not turn.in_flight])
+    if spent["turns"] >= 2:
+        cost = f"{money(spent['usd'])} ({spent['tokens']:,} tokens)" if spent["usd"] is not None else \
+            f"{spent['tokens']:,} tokens"
+        st.caption(f"💵 This conversation so far: {dollars(cost)} over {spent['turns']} turns.")
+
+
+def money_bar(state: State) -> tuple[float, str] | None:
+    """The money bar beside the time bar: its fill (spent, the call in flight at its worst case included, of
+    the budget) and its words (spent, left, kept for the answer); None when the turn has no spend yet. A turn
+    without a budget gets its cost so far, fill 0."""
+    spend = state.get("spend") if isinstance(state.get("spend"), dict) else None
+    if not spend or spend.get("tokens") is None:
+        return None
+    priced = spend.get("usd") is not None
+    flight = ""
+    if spend.get("in_flight_tokens"):
+        at_most = money((spend.get("in_flight_pusd") or 0) / PUSD_PER_USD) if priced else \
+            f"{spend['in_flight_tokens']:,} tokens"
+        flight = f" · the call in flight: {at_most} at most"
+    fills, left = [], []
+    if spend.get("budget_usd") is not None and priced:
+        spent_usd = spend["usd"] + (spend.get("in_flight_pusd") or 0) / PUSD_PER_USD
+        fills.append(spent_usd / max(spend["budget_usd"], 1e-12))
+        left.append(f"{money(max(0.0, spend['budget_usd'] - spent_usd))} left")
+        if spend.get("reserve_usd"):
+            left.append(f"{money(spend['reserve_usd'])} of it kept for the answer")
+    if spend.get("budget_tokens") is not None:
+        spent_tokens = spend["tokens"] + (spend.get("in_flight_tokens") or 0)
+        fills.append(spent_tokens / max(spend["budget_tokens"], 1))
+        left.append(f"{max(0, spend['budget_tokens'] - spent_tokens):,} tokens left")
+        if spend.get("reserve_tokens") and spend.get("budget_usd") is None:
+            left.append(f"{spend['reserve_tokens']:,} of them kept for the answer")
+    spent = spent_text(spend)
+    if not fills:  # no budget: no max_tokens either, so the call in flight has no "at most"
+        return 0.0, f"{spent} spent · no budget"
+    checked = " · checked only after each call (safeguards off)" if spend.get("checked") == "after each call" else ""
+    return max(0.0, min(1.0, max(fills))), f"{spent} spent{flight} · {' · '.join(left)}{checked}"
 
 
 def clocks_caption(summary: TurnSummary, steps: list[Step]) -> str:

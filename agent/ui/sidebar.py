@@ -18,7 +18,7 @@ from agent.demo.scenarios import (
 )
 from agent.providers import registry
 from agent.providers.demo import DEMO
-from agent.settings import SettingsError, TurnConfig
+from agent.settings import MAX_BUDGET_USD, MIN_BUDGET_TOKENS, SettingsError, TurnConfig
 from agent.ui import tool_sources
 
 SCENARIOS = {  # the picker's order and the plain-words description of each
@@ -28,6 +28,7 @@ SCENARIOS = {  # the picker's order and the plain-words description of each
     "flaky": "a 429 then a 500 first: the turn retries, with backoff, inside its budget",
     "trickle": "the reply arrives one byte a second: the total call timeout cuts it off",
     "slow-tool": "the model asks the `wait` tool for 30 s: the tool stops at the deadline",
+    "verbose": "the model's answers go on and on: a budget's max_tokens cuts them, inside the budget",
 }
 PRESETS = {
     # Short enough that "hang" ends in seconds: deadline at 15 s, queue kill at 20 s.
@@ -47,6 +48,8 @@ K = {  # widget keys
     "call_timeout_cap_s": "sb_call_timeout_cap_s",
     "min_call_s": "sb_min_call_s",
     "naive": "sb_safeguards_off",
+    "budget_usd": "sb_budget_usd",
+    "budget_tokens": "sb_budget_tokens",
 }
 
 
@@ -63,6 +66,8 @@ URL_PARAMS = {
     "call_cap": ("call_timeout_cap_s", lambda v: _number(v, 0.0, 3600.0)),
     "min_call": ("min_call_s", lambda v: _number(v, 0.0, 3600.0)),
     "safeguards": ("naive", lambda v: {"off": True, "on": False}[v]),
+    "budget_usd": ("budget_usd", lambda v: _number(v, 0.0, MAX_BUDGET_USD)),
+    "budget_tokens": ("budget_tokens", lambda v: int(_number(v, 0, 10**9, whole=True))),
 }
 
 
@@ -108,6 +113,8 @@ def defaults(base: TurnConfig) -> dict:
         K["call_timeout_cap_s"]: float(base.call_timeout_cap_s),
         K["min_call_s"]: float(base.min_call_s),
         K["naive"]: not base.safeguards,
+        K["budget_usd"]: float(base.budget_usd or 0.0),
+        K["budget_tokens"]: int(base.budget_tokens or 0),
     }
 
 
@@ -223,6 +230,8 @@ def next_turn_config(base: TurnConfig) -> TurnConfig:
         min_call_s=float(ss.get(K["min_call_s"], base.min_call_s)),
         safeguards=not ss.get(K["naive"], False),
         tools=tool_sources.chosen(ss),
+        budget_usd=float(ss.get(K["budget_usd"], base.budget_usd or 0.0)) or None,  # 0: no budget
+        budget_tokens=int(ss.get(K["budget_tokens"], base.budget_tokens or 0)) or None,
     )
 
 
@@ -254,6 +263,7 @@ def render_sidebar(base: TurnConfig, sb=None) -> tuple[TurnConfig | None, str | 
     sb.caption("These settings apply to the next message you send; a turn keeps the settings it was sent with.")
     _model_settings(sb, base)
     _clock_settings(sb, base)
+    _budget_settings(sb)
     sb.subheader("Safeguards")
     sb.toggle("Safeguards off (the naive loop)", key=K["naive"])
     sync_url(base)
@@ -275,7 +285,35 @@ def render_sidebar(base: TurnConfig, sb=None) -> tuple[TurnConfig | None, str | 
             f"**{config.call_timeout_cap_s:g} s**, and none starts with less than **{config.min_call_s:g} s** left; "
             f"each tool run gets at most **{config.tool_timeout_cap_s:g} s** (`AGENT_TOOL_TIMEOUT_CAP`)."
         )
+    if config is not None:
+        sb.caption(budget_caption(config))
     return config, error
+
+
+def budget_caption(config: TurnConfig) -> str:
+    """The fourth clock in words: the next turn's budget, and the model's price (or that it has none)."""
+    price = config.price
+    priced = (f"This model costs ${price['input']:g} / ${price['cached_input']:g} / ${price['output']:g} per million "
+              "input / cached / output tokens." if price else
+              "This model has no price, so a turn can have a token budget only (add one in `AGENT_PRICES`).")
+    budgets = [part for part in (f"${config.budget_usd:g}" if config.budget_usd else "",
+                                 f"{config.budget_tokens:,} tokens" if config.budget_tokens else "") if part]
+    if not budgets:
+        return f"💵 No budget: the turn's cost is shown, not limited. {priced}".replace("$", "\\$")
+    how = ("checked only after each call (safeguards off)" if not config.safeguards else
+           "never exceeded: each call asks for no more than what remains, less a reserve kept for the answer")
+    return f"💵 Budget **{' and '.join(budgets)}** a turn, {how}. {priced}".replace("$", "\\$")
+
+
+def _budget_settings(sb) -> None:
+    sb.subheader("Budget")
+    left, right = sb.columns(2)
+    left.number_input("US dollars a turn", min_value=0.0, max_value=MAX_BUDGET_USD, step=0.01, format="%.4f",
+                      key=K["budget_usd"], help="The most one turn may cost (0: no budget). Needs a model with "
+                                                "a price.")
+    right.number_input("Tokens a turn", min_value=0, max_value=10**9, step=1000, key=K["budget_tokens"],
+                       help=f"The most input + output tokens one turn may use (0: no budget; at least "
+                            f"{MIN_BUDGET_TOKENS:,} otherwise).")
 
 
 def _model_settings(sb, base: TurnConfig) -> None:

@@ -55,11 +55,13 @@ class Backend:
     queue: Queue
     person: Person | None = None  # who is signed in (None: the local playground, no sign-in)
     share: int = 0  # the most of the person's turns queued or running at once (0: no limit; see submit_turn)
+    daily_budget_usd: float | None = None  # what the person's turns may spend in a day (AGENT_USER_DAILY_BUDGET_USD)
 
     def for_person(self, person: Person, settings: Settings) -> Backend:
         """This backend as one signed-in person's: their store is the door to their conversations only."""
         store = PersonStore(self.store, person.id, admin=person.admin, max_turns=settings.max_turns_per_user)
-        return replace(self, store=store, person=person, share=min(MAX_SHARE, settings.workers or DEFAULT_WORKERS))
+        return replace(self, store=store, person=person, share=min(MAX_SHARE, settings.workers or DEFAULT_WORKERS),
+                       daily_budget_usd=settings.daily_budget_usd)
 
 
 def connect(settings: Settings) -> Backend:
@@ -219,7 +221,7 @@ def _live_key(state: State) -> tuple | None:
 
 
 def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,
-         config_error: str | None = None, share: int = 0) -> str | None:
+         config_error: str | None = None, share: int = 0, daily_budget_usd: float | None = None) -> str | None:
     """Enqueue a turn; on refusal, leave a message (and the unsent text) for the next run."""
     session.pop(FLASH_KEY, None)
     if config is None:
@@ -230,13 +232,15 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     seen = (session.get(VIEW_KEY) or {}).get("cid") == cid
     try:
         try:
-            turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share)
+            turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share,
+                                  daily_budget_usd=daily_budget_usd)
         except TooManyTurns:
             # One of the turns that count may have lost its job with nobody to say so (no tab open on it):
             # its ending is written now, and then the message goes, or is refused for the turns really in flight.
             if not _end_lost_turns(store, queue.connection):
                 raise
-            turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share)
+            turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share,
+                                  daily_budget_usd=daily_budget_usd)
     except BadMessage as exc:
         session[FLASH_KEY] = ("error", str(exc), text)
         return None

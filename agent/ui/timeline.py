@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from agent.contract import Kind, Outcome, Step, TurnSummary
+from agent.spend import money
 
 KIND_LABELS = {Kind.MODEL: "model call", Kind.TOOL: "tool run", Kind.RETRY: "retry wait", Kind.SKIP: "skipped call",
                Kind.RESUME: "worker lost, resumed", Kind.APPROVAL: "waiting for a person"}
@@ -47,6 +48,16 @@ APPROVAL_SUBTITLE = [  # lines no longer than the ones above: the title is cut a
     "The wait for a person's answer ran outside both jobs' clocks: the job that asked had ended,",
     "and the next one started on a fresh set of clocks (job 1's, then job 2's, ...).",
 ]
+
+
+def cost_label(step: Step) -> str:
+    """A model call's cost and its max_tokens, as its tooltip shows them ("" for other steps)."""
+    if step.get("kind") != Kind.MODEL or step.get("cost_tokens") is None:
+        return ""
+    cost = money(step["cost_usd"]) if step.get("cost_usd") is not None else f"{step['cost_tokens']:,} tokens"
+    worst = " (worst case)" if step.get("cost_worst") else ""
+    limit = f", max_tokens {step['max_tokens']:,}" if step.get("max_tokens") is not None else ""
+    return f"{cost}{worst}{limit}"
 
 
 def _what(step: Step) -> str:
@@ -129,6 +140,7 @@ def timeline_rows(steps: list[Step], summary: TurnSummary, *, now: float | None 
             "took_s": round(end - start, 3),
             "timeout_s": timeout_s,
             "detail": step.get("detail") or "",
+            "cost": cost_label(step),
         }
         if timeout_s:
             rows.append({**common, "what": TIMEOUT_LABEL, "layer": "timeout",
@@ -260,6 +272,7 @@ def _bar_encoding(rows: list[dict], order: list[str], x_scale: dict, jobs: int =
         {"field": "start_s", "type": "quantitative", "title": "started at (s)", "format": ".2f"},
         {"field": "took_s", "type": "quantitative", "title": "took (s)", "format": ".3f"},
         {"field": "timeout_s", "type": "quantitative", "title": "timeout (s)", "format": ".1f"},
+        {"field": "cost", "type": "nominal", "title": "cost"},
         {"field": "detail", "type": "nominal", "title": "detail"},
     ]
     since = "the first job started" if jobs > 1 else "the job started"
