@@ -74,9 +74,9 @@ class ChaosProvider(FaultProvider):
             run.faults.append(kind)
             return kind, run, run.calls
 
-    def action(self, kind: str, run: RunLog, model: str, number: int):
+    def action(self, kind: str, run: RunLog, model: str, number: int, request: dict | None = None):
         if kind != "streamed":
-            return super().action(kind, run, model, number)
+            return super().action(kind, run, model, number, request)
         rng = random.Random(f"{self.seed}:{model}:{number}")
         words = " ".join(f"w{i}" for i in range(rng.randint(*STREAM_WORDS)))
         message = {"role": "assistant", "content": f"answer {number} for {model}: {words}"}
