@@ -99,7 +99,8 @@ OVERLAP_WATCH_JS = """(() => {
 
 # Installed before the page loads: how long each element on screen was marked stale (Streamlit's
 # data-stale="true", which it fades after 0.5 s), the longest with its place and text; and how long the page
-# showed the question twice or more, or two status panels or more (a budget bar, or a parked turn's panel),
+# showed the question twice or more, or two status panels or more (a panel with its bars, the time and the
+# money, or a parked turn's panel),
 # the longest each, with the page's text then. An st.empty is marked stale whenever a run is under way, by
 # design, and never shown (display: none): only elements that take up room on the page count.
 STALE_WATCH_JS = """(() => {
@@ -125,7 +126,9 @@ STALE_WATCH_JS = """(() => {
         if (!watch.question) return;
         const questions = [...document.querySelectorAll('[data-testid="stChatMessage"]')]
             .filter((m) => (m.innerText || '').includes(watch.question)).length;
-        const panels = document.querySelectorAll('[data-testid="stProgress"]').length
+        // A status panel holds the time bar and, beside it, the money bar: its bars share their nearest block.
+        const panels = new Set([...document.querySelectorAll('[data-testid="stProgress"]')]
+            .map((bar) => bar.closest('[data-testid="stVerticalBlock"]') || bar)).size
             + [...document.querySelectorAll('[data-testid="stMarkdownContainer"]')]
                 .filter((m) => (m.innerText || '').startsWith('✋ Waiting for your approval')).length;
         watch.mostQuestions = Math.max(watch.mostQuestions, questions);
