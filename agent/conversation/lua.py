@@ -36,6 +36,7 @@ class Scripts:
     answer: Script  # a parked turn's request answered, once
     beat: Script  # a running turn's heartbeat and lease renewed, also at Redis's maxmemory
     lapsed: Script  # the running turns whose lease lapsed, by Redis's clock
+    claim: Script  # a job claims its turn once, only while it owns it, and is watched from then on
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -38,8 +38,8 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.conversation.store import Store
-from agent.hosting.deaths import worker_died
-from agent.hosting.lost_worker import lost_worker_check
+from agent.hosting.deaths import hand_over_unbegun, worker_died
+from agent.hosting.lost_worker import LIMBO_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
 from agent.turn.approvals import expire_due
@@ -89,6 +89,8 @@ class TurnWatch:
         self.stranded = 0  # accepted turns whose job was gone, ended by this watch
         self.next_stranded_look = 0.0  # time.monotonic() of the next look for them
         self.stranded_after: float | None = None  # the score of the last accepted turn read (None: from the first)
+        self.limbo_since: dict[str, float] = {}  # job id -> time.monotonic() it was first seen taken, not started
+        self.requeued = 0  # turns whose job a lost worker took and never began, queued again by this watch
 
     def sweep(self) -> None:
         try:
@@ -124,16 +126,37 @@ class TurnWatch:
             if current != turn_id or done != "0":
                 flags.release_reservation(conversation_id, turn_id)
             elif owner:  # "" while parked on a request for approval: no job to look for
-                waiting.append((conversation_id, owner))
+                waiting.append((conversation_id, turn_id, owner))
         if not waiting:
             return
         with self.queue_connection.pipeline(transaction=False) as pipe:
-            for _, owner in waiting:
-                pipe.exists(SafeJob.key_for(owner))
-            found = pipe.execute()
-        for (conversation_id, _), exists in zip(waiting, found, strict=True):
-            if not exists:
+            for _, _, owner in waiting:
+                pipe.hget(SafeJob.key_for(owner), "status")
+            statuses = pipe.execute()
+        beating = self.store.flags.alive([turn_id for _, turn_id, _ in waiting])
+        for (conversation_id, _, _), status, alive in zip(waiting, statuses, beating, strict=True):
+            if status is None:
                 self.stranded += lost_worker_check(self.store, self.queue_connection, conversation_id)
+            elif status == b"started" and not alive:
+                # Started by RQ but never claimed (a claimed turn beats): a worker lost between the two, or one
+                # that began it and was lost (the lease's look takes that one). The front ends' check decides.
+                lost_worker_check(self.store, self.queue_connection, conversation_id)
+
+    def requeue_limbo(self, now: float, trusted: bool) -> None:
+        """Queue again the turns whose job a worker took off the queue and never started: RQ moves a job it takes
+        to its intermediate queue and out of it as the job starts (a few milliseconds later), so one still there
+        after LIMBO_GRACE_S was taken by a worker that was lost in between (RQ's own look at it comes minutes
+        later, and fails it). One range read of a list that is nearly always empty. `trusted`: False while Redis
+        was away a moment ago (no worker could move meanwhile), when nothing is handed over."""
+        queue = get_queue(self.queue_connection)
+        taken = [_text(job_id) for job_id in self.queue_connection.lrange(queue.intermediate_queue_key, 0,
+                                                                           MAX_WATCHED - 1)]
+        self.limbo_since = {job_id: self.limbo_since.get(job_id, now) for job_id in taken}
+        if not trusted:
+            return
+        for job_id, since in self.limbo_since.items():
+            if now - since > LIMBO_GRACE_S:
+                self.requeued += hand_over_unbegun(self.store, self.queue_connection, job_id) == "resumed"
 
     def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))
@@ -144,7 +167,7 @@ class TurnWatch:
         lapsed = flags.lapsed(MAX_WATCHED)
 
         if not lapsed:
-            self.redis_was_away(time.monotonic())
+            self.requeue_limbo(time.monotonic(), not self.redis_was_away(time.monotonic()))
             return
         owners = flags.owners(lapsed)
         in_flight = []
@@ -155,7 +178,9 @@ class TurnWatch:
                 flags.not_running(conversation_id)  # ended (or gone) without its index entry removed
         now = time.time()
         beating = flags.alive([turn_id for _, turn_id, _ in in_flight])
-        if self.redis_was_away(time.monotonic()):
+        away = self.redis_was_away(time.monotonic())
+        self.requeue_limbo(time.monotonic(), not away)
+        if away:
             self.held_off += not all(beating)
             return
         for (conversation_id, turn_id, owner), alive in zip(in_flight, beating, strict=True):
@@ -190,3 +215,7 @@ class TurnWatch:
                 log.info("turn watch: Redis did not answer (%s); looking again in %g s", redis_problem(exc), WATCH_S)
             except Exception:  # noqa: BLE001 - the watch must outlive one bad state
                 log.exception("turn watch: a look failed; looking again in %g s", WATCH_S)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
