@@ -110,7 +110,16 @@ class TurnWatch:
         self.last_look = now
         return now < self.trust_lapses_from
 
-    def end_stranded(self) -> None:
+    def look_for_lost_jobs(self, trusted: bool) -> None:
+        """The jobs no heartbeat speaks for: taken off the queue and never started (each look), and (every
+        STRANDED_EVERY_S) accepted turns whose job is gone or never claimed them. `trusted`: False while Redis was
+        away a moment ago (no worker could move meanwhile), when no job is taken for lost on time alone."""
+        self.requeue_limbo(time.monotonic(), trusted)
+        if time.monotonic() >= self.next_stranded_look:
+            self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
+            self.end_stranded(trusted)
+
+    def end_stranded(self, trusted: bool = True) -> None:
         """End the accepted turns whose job is gone (the front ends' check decides, and words it); forget the
         reservations of turns that ended, or whose conversation went, without releasing them."""
         flags = self.store.flags
@@ -137,7 +146,7 @@ class TurnWatch:
         for (conversation_id, _, _), status, alive in zip(waiting, statuses, beating, strict=True):
             if status is None:
                 self.stranded += lost_worker_check(self.store, self.queue_connection, conversation_id)
-            elif status == b"started" and not alive:
+            elif status == b"started" and not alive and trusted:
                 # Started by RQ but never claimed (a claimed turn beats): a worker lost between the two, or one
                 # that began it and was lost (the lease's look takes that one). The front ends' check decides.
                 lost_worker_check(self.store, self.queue_connection, conversation_id)
@@ -160,14 +169,12 @@ class TurnWatch:
 
     def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))
-        if time.monotonic() >= self.next_stranded_look:
-            self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
-            self.end_stranded()
         flags = self.store.flags
         lapsed = flags.lapsed(MAX_WATCHED)
 
         if not lapsed:
-            self.requeue_limbo(time.monotonic(), not self.redis_was_away(time.monotonic()))
+            away = self.redis_was_away(time.monotonic())
+            self.look_for_lost_jobs(trusted=not away)
             return
         owners = flags.owners(lapsed)
         in_flight = []
@@ -179,7 +186,7 @@ class TurnWatch:
         now = time.time()
         beating = flags.alive([turn_id for _, turn_id, _ in in_flight])
         away = self.redis_was_away(time.monotonic())
-        self.requeue_limbo(time.monotonic(), not away)
+        self.look_for_lost_jobs(trusted=not away)
         if away:
             self.held_off += not all(beating)
             return
