@@ -12,11 +12,15 @@ die is not left to the lease: its turn is handed over at once (deaths.py).
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
 index of parked turns scored by expiry: one range read when none is due. Every STRANDED_EVERY_S it also
 reads STRANDED_BATCH of the accepted turns (the index of their memory reservations, agent/conversation/room.py),
-going on from where its last look stopped and round again, and their jobs' records, in three round trips: a
-turn whose job is gone (refused by a full Redis, or never enqueued by a sender that died) is ended with the
-reason by the front ends' own check (lost_worker.py), so that no accepted turn waits for ever when no page is
-open. That look's cost is flat in the turns accepted; the time to come round to every one of them is not
-(STRANDED_EVERY_S per STRANDED_BATCH: 100 s at 1,000 accepted), which suits a loss this rare.
+going on from where its last look stopped and round again, their jobs' records and their heartbeat marks, in
+four round trips: a turn whose job is gone (refused by a full Redis, or never enqueued by a sender that died) is
+ended with the reason by the front ends' own check (lost_worker.py), so that no accepted turn waits for ever when
+no page is open; one whose job RQ started but that never claimed it (a claimed turn beats) is queued again by that
+check. And each look reads RQ's intermediate queue, where a job taken off the queue waits the few milliseconds
+until it starts: one left there LIMBO_GRACE_S was taken by a worker that is gone, and its turn, which it never
+began, is queued again (resume.py: once, on the clocks it was sent with). The look at accepted turns costs the
+same however many are accepted; the time to come round to every one of them does not (STRANDED_EVERY_S per
+STRANDED_BATCH: 100 s at 1,000 accepted), which suits a loss this rare.
 
 A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
 nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'

@@ -12,6 +12,11 @@ The clocks stay the turn's: its deadline and job-timeout instant were fixed when
 new job's RQ timeout is what remains up to that instant, and its own deadline is the turn's, so its final
 write still lands before the turn's original job timeout, however many workers die.
 
+A turn whose job was lost before its first write has no clocks of its own yet (a fresh turn, or the
+continuation after an answer, which runs on a fresh set): it is handed over the same way, and its new job
+starts it on the clocks it was sent with, its job timeout counting from that job's start, with a resume step
+that says the worker that took it from the queue was lost before it began (`Resumption.requeued`).
+
 A turn answered after it parked on a request for approval (approvals.py) is continued the same way, from
 the same `Resumption`, but on a fresh set of clocks and without a resume step.
 
