@@ -18,7 +18,7 @@ from rq.serializers import JSONSerializer
 from agent.conversation.store import Store
 from agent.queue import JOB_FUNCTION, SafeJob, get_queue
 from agent.runtime.connection import redis_problem
-from agent.turn.resume import began, resume_or_end
+from agent.turn.resume import resume_or_end
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,11 @@ def hand_over_dead_job(store: Store, queue_connection: redis.Redis, job_id: str,
     return outcome
 
 
-def hand_over_unbegun(store: Store, queue_connection: redis.Redis, job_id: str) -> str:
+def hand_over_taken_job(store: Store, queue_connection: redis.Redis, job_id: str) -> str:
     """The turn job `job_id` was taken off the queue for, by a worker that never started it (the watch found it
-    left in RQ's intermediate queue): queued again, once (resume.py). Returns what resume_or_end says, or "not a
-    turn in flight" when the job owns no turn that waits for it to begin."""
+    left in RQ's intermediate queue), is handed over once (resume.py): a turn that never began is queued again on
+    the clocks it was sent with; one that began (this job was its resume) is resumed again inside its own. Returns
+    what resume_or_end says, or "not a turn in flight" when the job owns no turn in flight."""
     try:
         job = SafeJob.fetch(job_id, connection=queue_connection, serializer=JSONSerializer)
     except Exception:  # noqa: BLE001 - gone, or not ours to read: nothing to hand over
@@ -60,7 +61,7 @@ def hand_over_unbegun(store: Store, queue_connection: redis.Redis, job_id: str) 
         return "not a turn in flight"
     conversation_id, turn_id = job.args
     state = store.read_meta(conversation_id)
-    if (state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != job_id or began(state)
+    if (state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != job_id
             or store.flags.alive([turn_id])[0]):
         return "not a turn in flight"
     outcome = resume_or_end(store, get_queue(queue_connection), conversation_id, state, job_id,

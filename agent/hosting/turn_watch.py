@@ -17,8 +17,9 @@ four round trips: a turn whose job is gone (refused by a full Redis, or never en
 ended with the reason by the front ends' own check (lost_worker.py), so that no accepted turn waits for ever when
 no page is open; one whose job RQ started but that never claimed it (a claimed turn beats) is queued again by that
 check. And each look reads RQ's intermediate queue, where a job taken off the queue waits the few milliseconds
-until it starts: one left there LIMBO_GRACE_S was taken by a worker that is gone, and its turn, which it never
-began, is queued again (resume.py: once, on the clocks it was sent with). The look at accepted turns costs the
+until it starts: one left there LIMBO_GRACE_S was taken by a worker that is gone, and its turn is handed over
+(resume.py: once; queued again on the clocks it was sent with when it never began, resumed inside its own when
+that job was its resume). The look at accepted turns costs the
 same however many are accepted; the time to come round to every one of them does not (STRANDED_EVERY_S per
 STRANDED_BATCH: 100 s at 1,000 accepted), which suits a loss this rare.
 
@@ -42,7 +43,7 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.conversation.store import Store
-from agent.hosting.deaths import hand_over_unbegun, worker_died
+from agent.hosting.deaths import hand_over_taken_job, worker_died
 from agent.hosting.lost_worker import LIMBO_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
@@ -156,7 +157,7 @@ class TurnWatch:
                 lost_worker_check(self.store, self.queue_connection, conversation_id)
 
     def requeue_limbo(self, now: float, trusted: bool) -> None:
-        """Queue again the turns whose job a worker took off the queue and never started: RQ moves a job it takes
+        """Hand over the turns whose job a worker took off the queue and never started: RQ moves a job it takes
         to its intermediate queue and out of it as the job starts (a few milliseconds later), so one still there
         after LIMBO_GRACE_S was taken by a worker that was lost in between (RQ's own look at it comes minutes
         later, and fails it). One range read of a list that is nearly always empty. `trusted`: False while Redis
@@ -169,7 +170,7 @@ class TurnWatch:
             return
         for job_id, since in self.limbo_since.items():
             if now - since > LIMBO_GRACE_S:
-                self.requeued += hand_over_unbegun(self.store, self.queue_connection, job_id) == "resumed"
+                self.requeued += hand_over_taken_job(self.store, self.queue_connection, job_id) == "resumed"
 
     def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))

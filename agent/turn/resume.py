@@ -85,9 +85,10 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
                                         max_resumes=config.max_resumes, alive_ms=ALIVE_MS, by_itself=known_dead)
     if outcome != "ok":
         return outcome
+    # A job a worker took and never started stays in RQ's intermediate queue, where RQ's own look would fail it
+    # minutes from now: it is ours to drop.
+    queue.connection.lrem(queue.intermediate_queue_key, 0, lost_owner)
     if not started:
-        # RQ's own look at its intermediate queue would fail the lost job a minute from now: it is ours to drop.
-        queue.connection.lrem(queue.intermediate_queue_key, 0, lost_owner)
         enqueue_turn(queue, conversation_id, turn_id, new_owner, job_timeout_s=config.job_timeout_s,
                      wait_s=max(1, math.floor(wait_left)), at_front=True)
         log.warning("turn %s: its job was lost before it began the turn (%s); queued again as %s (attempt %d)",

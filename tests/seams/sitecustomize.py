@@ -3,8 +3,10 @@ with this folder on PYTHONPATH and SEAM_DIR set, and nowhere else.
 
 A turn names where its job's process dies in its conversation id: `seam-<point>-<which>-<how>-<random>`, with
 <point> one of POINTS (from RQ taking the job off the queue to the turn's first write), <which> `first` (the
-turn's first job) or `cont` (the continuation after an answer), <how> `kill` (SIGKILL: its supervisor, or RQ
-for a work horse, sees it die) or `stop` (SIGSTOP: frozen, nobody sees it die; the test wakes it later). The
+turn's first job), `cont` (the continuation after an answer) or `resume` (the job a turn that began is resumed
+by: the turn's first job is killed just after its first write, then its resume at <point>), <how> `kill`
+(SIGKILL: its supervisor, or RQ for a work horse, sees it die) or `stop` (SIGSTOP: frozen, nobody sees it die;
+the test wakes it later). The
 process that reaches the point in such a job writes SEAM_DIR/<job id> ("<epoch> <pid> <how>"), once per job
 (so the job the turn is handed to runs through), and signals itself.
 """
@@ -23,10 +25,15 @@ FIRST_JOB = re.compile(r"turn-[0-9a-f]+")
 
 def hit(point: str, job_id: str, conversation_id: str) -> None:
     parts = str(conversation_id).split("-")
-    if len(parts) < 5 or parts[0] != "seam" or parts[1] != point:
+    if len(parts) < 5 or parts[0] != "seam":
         return
     which, how = parts[2], parts[3]
-    if not (FIRST_JOB.fullmatch(job_id) if which == "first" else "-approval-" in job_id):
+    if which == "resume":  # the first job dies just after its first write; its resume, at the point
+        if FIRST_JOB.fullmatch(job_id) and point == "published":
+            how = "kill"
+        elif not (job_id.endswith("-resume-1") and parts[1] == point):
+            return
+    elif parts[1] != point or not (FIRST_JOB.fullmatch(job_id) if which == "first" else "-approval-" in job_id):
         return
     try:
         fd = os.open(os.path.join(SEAM_DIR, job_id), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
