@@ -19,9 +19,9 @@ no page is open; one whose job RQ started but that never claimed it (a claimed t
 check. And each look reads RQ's intermediate queue, where a job taken off the queue waits the few milliseconds
 until it starts: one left there LIMBO_GRACE_S was taken by a worker that is gone, and its turn is handed over
 (resume.py: once; queued again on the clocks it was sent with when it never began, resumed inside its own when
-that job was its resume). The look at accepted turns costs the
-same however many are accepted; the time to come round to every one of them does not (STRANDED_EVERY_S per
-STRANDED_BATCH: 100 s at 1,000 accepted), which suits a loss this rare.
+that job was its resume). The look at accepted turns costs the same however many are accepted; the time to come
+round to every one of them does not (STRANDED_EVERY_S per STRANDED_BATCH: 100 s at 1,000 accepted), which suits a
+loss this rare.
 
 A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
 nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'

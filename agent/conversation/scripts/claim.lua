@@ -2,9 +2,10 @@
 -- in flight and the job owns it (the state's owner: a job the turn was handed to since, by a resume, an answer
 -- or a re-queue, owns it instead, and this one must not start it), and only while nobody holds the claim (a job
 -- delivered twice, or run again after a crash, finds it taken; a hand-over, scripts/resume.lua and answer.lua,
--- frees it for the job it hands the turn to, in the same step that makes that job the owner). In the same step its heartbeat mark is set and the turn enters the index of running
--- turns (as scripts/beat.lua), so that there is no instant at which a claimed turn is not watched: a worker lost
--- before its claim leaves a job that never began the turn, which its finders queue again.
+-- frees it for the job it hands the turn to, in the same step that makes that job the owner). In the same step
+-- its heartbeat mark is set and the turn enters the index of running turns (as scripts/beat.lua), so that there
+-- is no instant at which a claimed turn is not watched: a worker lost before its claim leaves a job that never
+-- began the turn, which its finders queue again.
 -- KEYS: meta, the claim (agent:turn:{turn}:claim), the mark (agent:turn:{turn}:alive), the running index
 -- ARGV: turn_id, job id, the claim's TTL (s), the mark's TTL (ms), conversation_id
 -- Returns 'ok', 'ended' (not this turn, or not in flight), 'not its job' (another job owns it), or 'duplicate'
