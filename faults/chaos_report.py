@@ -17,6 +17,11 @@ from harness.private_redis import stored_values
 from harness.stats import summary
 
 CANARY_KEY = "sk-chaos-canary-5e1f0c9a27d4"  # given to the workers; must never reach Redis or the logs
+# Seconds from a worker's kill, which its supervisor sees (or RQ, for a work horse), to the ending the hand-over
+# writes when nothing can go on (no time or no resume left): at once (agent/hosting/deaths.py). A turn whose job
+# was lost before its first write is queued again rather than ended, so no kill lets an ending wait for a lapse
+# but a whole pool's (nothing sees it die: the heartbeat's lapse and the watch's look, WATCH_DETECT_S).
+SEEN_DEATH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ def judge(chaos, results: list[TurnResult], run_s: float, fleet_up_s: float, pag
                      "pool_killed": summary(delays["pool"], 1, 2)},
         "resumes_across_a_redis_outage": after_outage,
         "killed_turns_not_resumed": dict(unresumed),
+        "worker_lost_by_kind": dict(Counter(worker_lost_kind((f["error"] or {}).get("message") or "") for f in finals
+                                            if (f["error"] or {}).get("kind") == "worker_lost")),
         "pool_back_s": summary(chaos.pool_restarts, 1, 1),
         "redis_outages": [{"what": what, "s": round(end - start, 2)} for start, end, what in chaos.outages],
         "chaos_errors": chaos.errors,
@@ -161,12 +168,31 @@ def ending_bound(chaos, result: TurnResult, kills: list[Kill]) -> tuple[float | 
     outage = outage_s(chaos, result)
     bound, why = job_timeout_at, ""
     if kills:
-        bound = max(bound, max(k.at for k in kills) + WATCH_DETECT_S + KILL_SLACK_S)
-        why = f" (a kill: {WATCH_DETECT_S + KILL_SLACK_S:g} s after it)"
+        bound = max(bound, *(k.at + kill_allowance_s(k) for k in kills))
+        why = " (a kill: " + ", ".join(f"{k.kind} {kill_allowance_s(k):g} s after it" for k in kills) + ")"
     if outage > 0:
         bound = max(bound, job_timeout_at + LOST_GRACE_S + KILL_SLACK_S + outage)
         why += f" (Redis away {outage:.1f} s: job timeout + {LOST_GRACE_S + KILL_SLACK_S:g} s + the outage)"
     return bound, why
+
+
+def kill_allowance_s(kill: Kill) -> float:
+    """Seconds after a kill within which the ending it explains may land past the turn's job timeout: a worker's
+    death is seen and handed over at once; a whole pool's waits for the heartbeat to lapse."""
+    return (SEEN_DEATH_S if kill.kind == "worker" else WATCH_DETECT_S) + KILL_SLACK_S
+
+
+def worker_lost_kind(message: str) -> str:
+    """What a `worker_lost` ending's sentence says stopped the hand-over."""
+    if "0.0 s were left" in message:
+        return "no time: 0.0 s left"  # the weakness of clocks read before a job set them: must not come back
+    if "no time remained" in message:
+        return "no time left before its deadline"
+    if "after this reply had been resumed" in message or "AGENT_MAX_RESUMES" in message:
+        return "no resume left"
+    if "never started" in message or "before it began" in message or "taken off the queue" in message:
+        return "taken off the queue, never started"  # ended instead of queued again: must not come back
+    return "other"
 
 
 def last_job_timeout_at(result: TurnResult) -> float | None:
@@ -245,7 +271,7 @@ def print_report(report: dict, out) -> None:
         f"invariant violations {r['invariant_violations']}\n"
         f"statuses {r['statuses']}\nendings {r['endings']}\ncalls {r['calls']}\napprovals {r['approvals']}\n"
         f"kills {r['kills']}; resumed turns {r['resumed_turns']}; killed turns not resumed "
-        f"{r['killed_turns_not_resumed']}\n"
+        f"{r['killed_turns_not_resumed']}; worker_lost endings by kind {r['worker_lost_by_kind'] or 'none'}\n"
         f"kill -> resumed first write: worker killed p50 {w['p50']} s, p95 {w['p95']} s, max {w['max']} s "
         f"(n {w['n']}); pool killed p50 {p['p50']} s, p95 {p['p95']} s, max {p['max']} s (n {p['n']}); "
         f"across a Redis outage {r['resumes_across_a_redis_outage']}\n"

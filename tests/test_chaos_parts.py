@@ -8,7 +8,15 @@ from types import SimpleNamespace
 
 from faults.chaos import ChaosOptions, make_plans
 from faults.chaos_provider import CHAOS_CALLS, ChaosProvider
-from faults.chaos_report import Kill, TurnPlan, TurnResult, ending_bound, past_job_timeout
+from faults.chaos_report import (
+    SEEN_DEATH_S,
+    Kill,
+    TurnPlan,
+    TurnResult,
+    ending_bound,
+    past_job_timeout,
+    worker_lost_kind,
+)
 from faults.checks import check_resumes
 from faults.runner import KILL_SLACK_S, WATCH_DETECT_S
 
@@ -73,6 +81,9 @@ def test_an_ending_is_held_to_its_job_timeout_unless_a_kill_or_redis_being_away_
     killed_at = 98.0
     bound, why = ending_bound(calm, _result(100.0, 103.0), [Kill(killed_at, "pool", 0, [1])])
     assert bound == killed_at + WATCH_DETECT_S + KILL_SLACK_S and "a kill" in why
+    # A worker's death is seen and handed over at once: the ending it explains gets a second, not a lapse's 4 s.
+    bound, why = ending_bound(calm, _result(100.0, 103.0), [Kill(killed_at, "worker", 0, [1])])
+    assert bound == killed_at + SEEN_DEATH_S + KILL_SLACK_S == 100.0 and "worker 2 s after it" in why
     away = SimpleNamespace(outages=[(90.0, 93.0, "paused 3 s")])
     bound, why = ending_bound(away, _result(100.0, 101.0, submitted_at=80.0), [])
     assert bound > 100.0 + 3.0 and "Redis away 3.0 s" in why
@@ -98,3 +109,14 @@ def test_an_answers_continuation_may_start_fresh_clocks_but_a_resume_may_not():
     assert check_resumes(answered, max_resumes=2) == []
     moved = [state(1, "running", 10.0), state(2, "running", 20.0, attempt=1)]
     assert any("deadline_at changed" in problem for problem in check_resumes(moved, max_resumes=2))
+
+
+def test_worker_lost_endings_are_told_apart_by_what_stopped_the_hand_over():
+    from agent.conversation.endings import Ending
+
+    assert worker_lost_kind(Ending.worker_lost_no_time("it died", 0.0, 0.4).message) == "no time: 0.0 s left"
+    assert worker_lost_kind(Ending.worker_lost_no_time("it died", 0.2, 0.4).message) == \
+        "no time left before its deadline"
+    assert worker_lost_kind(Ending.worker_lost_no_resume("it died", 2).message) == "no resume left"
+    assert worker_lost_kind(Ending.worker_lost("its job was taken off the queue by a worker that never started it")
+                            .message) == "taken off the queue, never started"

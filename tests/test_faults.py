@@ -279,9 +279,10 @@ def _begin(store, cid, tid, enqueued_at=None):
     store.begin_turn(cid, tid, {"role": "user", "content": "hi"}, doc)
 
 
-def test_a_worker_lost_before_its_first_write_is_still_detected(store, redis_client):
+def test_a_worker_lost_before_its_first_write_is_still_detected_and_its_turn_queued_again(store, redis_client):
     # Regression: a job killed after RQ started it but before its first state write left no
-    # job_timeout_at in the state, and the front end's lost-worker check never fired.
+    # job_timeout_at in the state, and the front end's lost-worker check never fired. Then it fired, and ended
+    # the turn, which had not begun: now it is queued again, once, on the clocks it was sent with.
     cid, tid = "lost-early-" + new_id(), new_id()
     _begin(store, cid, tid, enqueued_at=time.time() - 30)
     job = SafeJob.create(JOB_FUNCTION, args=(cid, tid), connection=redis_client, serializer=JSONSerializer,
@@ -289,10 +290,28 @@ def test_a_worker_lost_before_its_first_write_is_still_detected(store, redis_cli
     job.started_at = datetime.now(UTC) - timedelta(seconds=FAST.job_timeout_s + 10)
     job.save()
     redis_client.hset(job.key, "status", "started")  # as RQ leaves it when a SimpleWorker is SIGKILLed
+    assert lost_worker_check(store, redis_client, cid) is False  # no ending: handed over
+    assert lost_worker_check(store, redis_client, cid) is False  # once: the second look finds it handed over
+    state = store.read_meta(cid)
+    assert not state["done"] and state["attempt"] == 1 and state["job_id"] == f"{job_id_for(tid)}-resume-1"
+    again = SafeJob.fetch(state["job_id"], connection=redis_client, serializer=JSONSerializer)
+    assert again.timeout == FAST.job_timeout_s  # the whole job timeout: it counts from the new job's start
+
+
+def test_with_no_resume_left_a_turn_lost_before_its_first_write_says_why_it_ended(store, redis_client):
+    cid, tid = "lost-early-" + new_id(), new_id()
+    _begin(store, cid, tid, enqueued_at=time.time() - 30)
+    store.publish(cid, tid, {"config": FAST.with_changes(max_resumes=0).to_dict(), "status": "queued",
+                             "job_id": job_id_for(tid), "enqueued_at": time.time() - 30})
+    job = SafeJob.create(JOB_FUNCTION, args=(cid, tid), connection=redis_client, serializer=JSONSerializer,
+                         id=job_id_for(tid), timeout=FAST.job_timeout_s)
+    job.started_at = datetime.now(UTC) - timedelta(seconds=10)
+    job.save()
+    redis_client.hset(job.key, "status", "started")
     assert lost_worker_check(store, redis_client, cid) is True
     state = store.read(cid)
-    assert state["done"] and state["status"] == "failed"
-    assert state["error"]["kind"] == "worker_lost"
+    assert state["done"] and state["status"] == "failed" and state["error"]["kind"] == "worker_lost"
+    assert "were left" not in state["error"]["message"], state["error"]["message"]
 
 
 def test_a_started_job_within_its_time_is_not_declared_lost(store, redis_client):
@@ -403,7 +422,7 @@ def test_a_history_moved_by_someone_else_still_closes_the_turn(store):
         writer.flush()
 
 
-def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_declared_lost(store, redis_client, monkeypatch):
+def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_found_and_queued_again(store, redis_client, monkeypatch):
     from rq.job import Job
     from rq.serializers import JSONSerializer
 
@@ -421,5 +440,7 @@ def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_declared_lost(store,
     assert watch.lost_reason(store, redis_client, cid) is None  # the first sighting starts the clock
     time.sleep(0.5)
     assert "never started" in watch.lost_reason(store, redis_client, cid)
-    assert watch.lost_worker_check(store, redis_client, cid)
-    assert store.read(cid)["status"] == "failed"
+    # Its turn never began: it is queued again (once), not ended.
+    assert not watch.lost_worker_check(store, redis_client, cid)
+    state = store.read_meta(cid)
+    assert not state["done"] and state["attempt"] == 1 and state["job_id"] == f"{job_id}-resume-1"

@@ -71,8 +71,10 @@ def test_a_heartbeat_that_lapsed_while_redis_was_paused_gets_a_fresh_grace(priva
     meta = store.read_meta(cid)
     assert not meta["done"] and meta["attempt"] == 0
 
-    # A worker that really is gone is still found, once Redis has answered for a heartbeat's TTL.
-    wait_for(lambda: watch.sweep() or store.read_meta(cid)["done"], HEARTBEAT_TTL_S + 2, "the lost turn ended")
+    # A worker that really is gone is still found, once Redis has answered for a heartbeat's TTL: its turn, which
+    # its job never began (no clocks of its own), is queued again.
+    wait_for(lambda: watch.sweep() or store.read_meta(cid)["attempt"] == 1, HEARTBEAT_TTL_S + 2,
+             "the lost turn handed over")
 
 
 def test_a_tool_sequence_through_a_redis_pause_finishes_on_its_own_worker(private_redis, tmp_path):

@@ -31,10 +31,19 @@ class Flags:
         self.client = client
         self._beat = client.register_script(source("beat"))
         self._lapsed = client.register_script(source("lapsed"))
+        self._claim = client.register_script(source("claim"))
 
     def claim_turn(self, turn_id: str, job_id: str, ttl_s: int) -> bool:
         """The first job to run a turn claims it; a duplicate or a re-run finds it taken."""
         return bool(self.client.set(turn_claim(turn_id), job_id, nx=True, ex=ttl_s))
+
+    def claim(self, conversation_id: str, turn_id: str, job_id: str, ttl_s: int, alive_ms: int) -> str:
+        """The job `job_id` claims its turn (scripts/claim.lua): "ok" only while it owns the turn in flight and
+        has not claimed it before ("ended", "not its job", "duplicate" otherwise). From that instant the turn is
+        watched: its heartbeat mark is set and it is in the index of running turns, in the same step."""
+        outcome = self._claim(keys=[Keys.of(conversation_id).meta, turn_claim(turn_id), turn_alive(turn_id),
+                                    RUNNING_KEY], args=[turn_id, job_id, ttl_s, alive_ms, conversation_id])
+        return _text(outcome)
 
     def request_cancel(self, turn_id: str, ttl_s: int) -> None:
         self.client.set(turn_cancel(turn_id), "1", ex=ttl_s)

@@ -38,6 +38,7 @@ class Scripts:
     lapsed: Script  # the running turns whose lease lapsed, by Redis's clock
     daily_reserve: Script  # a signed-in person's daily budget: checked, and a turn's budget reserved, at send
     daily_settle: Script  # a turn's reservation replaced by what it spent, once
+    claim: Script  # a job claims its turn once, only while it owns it, and is watched from then on
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

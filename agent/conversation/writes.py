@@ -35,6 +35,7 @@ from agent.conversation.keys import (
     person_conversations,
     person_turns,
     turn_alive,
+    turn_claim,
 )
 from agent.conversation.lua import Scripts
 from agent.conversation.reads import readable
@@ -152,7 +153,7 @@ class Writes:
         ("taken", _) when another job owns it or the lost one beats again, ("ended", _) when it is not in flight,
         ("spent", resumes made). `by_itself`: the owner hands it over (its app is stopping), beating still."""
         outcome, attempt = self.scripts.resume(
-            keys=[Keys.of(conversation_id).meta, turn_alive(turn_id)],
+            keys=[Keys.of(conversation_id).meta, turn_alive(turn_id), turn_claim(turn_id)],
             args=[turn_id, lost_owner, new_owner, max_resumes, alive_ms, "1" if by_itself else "0"])
         return _text(outcome), int(attempt)
 
@@ -182,7 +183,7 @@ class Writes:
         doc = {**doc, "updated_at": time.time()}
         outcome, version = self.scripts.answer(
             keys=[keys.meta, keys.steps, keys.events, APPROVALS_KEY, INDEX_KEY, keys.history, keys.turns, keys.live,
-                  CONTINUING_KEY],
+                  CONTINUING_KEY, turn_claim(turn_id)],
             args=[turn_id, request_id, _dumps(doc), _dumps(step), new_owner, conversation_id,
                   repr(doc["updated_at"]), ttl_s, person, decision, "" if look_at is None else repr(look_at)])
         return _text(outcome), int(version)

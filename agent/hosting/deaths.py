@@ -48,6 +48,28 @@ def hand_over_dead_job(store: Store, queue_connection: redis.Redis, job_id: str,
     return outcome
 
 
+def hand_over_taken_job(store: Store, queue_connection: redis.Redis, job_id: str) -> str:
+    """The turn job `job_id` was taken off the queue for, by a worker that never started it (the watch found it
+    left in RQ's intermediate queue), is handed over once (resume.py): a turn that never began is queued again on
+    the clocks it was sent with; one that began (this job was its resume) is resumed again inside its own. Returns
+    what resume_or_end says, or "not a turn in flight" when the job owns no turn in flight."""
+    try:
+        job = SafeJob.fetch(job_id, connection=queue_connection, serializer=JSONSerializer)
+    except Exception:  # noqa: BLE001 - gone, or not ours to read: nothing to hand over
+        return "not a turn in flight"
+    if job.func_name != JOB_FUNCTION or len(job.args) != 2:
+        return "not a turn in flight"
+    conversation_id, turn_id = job.args
+    state = store.read_meta(conversation_id)
+    if (state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != job_id
+            or store.flags.alive([turn_id])[0]):
+        return "not a turn in flight"
+    outcome = resume_or_end(store, get_queue(queue_connection), conversation_id, state, job_id,
+                            "its job was taken off the queue by a worker that was lost before it started it")
+    log.warning("turn %s: its job %s was taken off the queue and never started; %s", turn_id, job_id, outcome)
+    return outcome
+
+
 def worker_died(store: Store, queue_connection: redis.Redis, worker_name: str, returncode: int | None) -> str:
     """A worker process of this supervisor's ended (not to be recycled): hand over the turn it ran, if any."""
     how = f"killed by signal {-returncode}" if returncode is not None and returncode < 0 else f"exit {returncode}"

@@ -21,7 +21,7 @@ from agent.deadline import LOST_GRACE_S  # seconds past the job timeout before a
 from agent.queue import SafeJob, get_queue, queue_wait_s
 from agent.settings import TurnConfig
 from agent.turn import approvals, continuations
-from agent.turn.resume import resume_or_end
+from agent.turn.resume import began, resume_or_end
 from agent.turn.shutdown import stopped_with_the_app
 
 CALLBACK_GRACE_S = 2.0  # seconds a failed job's own callback gets to write its ending first
@@ -61,6 +61,11 @@ def _lost_reason(store: Store, queue_connection: redis.Redis, meta: State | None
         # The job returned, yet the state is still in flight: its final write never reached Redis
         # (Redis away, or refusing writes, until the job gave up). Nobody else will write it.
         return "its job ended, but its last write did not reach Redis"
+    if (status == "started" and not began(meta) and job.started_at
+            and now - job.started_at.timestamp() > LIMBO_GRACE_S and not store.flags.alive([meta["turn_id"]])[0]):
+        # Started by RQ, yet it never claimed the turn (the claim sets its heartbeat mark, claim.lua): its worker
+        # was lost between the two. It has no clocks of its own to wait for: it is queued again.
+        return "its job was started by a worker that was lost before it began the turn"
     job_timeout_at = meta["job_timeout_at"]
     if not job_timeout_at and status == "started" and job.started_at and job.timeout:
         # Killed before its first write: RQ's own start time and timeout say when it had to end.
@@ -106,7 +111,7 @@ def lost_worker_check(
     reason = _lost_reason(store, queue_connection, meta, now)
     if reason is None:
         return False
-    if _resumable(meta, now):
+    if _resumable(store, queue_connection, meta, now):
         # The pool's watch resumes it too, within seconds; whoever is first hands it over, once.
         resume_or_end(store, get_queue(queue_connection), conversation_id, meta, meta["job_id"], reason)
         return False
@@ -123,8 +128,14 @@ def _overdue_request(meta: State | None, now: float) -> bool:
                 and not approval.get("answer") and now > approval["expires_at"] + CALLBACK_GRACE_S)
 
 
-def _resumable(meta: State, now: float) -> bool:
-    """A started turn with a resume and the time for one left (otherwise its ending says it was lost)."""
+def _resumable(store: Store, queue_connection: redis.Redis, meta: State, now: float) -> bool:
+    """A turn with a resume left: one that began, with the time for one left; one whose job a worker took and
+    lost before it began the turn (queued again, on the clocks it was sent with; a job that never reached the
+    queue, or is gone from it, is not: its ending says so). Otherwise its ending says it was lost."""
     config = TurnConfig.from_dict(meta["config"] or {})
-    return bool(meta["started_at"] and meta["deadline_at"]) and meta["attempt"] < config.max_resumes and (
-        meta["deadline_at"] - now >= config.min_call_s)
+    if meta["attempt"] >= config.max_resumes:
+        return False
+    if began(meta):
+        return meta["deadline_at"] - now >= config.min_call_s
+    return now - (meta["enqueued_at"] or now) < queue_wait_s(store.ttl_s) and SafeJob.exists(
+        meta["job_id"], connection=queue_connection)

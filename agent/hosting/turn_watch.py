@@ -12,11 +12,16 @@ die is not left to the lease: its turn is handed over at once (deaths.py).
 The same look expires the requests for approval whose time is up (agent/turn/approvals.py), from the
 index of parked turns scored by expiry: one range read when none is due. Every STRANDED_EVERY_S it also
 reads STRANDED_BATCH of the accepted turns (the index of their memory reservations, agent/conversation/room.py),
-going on from where its last look stopped and round again, and their jobs' records, in three round trips: a
-turn whose job is gone (refused by a full Redis, or never enqueued by a sender that died) is ended with the
-reason by the front ends' own check (lost_worker.py), so that no accepted turn waits for ever when no page is
-open. That look's cost is flat in the turns accepted; the time to come round to every one of them is not
-(STRANDED_EVERY_S per STRANDED_BATCH: 100 s at 1,000 accepted), which suits a loss this rare.
+going on from where its last look stopped and round again, their jobs' records and their heartbeat marks, in
+four round trips: a turn whose job is gone (refused by a full Redis, or never enqueued by a sender that died) is
+ended with the reason by the front ends' own check (lost_worker.py), so that no accepted turn waits for ever when
+no page is open; one whose job RQ started but that never claimed it (a claimed turn beats) is queued again by that
+check. And each look reads RQ's intermediate queue, where a job taken off the queue waits the few milliseconds
+until it starts: one left there LIMBO_GRACE_S was taken by a worker that is gone, and its turn is handed over
+(resume.py: once; queued again on the clocks it was sent with when it never began, resumed inside its own when
+that job was its resume). The look at accepted turns costs the same however many are accepted; the time to come
+round to every one of them does not (STRANDED_EVERY_S per STRANDED_BATCH: 100 s at 1,000 accepted), which suits a
+loss this rare.
 
 A heartbeat's TTL runs on Redis's clock. A Redis that stalls (SIGSTOP, a slow fork, a busy script) expires
 nothing meanwhile, but when it resumes every mark whose TTL passed expires at once, before the workers'
@@ -38,8 +43,8 @@ from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from agent.conversation.store import Store
-from agent.hosting.deaths import worker_died
-from agent.hosting.lost_worker import lost_worker_check
+from agent.hosting.deaths import hand_over_taken_job, worker_died
+from agent.hosting.lost_worker import LIMBO_GRACE_S, lost_worker_check
 from agent.queue import SafeJob, get_queue
 from agent.runtime.connection import redis_problem
 from agent.turn.approvals import expire_due
@@ -89,6 +94,8 @@ class TurnWatch:
         self.stranded = 0  # accepted turns whose job was gone, ended by this watch
         self.next_stranded_look = 0.0  # time.monotonic() of the next look for them
         self.stranded_after: float | None = None  # the score of the last accepted turn read (None: from the first)
+        self.limbo_since: dict[str, float] = {}  # job id -> time.monotonic() it was first seen taken, not started
+        self.requeued = 0  # turns whose job a lost worker took and never began, queued again by this watch
 
     def sweep(self) -> None:
         try:
@@ -108,7 +115,16 @@ class TurnWatch:
         self.last_look = now
         return now < self.trust_lapses_from
 
-    def end_stranded(self) -> None:
+    def look_for_lost_jobs(self, trusted: bool) -> None:
+        """The jobs no heartbeat speaks for: taken off the queue and never started (each look), and (every
+        STRANDED_EVERY_S) accepted turns whose job is gone or never claimed them. `trusted`: False while Redis was
+        away a moment ago (no worker could move meanwhile), when no job is taken for lost on time alone."""
+        self.requeue_limbo(time.monotonic(), trusted)
+        if time.monotonic() >= self.next_stranded_look:
+            self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
+            self.end_stranded(trusted)
+
+    def end_stranded(self, trusted: bool = True) -> None:
         """End the accepted turns whose job is gone (the front ends' check decides, and words it); forget the
         reservations of turns that ended, or whose conversation went, without releasing them."""
         flags = self.store.flags
@@ -124,27 +140,46 @@ class TurnWatch:
             if current != turn_id or done != "0":
                 flags.release_reservation(conversation_id, turn_id)
             elif owner:  # "" while parked on a request for approval: no job to look for
-                waiting.append((conversation_id, owner))
+                waiting.append((conversation_id, turn_id, owner))
         if not waiting:
             return
         with self.queue_connection.pipeline(transaction=False) as pipe:
-            for _, owner in waiting:
-                pipe.exists(SafeJob.key_for(owner))
-            found = pipe.execute()
-        for (conversation_id, _), exists in zip(waiting, found, strict=True):
-            if not exists:
+            for _, _, owner in waiting:
+                pipe.hget(SafeJob.key_for(owner), "status")
+            statuses = pipe.execute()
+        beating = self.store.flags.alive([turn_id for _, turn_id, _ in waiting])
+        for (conversation_id, _, _), status, alive in zip(waiting, statuses, beating, strict=True):
+            if status is None:
                 self.stranded += lost_worker_check(self.store, self.queue_connection, conversation_id)
+            elif status == b"started" and not alive and trusted:
+                # Started by RQ but never claimed (a claimed turn beats): a worker lost between the two, or one
+                # that began it and was lost (the lease's look takes that one). The front ends' check decides.
+                lost_worker_check(self.store, self.queue_connection, conversation_id)
+
+    def requeue_limbo(self, now: float, trusted: bool) -> None:
+        """Hand over the turns whose job a worker took off the queue and never started: RQ moves a job it takes
+        to its intermediate queue and out of it as the job starts (a few milliseconds later), so one still there
+        after LIMBO_GRACE_S was taken by a worker that was lost in between (RQ's own look at it comes minutes
+        later, and fails it). One range read of a list that is nearly always empty. `trusted`: False while Redis
+        was away a moment ago (no worker could move meanwhile), when nothing is handed over."""
+        queue = get_queue(self.queue_connection)
+        taken = [_text(job_id) for job_id in self.queue_connection.lrange(queue.intermediate_queue_key, 0,
+                                                                           MAX_WATCHED - 1)]
+        self.limbo_since = {job_id: self.limbo_since.get(job_id, now) for job_id in taken}
+        if not trusted:
+            return
+        for job_id, since in self.limbo_since.items():
+            if now - since > LIMBO_GRACE_S:
+                self.requeued += hand_over_taken_job(self.store, self.queue_connection, job_id) == "resumed"
 
     def _sweep(self) -> None:
         self.expired += expire_due(self.store, get_queue(self.queue_connection))
-        if time.monotonic() >= self.next_stranded_look:
-            self.next_stranded_look = time.monotonic() + STRANDED_EVERY_S
-            self.end_stranded()
         flags = self.store.flags
         lapsed = flags.lapsed(MAX_WATCHED)
 
         if not lapsed:
-            self.redis_was_away(time.monotonic())
+            away = self.redis_was_away(time.monotonic())
+            self.look_for_lost_jobs(trusted=not away)
             return
         owners = flags.owners(lapsed)
         in_flight = []
@@ -155,7 +190,9 @@ class TurnWatch:
                 flags.not_running(conversation_id)  # ended (or gone) without its index entry removed
         now = time.time()
         beating = flags.alive([turn_id for _, turn_id, _ in in_flight])
-        if self.redis_was_away(time.monotonic()):
+        away = self.redis_was_away(time.monotonic())
+        self.look_for_lost_jobs(trusted=not away)
+        if away:
             self.held_off += not all(beating)
             return
         for (conversation_id, turn_id, owner), alive in zip(in_flight, beating, strict=True):
@@ -190,3 +227,7 @@ class TurnWatch:
                 log.info("turn watch: Redis did not answer (%s); looking again in %g s", redis_problem(exc), WATCH_S)
             except Exception:  # noqa: BLE001 - the watch must outlive one bad state
                 log.exception("turn watch: a look failed; looking again in %g s", WATCH_S)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value

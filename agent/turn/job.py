@@ -27,7 +27,7 @@ from agent.tools import acting_for
 from agent.turn import heartbeat, shutdown
 from agent.turn.continuations import MARK as CONTINUATION_MARK
 from agent.turn.loop import Turn
-from agent.turn.resume import Resumption, resume_or_end
+from agent.turn.resume import Resumption, began, resume_or_end
 from agent.turn.tool_runs import answer_every_call
 
 log = logging.getLogger(__name__)
@@ -73,26 +73,35 @@ def _run(conversation_id: str, turn_id: str) -> str:
     # The page may give a turn a longer job timeout than the one AGENT_STATE_TTL was checked against:
     # its conversation must still outlive the longest wait for its next write (see settings.state_ttl_s).
     store.ttl_s = max(store.ttl_s, least_state_ttl_s(config))
-    if job_id and state["job_id"] == job_id and _continues(state, job_id):
-        return _continue(store, conversation_id, state, config, job_id, started_at)
-    if job_id and CONTINUATION_MARK in job_id:  # a continuation run again (delivered twice): never a fresh turn
-        log.info("turn %s: continuation %s has nothing to do (it ran already)", turn_id, job_id)
-        return "duplicate"
-    if job_id and state["attempt"] > 0 and state["job_id"] == job_id:
-        return _resume(store, conversation_id, state, config, job_id)
-    if job_id and state["job_id"] and state["job_id"] != job_id:
-        # Another job owns the turn now (a continuation, a resume): this one was enqueued for it earlier and
-        # runs late. It must not start it, nor enter the index of running turns, whose lapsed lease would then
-        # make a watch take the turn's real job for lost.
+    job_id = job_id or state["job_id"] or turn_id  # run outside a worker: as the job the state names
+    if state["job_id"] and state["job_id"] != job_id:
+        # Another job owns the turn now (a continuation, a resume, a re-queue): this one was enqueued for it
+        # earlier and runs late. It must not start it, nor enter the index of running turns, whose lapsed lease
+        # would then make a watch take the turn's real job for lost.
         log.info("turn %s is owned by job %s, not %s: nothing to do", turn_id, state["job_id"], job_id)
-        return "not its job"
-    if not store.claim_turn(turn_id, job_id or turn_id, ttl_s=config.job_timeout_s * 2 + 60):
-        log.info("turn %s already ran (duplicate job): nothing to do", turn_id)
-        return "duplicate"
-    with heartbeat.beating(store, conversation_id, turn_id, job_id or turn_id):
-        turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
-                           history=answer_every_call([_for_model(m) for m in state["history"]]),
-                           doc=carried(state), persisted_len=len(state["history"]), owner=job_id)
+        return "duplicate" if CONTINUATION_MARK in job_id else "not its job"
+    # The claim: once per job, only while it owns the turn (atomic with that check, so a job the turn was
+    # handed away from can never start it), and the turn watched from that same instant (claim.lua).
+    claimed = store.flags.claim(conversation_id, turn_id, job_id, ttl_s=config.job_timeout_s * 2 + 60,
+                                alive_ms=heartbeat.ALIVE_MS)
+    if claimed != "ok":
+        log.info("turn %s: job %s does not run it (%s)", turn_id, job_id, claimed)
+        return "duplicate" if claimed == "duplicate" else "stale" if claimed == "ended" else claimed
+    with heartbeat.beating(store, conversation_id, turn_id, job_id):
+        if began(state):  # handed over after its first write: it goes on inside the turn's clocks
+            return _resume(store, conversation_id, state, config, job_id)
+        # Not begun: a fresh turn, or the continuation after an answer; on clocks from this job's start. One
+        # queued again (its job was lost before it began) says so in a resume step.
+        after_answer = _after_answer(state)
+        resumption = None
+        if after_answer or state["attempt"] > 0:
+            resumption = replace(Resumption.of(state, store.live_seq(conversation_id)), after_answer=after_answer,
+                                 requeued=job_id != _answer_job(state) if after_answer else True)
+        history = (_taken_over_history(state, resumption) if resumption is not None
+                   else answer_every_call([_for_model(m) for m in state["history"]]))
+        turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at, history=history,
+                           doc=carried(state), persisted_len=len(state["history"]), owner=job_id,
+                           resumption=resumption)
         return turn.run()
 
 
@@ -100,7 +109,7 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
     """Continue a turn whose worker was lost (resume.py), from its state as last published, on its own clocks."""
     turn_id, now = state["turn_id"], time.time()
     remaining = (state["deadline_at"] or now) - now
-    if remaining < config.min_call_s or not state["started_at"]:  # it waited too long for a worker
+    if remaining < config.min_call_s:  # it waited too long for a worker
         ending = Ending.worker_lost_no_time("its resumed job waited for a free worker", remaining, config.min_call_s)
         if shutdown.stopped_with_the_app(job_id):
             ending = Ending.app_stopped(f"no worker started again before its deadline ({max(0.0, remaining):.1f} s "
@@ -108,30 +117,21 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
         write_ending(store, conversation_id, turn_id, ending, owner=job_id)
         return "no time"
     resumption = Resumption.of(state, store.live_seq(conversation_id))
-    with heartbeat.beating(store, conversation_id, turn_id, job_id):
-        turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"],
-                           history=_taken_over_history(state, resumption), doc=carried(state),
-                           persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
-        return turn.run()
+    turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"],
+                       history=_taken_over_history(state, resumption), doc=carried(state),
+                       persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
+    return turn.run()
 
 
-def _continues(state: State, job_id: str) -> bool:
-    """This job is the continuation a person's answer to the turn's request for approval enqueued."""
+def _after_answer(state: State) -> bool:
+    """The turn waits for the continuation a person's answer to its request for approval enqueued."""
     approval = state["approval"]
-    return bool(approval and approval.get("answer") and approval.get("job_id") == job_id
-                and state["status"] == Status.QUEUED)
+    return bool(approval and approval.get("answer") and state["status"] == Status.QUEUED and not began(state))
 
 
-def _continue(store: Store, conversation_id: str, state: State, config: TurnConfig, job_id: str,
-              started_at: float) -> str:
-    """Continue a turn after its request for approval was answered (approvals.py), on a fresh set of clocks."""
-    turn_id = state["turn_id"]
-    resumption = replace(Resumption.of(state, store.live_seq(conversation_id)), after_answer=True)
-    with heartbeat.beating(store, conversation_id, turn_id, job_id):
-        turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at,
-                           history=_taken_over_history(state, resumption), doc=carried(state),
-                           persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
-        return turn.run()
+def _answer_job(state: State) -> str:
+    """The continuation the answer enqueued (a job queued again in its place has another id)."""
+    return (state["approval"] or {}).get("job_id") or ""
 
 
 def _taken_over_history(state: State, resumption: Resumption) -> list[Message]:
@@ -157,8 +157,9 @@ def on_failure(job, connection, exc_type, exc_value, tb) -> None:
     else:
         name = getattr(exc_type, "__name__", "error")
         state = store.read_meta(conversation_id)
-        if state is not None and state["turn_id"] == turn_id and not state["done"] and state["started_at"]:
-            # The worker failed under a turn that had started: it goes on on another worker while it can.
+        if state is not None and state["turn_id"] == turn_id and not state["done"] and state["job_id"] == job.id:
+            # The worker failed under the turn (begun, or not yet: then it is queued again): it goes on on
+            # another worker while it can.
             resume_or_end(store, get_queue(connection), conversation_id, state, job.id, f"its job failed: {name}")
             return
         ending = Ending.worker_failed(name)

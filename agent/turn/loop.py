@@ -141,14 +141,29 @@ class Turn:
         writer.step_index = resumption.steps
         writer.live.seq = writer.live_to_clear = resumption.live_seq
         self.tools.call_ids.update(resumption.call_ids)
-        self.tools.used = any(m.get("role") == Role.TOOL for m in self.history)
+        # (A turn queued again before it began has run no tool: earlier turns' results are not its own.)
+        self.tools.used = (resumption.after_answer or not resumption.requeued) and any(
+            m.get("role") == Role.TOOL for m in self.history)
         if resumption.answered is not None:
             call_id, answer = resumption.answered
             self.tools.decisions[call_id] = answer
         writer.doc.update(attempt=resumption.attempt, job_id=writer.owner)
+        remaining = budget.remaining_s()
+        if resumption.requeued:  # its job was lost before it began: this one begins it, on fresh clocks
+            what = "going on after the answer" if resumption.after_answer else "starting this reply"
+            if shutdown.stopped_with_the_app(writer.owner):
+                name, detail = "app stopped", f"the app was stopped before {what}; started when a worker started again"
+            else:
+                name, detail = "worker lost", (f"the worker that took this turn from the queue was lost before {what}; "
+                                               "queued again and started on another worker")
+            writer.add_step(Kind.RESUME, f"{name}: resume {resumption.attempt}", resumption.lost_at, Outcome.OK,
+                            remaining_s=round(remaining, 3), attempt=resumption.attempt,
+                            detail=f"{detail} with {remaining:.1f} s left before the deadline")
+            log.warning("turn %s: queued again after a lost job (attempt %d), %.1f s before its deadline",
+                        writer.turn_id, resumption.attempt, remaining)
+            return
         if resumption.after_answer:  # the continuation after a person's answer: its step is written already
             return
-        remaining = budget.remaining_s()
         started = [call for call in resumption.pending if call.id in resumption.started]
         doing = (f"while the {started[0].name} tool ran" if started else
                  "between tool runs" if resumption.pending else

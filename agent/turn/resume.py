@@ -12,6 +12,11 @@ The clocks stay the turn's: its deadline and job-timeout instant were fixed when
 new job's RQ timeout is what remains up to that instant, and its own deadline is the turn's, so its final
 write still lands before the turn's original job timeout, however many workers die.
 
+A turn whose job was lost before its first write has no clocks of its own yet (a fresh turn, or the
+continuation after an answer, which runs on a fresh set): it is handed over the same way, and its new job
+starts it on the clocks it was sent with, its job timeout counting from that job's start, with a resume step
+that says the worker that took it from the queue was lost before it began (`Resumption.requeued`).
+
 A turn answered after it parked on a request for approval (approvals.py) is continued the same way, from
 the same `Resumption`, but on a fresh set of clocks and without a resume step.
 
@@ -35,7 +40,7 @@ from agent.contract import Kind, Role, State
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
 from agent.providers.base import ToolCall
-from agent.queue import enqueue_turn, job_id_for
+from agent.queue import enqueue_turn, job_id_for, queue_wait_s
 from agent.settings import TurnConfig
 from agent.turn.heartbeat import ALIVE_MS
 from agent.turn.shutdown import stopped_with_the_app
@@ -47,6 +52,12 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
                   reason: str, *, known_dead: bool = False) -> str:
     """Resume the turn whose job `lost_owner` was lost, or end it saying why it cannot go on.
 
+    A turn whose lost job never made its first write (taken off the queue, even marked started by RQ or
+    claimed, but no clocks of its own yet: a fresh turn, or the continuation after an answer) has nothing to
+    resume: it is queued again, through the same exactly-once hand-over, and its new job starts it on the
+    clocks it was sent with (its job timeout counts from that job's start, as RQ's does), at the front of the
+    queue and within what is left of its wait for a worker.
+
     `known_dead`: the caller saw the job's process end (its supervisor saw the worker, or RQ the work
     horse, exit), so its heartbeat mark, which may live on for a moment, does not hold the hand-over back.
     Returns "resumed", "ended", or what the store found instead ("taken": another job owns it now;
@@ -54,12 +65,16 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
     turn_id, attempt = state["turn_id"], state["attempt"]
     config = TurnConfig.from_dict(state["config"] or {})
     now = time.time()
+    started = began(state)
     remaining = (state["deadline_at"] or now) - now
+    wait_left = queue_wait_s(store.ttl_s) - (now - (state["enqueued_at"] or now))
     ending = None
     if attempt >= config.max_resumes:
         ending = Ending.worker_lost_no_resume(reason, attempt)
-    elif remaining < config.min_call_s:
+    elif started and remaining < config.min_call_s:
         ending = Ending.worker_lost_no_time(reason, remaining, config.min_call_s)
+    elif not started and wait_left < 1:
+        ending = Ending.queue_expired(f"{reason}, after it had waited the longest a message may wait")
     if ending is not None and stopped_with_the_app(lost_owner):  # handed over at a stop, not taken up in time
         ending = Ending.app_stopped(f"no worker took it up again before its deadline ({reason})")
     if ending is not None:
@@ -70,6 +85,15 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
                                         max_resumes=config.max_resumes, alive_ms=ALIVE_MS, by_itself=known_dead)
     if outcome != "ok":
         return outcome
+    # A job a worker took and never started stays in RQ's intermediate queue, where RQ's own look would fail it
+    # minutes from now: it is ours to drop.
+    queue.connection.lrem(queue.intermediate_queue_key, 0, lost_owner)
+    if not started:
+        enqueue_turn(queue, conversation_id, turn_id, new_owner, job_timeout_s=config.job_timeout_s,
+                     wait_s=max(1, math.floor(wait_left)), at_front=True)
+        log.warning("turn %s: its job was lost before it began the turn (%s); queued again as %s (attempt %d)",
+                    turn_id, reason, new_owner, new_attempt)
+        return "resumed"
     job_timeout_at = state["job_timeout_at"] or now + config.job_timeout_s
     # RQ's timeout for the new job: what remains up to the turn's own job-timeout instant, never more.
     enqueue_turn(queue, conversation_id, turn_id, new_owner, job_timeout_s=max(1, math.floor(job_timeout_at - now)),
@@ -77,6 +101,12 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
     log.warning("turn %s: its worker was lost (%s); resumed as %s (attempt %d), %.1f s before its deadline",
                 turn_id, reason, new_owner, new_attempt, remaining)
     return "resumed"
+
+
+def began(state: State) -> bool:
+    """Whether a job began the turn's current run: its first write set the clocks it runs on. (Not yet for a
+    turn still queued, nor for the continuation after an answer, which runs on clocks of its own.)"""
+    return bool(state["started_at"] and state["deadline_at"])
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,7 @@ class Resumption:
     call_ids: frozenset[str]  # the turn's tool call ids so far
     answered: tuple[str, str] | None = None  # (call id, a person's answer) of the turn's answered request
     after_answer: bool = False  # this job continues the turn after that answer, on fresh clocks (approvals.py)
+    requeued: bool = False  # the lost job never began the turn: this one starts it, on the clocks it was sent with
 
     @classmethod
     def of(cls, state: State, live_seq: int) -> Resumption:

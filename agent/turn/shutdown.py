@@ -23,7 +23,7 @@ import time
 import redis
 
 from agent.conversation.store import Store
-from agent.queue import enqueue_turn, get_queue, job_id_for
+from agent.queue import enqueue_turn, get_queue, job_id_for, queue_wait_s
 from agent.runtime.connection import redis_problem
 from agent.settings import TurnConfig
 from agent.turn.heartbeat import ALIVE_MS
@@ -53,8 +53,9 @@ def hand_over(store: Store, conversation_id: str, turn_id: str, owner: str) -> s
             return None
         config = TurnConfig.from_dict(state["config"] or {})
         now = time.time()
-        remaining = (state["deadline_at"] or now) - now
-        if remaining < config.min_call_s:
+        begun = bool(state["started_at"] and state["deadline_at"])  # else its next job starts it on fresh clocks
+        remaining = (state["deadline_at"] or now) - now if begun else config.job_timeout_s - config.deadline_margin_s
+        if begun and remaining < config.min_call_s:
             return (f"{max(0.0, remaining):.1f} s were left before its deadline, and a model call needs at least "
                     f"{config.min_call_s:g} s")
         new_owner = restart_job_id(turn_id, state["attempt"] + 1)
@@ -65,10 +66,13 @@ def hand_over(store: Store, conversation_id: str, turn_id: str, owner: str) -> s
                     "(AGENT_MAX_RESUMES)")
         if outcome != "ok":
             return None
-        job_timeout_at = state["job_timeout_at"] or now + config.job_timeout_s
-        enqueue_turn(get_queue(store.redis), conversation_id, turn_id, new_owner,
-                     job_timeout_s=max(1, math.floor(job_timeout_at - now)),
-                     wait_s=max(1, math.floor(remaining - config.min_call_s)), at_front=True)
+        if begun:
+            job_timeout_s, wait_s = math.floor(state["job_timeout_at"] - now), math.floor(remaining - config.min_call_s)
+        else:
+            job_timeout_s = config.job_timeout_s
+            wait_s = math.floor(queue_wait_s(store.ttl_s) - (now - (state["enqueued_at"] or now)))
+        enqueue_turn(get_queue(store.redis), conversation_id, turn_id, new_owner, job_timeout_s=max(1, job_timeout_s),
+                     wait_s=max(1, wait_s), at_front=True)
     except redis.RedisError as exc:
         return f"Redis did not take the hand-over ({redis_problem(exc)})"
     log.warning("turn %s: the app is stopping; handed over to %s (attempt %d) for its next start, %.1f s before "

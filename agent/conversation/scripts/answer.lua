@@ -4,7 +4,8 @@
 -- continuation, or runs on in the job that waits for it with safeguards off), and the job that continues it
 -- owns it from now on; with a continuation, the turn enters the index the pool's watch looks at until that
 -- job is seen on the queue (it is enqueued after this script: if it never gets there, the watch enqueues it).
--- KEYS: meta, steps, events, approvals, index, history, turns, live, continuing
+-- A new owner (a continuation) gets the turn's claim freed (scripts/claim.lua): the job that parked held it.
+-- KEYS: meta, steps, events, approvals, index, history, turns, live, continuing, the turn's claim
 -- ARGV: turn_id, request id, doc, step (JSON), new owner, conversation_id, updated_at, ttl, person (the signed-in
 -- person answering; '' for the local playground, the operator and the expiry), decision ('expired' for the
 -- expiry itself, which is never late), look_at ('' without a continuation: when the watch looks for its job).
@@ -16,7 +17,7 @@ local continuing = KEYS[9]
 local turn_id, request_id, doc, step, new_owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local conversation_id, updated_at, ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local decision, look_at = ARGV[10], ARGV[11]
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'approval', 'owned_by')
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'approval', 'owned_by', 'owner')
 if not current[1] then return {'gone', '0'} end
 if ARGV[9] ~= '' and current[4] ~= ARGV[9] then return {'gone', '0'} end
 if current[1] ~= turn_id or current[2] == '1' then return {'ended', '0'} end
@@ -31,6 +32,7 @@ end
 redis.call('RPUSH', steps, step)
 redis.call('HINCRBY', meta, 'bytes', #step)
 local version = redis.call('HINCRBY', meta, 'version', 1)
+if (current[5] or '') ~= new_owner then redis.call('DEL', KEYS[10]) end
 redis.call('HSET', meta, 'doc', doc, 'owner', new_owner)
 redis.call('HDEL', meta, 'approval')
 redis.call('ZREM', approvals, conversation_id)

@@ -1,7 +1,8 @@
 -- Hand a turn whose worker was lost to a new job, once: only while the lost job still owns it, and only
 -- while resumes are left. Every later write of the lost job is refused (STALE), so two jobs never write
 -- one turn.
--- KEYS: meta, alive (the turn's heartbeat mark)
+-- The claim (scripts/claim.lua) is freed for the new job: the lost one claimed it, or died before it could.
+-- KEYS: meta, alive (the turn's heartbeat mark), the turn's claim
 -- ARGV: turn_id, lost owner (the job whose worker was lost), new owner (the job that continues it),
 -- max resumes, alive ttl (ms: the new job's grace to start beating), '1' when the lost job's mark is no sign of
 -- life: the owner hands the turn over itself (its app is stopping), or the caller saw its process end; else '0'
@@ -20,4 +21,5 @@ if attempt >= max_resumes then return {'spent', tostring(attempt)} end
 attempt = attempt + 1
 redis.call('HSET', meta, 'owner', new, 'attempt', attempt)
 redis.call('SET', alive, new, 'PX', alive_ms)
+redis.call('DEL', KEYS[3])
 return {'ok', tostring(attempt)}
