@@ -22,6 +22,7 @@ from agent.turn.resume import resume_or_end
 
 log = logging.getLogger(__name__)
 
+
 def current_job_of(queue_connection: redis.Redis, worker_name: str) -> str | None:
     """The job RQ records a worker as running (its record outlives a killed worker for a while), or None."""
     worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + worker_name, connection=queue_connection,
@@ -32,16 +33,10 @@ def current_job_of(queue_connection: redis.Redis, worker_name: str) -> str | Non
 def hand_over_dead_job(store: Store, queue_connection: redis.Redis, job_id: str, reason: str) -> str:
     """The turn job `job_id` ran, whose process is known to have ended: resumed (or ended, saying why) now.
     Returns what resume_or_end says, or "not a turn in flight" when the job owns no turn in flight."""
-    try:
-        job = SafeJob.fetch(job_id, connection=queue_connection, serializer=JSONSerializer)
-    except Exception:  # noqa: BLE001 - gone, or not ours to read: nothing to hand over
+    owned = _turn_owned_by(store, queue_connection, job_id)
+    if owned is None:
         return "not a turn in flight"
-    if job.func_name != JOB_FUNCTION or len(job.args) != 2:
-        return "not a turn in flight"
-    conversation_id, turn_id = job.args
-    state = store.read_meta(conversation_id)
-    if state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != job_id:
-        return "not a turn in flight"
+    conversation_id, turn_id, state = owned
     outcome = resume_or_end(store, get_queue(queue_connection), conversation_id, state, job_id, reason,
                             known_dead=True)
     log.warning("turn %s: %s; %s at once", turn_id, reason, outcome)
@@ -53,21 +48,30 @@ def hand_over_taken_job(store: Store, queue_connection: redis.Redis, job_id: str
     left in RQ's intermediate queue), is handed over once (resume.py): a turn that never began is queued again on
     the clocks it was sent with; one that began (this job was its resume) is resumed again inside its own. Returns
     what resume_or_end says, or "not a turn in flight" when the job owns no turn in flight."""
-    try:
-        job = SafeJob.fetch(job_id, connection=queue_connection, serializer=JSONSerializer)
-    except Exception:  # noqa: BLE001 - gone, or not ours to read: nothing to hand over
+    owned = _turn_owned_by(store, queue_connection, job_id)
+    if owned is None or store.flags.alive([owned[1]])[0]:
         return "not a turn in flight"
-    if job.func_name != JOB_FUNCTION or len(job.args) != 2:
-        return "not a turn in flight"
-    conversation_id, turn_id = job.args
-    state = store.read_meta(conversation_id)
-    if (state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != job_id
-            or store.flags.alive([turn_id])[0]):
-        return "not a turn in flight"
+    conversation_id, turn_id, state = owned
     outcome = resume_or_end(store, get_queue(queue_connection), conversation_id, state, job_id,
                             "its job was taken off the queue by a worker that was lost before it started it")
     log.warning("turn %s: its job %s was taken off the queue and never started; %s", turn_id, job_id, outcome)
     return outcome
+
+
+def _turn_owned_by(store: Store, queue_connection: redis.Redis, job_id: str) -> tuple[str, str, dict] | None:
+    """(conversation id, turn id, meta) of the turn in flight that turn job `job_id` owns, or None: the job is
+    gone, not ours to read, not a turn job, or no longer its turn's owner."""
+    try:
+        job = SafeJob.fetch(job_id, connection=queue_connection, serializer=JSONSerializer)
+    except Exception:  # noqa: BLE001 - gone, or not ours to read: nothing to hand over
+        return None
+    if job.func_name != JOB_FUNCTION or len(job.args) != 2:
+        return None
+    conversation_id, turn_id = job.args
+    state = store.read_meta(conversation_id)
+    if state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != job_id:
+        return None
+    return conversation_id, turn_id, state
 
 
 def worker_died(store: Store, queue_connection: redis.Redis, worker_name: str, returncode: int | None) -> str:
