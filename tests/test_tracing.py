@@ -153,10 +153,11 @@ class TestTheSpanTreeOfEachEnding:
     def test_a_turn_whose_worker_was_killed_is_traced_by_the_front_end_that_ends_it(self, spans, store,
                                                                                        redis_client):
         # Enqueued on a queue no worker of this session serves: the job is then left as RQ leaves a
-        # job whose SimpleWorker was SIGKILLed (started, long past its timeout, never finished).
+        # job whose SimpleWorker was SIGKILLed (started, long past its timeout, never finished). With no
+        # resume allowed, the front end ends it (with one, it would queue it again: test_handover_seams.py).
         cid = new_id()
         queue = Queue("no-worker-" + new_id(), connection=redis_client, serializer=JSONSerializer, job_class=SafeJob)
-        tid = submit_turn(store, queue, cid, "hi", FAST)
+        tid = submit_turn(store, queue, cid, "hi", FAST.with_changes(max_resumes=0))
         job = SafeJob.fetch(job_id_for(tid), connection=redis_client, serializer=JSONSerializer)
         job.started_at = datetime.now(UTC) - timedelta(seconds=FAST.job_timeout_s + 10)
         job.save()
