@@ -94,7 +94,9 @@ def test_an_answer_whose_continuation_never_reached_the_queue_stands_and_the_wat
 def test_continuations_count_against_their_owners_share(store, queue, pool):
     """With a share of 2 (one per worker): Erin's 6 approved continuations hold at most 2 places; Frank's
     first turn, sent after all the answers, starts before the 4 others."""
-    asks = SLOW.with_changes(approve_tools=("calculator",))
+    # Each of Erin's model calls takes 3 s: none of her continuations ends, and releases the next, before Frank's
+    # turn is sent, however slowly a busy machine gets from the answers to his message.
+    asks = SLOW.with_changes(approve_tools=("calculator",), model="demo@3~0")
     as_erin, as_frank = door(store, person("erin-asks"), max_turns=20), door(store, person("frank-asks"), max_turns=20)
     erin = [send(as_erin, queue, "What is 6*7?", config=asks, share=2) for _ in range(6)]
     requests = [wait_for(lambda c=cid: (s := store.read(c)) and s["status"] == Status.AWAITING_APPROVAL
