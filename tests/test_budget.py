@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -326,6 +327,31 @@ def test_a_resume_after_a_lost_worker_keeps_the_spend_and_charges_the_lost_call_
     assert state["spend"]["tokens"] == lost_worst + sum(c.input_tokens + c.output_tokens for c in after)
     assert state["spend"]["tokens"] >= sum(c.input_tokens + c.output_tokens for c in model.counted)
     assert state["spend"]["tokens"] <= 60_000
+
+
+def test_no_call_starts_uncharged_while_redis_is_away(private_redis, workers):  # noqa: F811
+    """A call under a budget waits for its charge to be saved: made while Redis was away, a worker lost after
+    it would leave it charged nowhere. Redis stops while a tool runs, and is back 3 s after the tool ends."""
+    workers(2)
+    wait_call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "wait", "arguments": json.dumps({"seconds": 2})}}]}
+    with TokenModel([wait_call, ANSWER]) as model:
+        config = config_for(model, budget_tokens=60_000, job_timeout_s=30, deadline_margin_s=3.0,
+                            call_timeout_cap_s=10.0, tool_timeout_cap_s=10.0)
+        cid, _, _, _ = start_turn(private_redis, "wait 2 s, then answer", config)
+        read_when(private_redis.store, cid, lambda s: (s.get("current_step") or {}).get("kind") == "tool", OBSERVE_S,
+                  "the wait tool runs")
+        private_redis.server.stop()
+        try:
+            time.sleep(5.0)  # the tool ends 2 s in; the next call would start at once
+            calls_while_away = len(model.counted)
+        finally:
+            private_redis.server.acquire()
+        state = wait_done(private_redis.store, cid, timeout_s=TURN_S)
+    assert calls_while_away == 1, "a model call started while its charge could not be saved"
+    assert state["status"] == Status.DONE, state["error"]
+    assert len(model.counted) == 2
+    assert state["spend"]["tokens"] >= sum(c.input_tokens + c.output_tokens for c in model.counted)
 
 
 @pytestmark_pool

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import redis
+
 from agent import tools as tool_registry
 from agent.contract import ErrorKind, Kind, Message, Outcome, Role, Usage
 from agent.conversation.endings import EMPTY_REPLY, Ending
@@ -22,6 +24,7 @@ from agent.deadline import CallTimeout
 from agent.providers.base import Completion, Provider, ProviderError, ProviderErrorKind
 from agent.providers.demo import DEMO
 from agent.providers.retry import MAX_ATTEMPTS_PER_CALL, RETRY_POLICY
+from agent.runtime.connection import redis_problem
 from agent.spend import CallPlan, Charge, Sent, input_bound, money, pusd_to_usd
 from agent.text.redaction import cut
 from agent.turn.context import TurnContext
@@ -30,6 +33,7 @@ from agent.turn.history_window import latest_turns
 
 log = logging.getLogger(__name__)
 
+REDIS_WAIT_S = 0.25  # between tries to save a call's charge while Redis is away
 PARTIAL_TEXT_CHARS = 20_000  # characters of a cut call's text kept in its step
 LAST_CALL_NUDGE = (
     "Time is nearly up for this turn. Answer now, briefly, with what you already have. "
@@ -138,11 +142,19 @@ class ModelCalls:
                 raise NoUsefulCall()
             self.skip_for_budget(ask)
         spend = self.context.spend
-        spend.start(plan)
-        writer.doc["spend"] = spend.to_doc()  # published with the call's start: a lost worker's call is charged
-        started = budget.now()
         writer.set_current(Kind.MODEL, self.name, timeout.total_s)
-        publishing.publish(writer)
+        if spend.limited:
+            if self.charge_saved(plan):  # it waited for Redis: less time is left now
+                remaining = budget.remaining_s()
+                if (timeout := budget.call_timeout()) is None:
+                    self.uncharged()
+                    self.skip(remaining)
+                writer.set_current(Kind.MODEL, self.name, timeout.total_s)
+        else:
+            spend.start(plan)
+            writer.doc["spend"] = spend.to_doc()  # published with the call's start: a lost worker's call is charged
+            publishing.publish(writer)
+        started = budget.now()
         on_text = publishing.live_text(writer, attempt)
         fields = {"attempt": attempt, "last_call": ask.last_call, **ask.step_fields,
                   **({"unstreamed": ask.unstreamed} if ask.unstreamed else {})}
@@ -187,6 +199,33 @@ class ModelCalls:
                     tool_calls=len(completion.tool_calls), **({"usage": usage} if usage else {}), **empty, **fields,
                     **cost_fields(charge))
         return completion
+
+    def charge_saved(self, plan: CallPlan) -> bool:
+        """Under a budget, a call starts only once its worst case is in Redis as in flight, so that whoever
+        ends or resumes the turn after a lost worker charges it: a write that did not land (Redis away) is
+        tried again every REDIS_WAIT_S while the deadline lets a call start; a turn given to another attempt
+        meanwhile ends here (the write is refused). Returns whether it waited."""
+        spend, writer = self.context.spend, self.context.writer
+        waited = False
+        while True:
+            spend.start(plan)
+            writer.doc["spend"] = spend.to_doc()
+            try:
+                self.context.publishing.before_charged_call(writer)
+                return waited
+            except redis.RedisError as exc:
+                self.uncharged()
+                log.warning("turn %s: model call waits: its charge could not be saved: %s", writer.turn_id,
+                            redis_problem(exc))
+            waited = True
+            self.context.stops.sleep(REDIS_WAIT_S)
+            if self.context.budget.call_timeout() is None:
+                self.skip(self.context.budget.remaining_s())
+
+    def uncharged(self) -> None:
+        """The call in flight did not start after all: not charged."""
+        self.context.spend.in_flight = None
+        self.context.writer.doc["spend"] = self.context.spend.to_doc()
 
     def remember(self, ask: Ask, plan: CallPlan, charge: Charge) -> None:
         """The base of the next call's input bound: what this one sent, and its tokens as counted (none when

@@ -91,6 +91,11 @@ class PublishEveryStep:
         if writer.since_last_write_s() >= PUBLISH_INTERVAL_S and writer.has_news():
             writer.flush()
 
+    def before_charged_call(self, writer: StateWriter) -> None:
+        """Before a model call under a budget: its worst case is in Redis as in flight (raises
+        redis.RedisError when the write did not land), so a lost worker's call is charged."""
+        writer.flush(durable=True)
+
     def before_side_effect(self, writer: StateWriter) -> None:
         """Before a tool that is not safe to repeat starts: every result so far, and that this call starts
         (its call id in `current_step`), are in Redis. A write that did not land raises redis.RedisError,
@@ -114,6 +119,9 @@ class WriteAtEnd:
         pass
 
     def tool_running(self, writer: StateWriter) -> None:
+        pass
+
+    def before_charged_call(self, writer: StateWriter) -> None:
         pass
 
     def before_side_effect(self, writer: StateWriter) -> None:
