@@ -46,7 +46,7 @@ def test_the_write_that_lands_the_message_clears_the_live_text_in_the_same_versi
     cid, tid = begin(store)
     store.write_live(cid, tid, head(tid), "The answer is 391.")
     version = store.publish(cid, tid, DOC, new_messages=[{"role": "assistant", "content": "The answer is 391."}],
-                            expected_history_len=1, end_live=1)
+                            expected_turn_len=1, end_live=1)
     state = store.read(cid)
     assert state["version"] == version
     assert state["live"] is None and state["history"][-1]["content"] == "The answer is 391."

@@ -46,10 +46,10 @@ def test_a_write_for_a_turn_that_is_not_current_is_refused(store):
     assert info.value.reason == "STALE"
 
 
-def test_a_write_expecting_another_history_length_is_refused(store):
+def test_a_write_expecting_another_number_of_the_turns_messages_is_refused(store):
     cid, tid = begin(store)
     with pytest.raises(StoreError) as info:
-        store.publish(cid, tid, DOC, new_messages=[{"role": "assistant", "content": "x"}], expected_history_len=5)
+        store.publish(cid, tid, DOC, new_messages=[{"role": "assistant", "content": "x"}], expected_turn_len=5)
     assert info.value.reason == "CONFLICT"
 
 
@@ -57,10 +57,10 @@ def test_every_write_bumps_the_version_by_one_and_refreshes_the_ttl(store):
     cid, tid = begin(store)
     versions = [store.version(cid)]
     for _ in range(3):
-        store.redis.expire(f"agent:conv:{cid}:history", 5)
+        store.redis.expire(f"agent:conv:{cid}:tree", 5)
         versions.append(store.publish(cid, tid, DOC, new_messages=[{"role": "assistant", "content": "x"}]))
     assert versions == [1, 2, 3, 4]
-    assert store.redis.ttl(f"agent:conv:{cid}:history") > 500
+    assert store.redis.ttl(f"agent:conv:{cid}:tree") > 500
 
 
 def test_read_since_returns_the_same_object_as_a_full_read(store):

@@ -52,7 +52,16 @@ class TurnInFlight(MessageRefused):
     """The conversation already has a turn in flight; a new message is refused, not queued."""
 
     def __init__(self, conversation_id: str, turn_id: str):
-        super().__init__("a reply is still being written in this conversation: wait for it, or stop it")
+        super().__init__("a reply is still being written in this conversation: wait for it, or Stop it first")
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+
+
+class NoSuchTurn(MessageRefused):
+    """A regenerate, an edit or a switch named a turn the conversation does not have."""
+
+    def __init__(self, conversation_id: str, turn_id: str):
+        super().__init__(f"this conversation has no turn {turn_id[:40]!r}: `branches` lists its turns")
         self.conversation_id = conversation_id
         self.turn_id = turn_id
 

@@ -8,9 +8,15 @@ Per conversation (all its keys share one TTL, refreshed on every write):
                              local playground and for the operator's conversations), step_turn and
                              step_index (the highest step index a job's write stored, and its turn: a
                              write run twice stores no step twice, scripts/publish.lua)
-    agent:conv:{id}:history  list: one JSON message per item, append-only
-    agent:conv:{id}:steps    list: one JSON step per item, append-only
-    agent:conv:{id}:turns    list: one JSON summary per ended turn
+    agent:conv:{id}:tree     hash: the conversation as a tree of turns, each turn a record of its own (its
+                             person's message, the messages it produced, its steps, its summary, its parent
+                             turn, its children), field by field: scripts/included/tree.lua says which. meta's `tip` is
+                             the turn shown (the path from the first turn to it is the state's `history`),
+                             `tree_v` +1 whenever a turn is added or another branch is shown, `shape` "tree"
+    agent:conv:{id}:history, :steps, :turns
+                             lists: a conversation as a release before the tree stored it (the flat shape: one
+                             JSON message, step or ended turn's summary per item). Read as they are; the first
+                             write moves them into the tree (scripts/included/tree.lua) and deletes them
     agent:conv:{id}:events   stream: one tiny entry per write, id `<version>-1`, so a client can
                              block until the version moves instead of sleeping a poll interval
     agent:conv:{id}:live     string: the text a model call is writing now (UTF-8), grown by APPEND;
@@ -114,20 +120,23 @@ class Keys:
     """The keys of one conversation."""
 
     meta: str
-    history: str
+    history: str  # the flat shape's lists (a release before the tree): read, then moved into the tree
     steps: str
     turns: str
     events: str
     live: str
+    tree: str
+    base: str  # the prefix of them all: the scripts that move the flat shape into the tree build its keys from it
 
     @classmethod
     def of(cls, conversation_id: str) -> Keys:
         base = f"{KEY_PREFIX}conv:{conversation_id}:"
-        return cls(base + "meta", base + "history", base + "steps", base + "turns", base + "events", base + "live")
+        return cls(base + "meta", base + "history", base + "steps", base + "turns", base + "events", base + "live",
+                   base + "tree", base)
 
     @property
     def all(self) -> list[str]:
-        return [self.meta, self.history, self.steps, self.turns, self.events, self.live]
+        return [self.meta, self.history, self.steps, self.turns, self.events, self.live, self.tree]
 
 
 def deleted_marker(conversation_id: str) -> str:

@@ -14,12 +14,15 @@ import redis
 from redis.commands.core import Script
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+INCLUDE = "--@include "
 
 
 @functools.cache
 def source(name: str) -> str:
-    """The text of scripts/{name}.lua, read from the package the first time it is asked for."""
-    return (SCRIPTS_DIR / f"{name}.lua").read_text(encoding="utf-8")
+    """The text of scripts/{name}.lua, read from the package the first time it is asked for; a line
+    `--@include other` is replaced by the text of scripts/other.lua (the tree's shared functions)."""
+    lines = (SCRIPTS_DIR / f"{name}.lua").read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(source(line.split()[1]) if line.startswith(INCLUDE) else line for line in lines)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class Scripts:
     daily_reserve: Script  # a signed-in person's daily budget: checked, and a turn's budget reserved, at send
     daily_settle: Script  # a turn's reservation replaced by what it spent, once
     claim: Script  # a job claims its turn once, only while it owns it, and is watched from then on
+    switch: Script  # the branch shown: the conversation's tip moved to another turn
+    read: Script  # a conversation read in one step: the shown path, or only what is new
+    branches: Script  # the whole tree of turns, for `branches`
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -7,15 +7,21 @@ Whatever the keys hold, a read returns a well-formed State or raises UnreadableS
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
 import redis
 
 from agent import bounded_json
-from agent.contract import LIST_FIELDS, Live, Message, State
-from agent.conversation import well_formed
+from agent.contract import Live, Message, Role, State, Step
+from agent.conversation import lua, well_formed
 from agent.conversation.errors import UnreadableState
 from agent.conversation.keys import Keys, gone_events
 
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
+TURN_CACHE_SIZE = 20_000  # turns (their messages, steps and summary, parsed) kept by a process's readers
 
 
 def version(client: redis.Redis, conversation_id: str, *, owned_by: str | None = None) -> int | None:
@@ -46,62 +52,199 @@ def wait_version(client: redis.Redis, conversation_id: str, seen: int | None, ti
     return version(client, conversation_id)
 
 
-def read(client: redis.Redis, conversation_id: str) -> State | None:
-    """The whole state object of the contract, or None when unknown or expired."""
+def read(client: redis.Redis, conversation_id: str, *, tip: str = "") -> State | None:
+    """The whole state object of the contract (the path shown, or the path to `tip`), or None when unknown or
+    expired."""
+    return read_since(client, conversation_id, None, tip=tip)
+
+
+def read_since(client: redis.Redis, conversation_id: str, known: State | None, *, tip: str = "") -> State | None:
+    """The whole state object, fetching only what is new since `known` (an earlier read).
+
+    While the tree and the turn shown are the ones `known` was read from (its `tree_version`), only what the shown
+    turn added since is fetched, and the live text past the bytes `known` holds: O(new), not O(conversation).
+    Otherwise the path is read again, and of its turns only those not in the cache (TURN_CACHE: a turn by its id
+    and version) are fetched: a reader fetches a turn once."""
     keys = Keys.of(conversation_id)
-
-    def queue(pipe):
-        pipe.hgetall(keys.meta)
-        pipe.lrange(keys.history, 0, -1)
-        pipe.lrange(keys.steps, 0, -1)
-        pipe.lrange(keys.turns, 0, -1)
-        pipe.get(keys.live)
-
+    args = [tip]
+    if known and known.get("conversation_id") == conversation_id and known.get("tree_version") and not tip:
+        known_live = known.get("live")
+        have_bytes = len(known_live["text"].encode()) if known_live else 0
+        messages, steps = _tip_counts(known)
+        args += [str(known["tree_version"]), known["turn_id"], messages, steps, have_bytes]
+    else:
+        known, have_bytes = None, 0
     with readable(conversation_id):
-        meta, history, steps, turns, live_text = snapshot(client, queue)
-    if not meta:
+        reply = client.register_script(lua.source("read"))(
+            keys=[keys.meta, keys.tree, keys.live, keys.history, keys.steps, keys.turns], args=args)
+    kind = well_formed.decoded(reply[0])
+    if kind == "none":
         return None
-    return _state(conversation_id, meta, history, steps, turns, live_text)
+    meta = _pairs(reply[1])
+    if kind == "flat":
+        return _flat_state(conversation_id, meta, reply[3], reply[4], reply[5], reply[2])
+    if kind == "since":
+        return _since_state(client, conversation_id, meta, reply, known, have_bytes)
+    return _path_state(client, conversation_id, meta, reply[2], reply[3])
 
 
-def read_since(client: redis.Redis, conversation_id: str, known: State | None) -> State | None:
-    """The whole state object, fetching only what was appended since `known` (an earlier read).
+def _pairs(flat: list) -> dict:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
-    History, steps and turn summaries are append-only, so a client that follows a turn reads
-    the small fields and the new tail of each list: O(new), not O(conversation). So is the live
-    text while the same text continues: only the bytes past the ones `known` holds are fetched."""
-    if not known:
-        return read(client, conversation_id)
-    keys = Keys.of(conversation_id)
-    lists = (keys.history, keys.steps, keys.turns)
-    have = [len(known[name]) for name in LIST_FIELDS]
-    known_live = known.get("live")
-    have_bytes = len(known_live["text"].encode()) if known_live else 0
 
-    def queue(pipe):
-        pipe.hgetall(keys.meta)
-        for key, start in zip(lists, have, strict=True):
-            pipe.llen(key)
-            pipe.lrange(key, start, -1)
-        pipe.strlen(keys.live)
-        pipe.getrange(keys.live, have_bytes, -1)
+def _tip_counts(known: State) -> tuple[int, int]:
+    """How many of its shown turn's messages and steps `known` holds: its messages start at its person's message
+    (the last user message of the history), its steps are the last ones, all of that turn."""
+    history, steps = known.get("history") or [], known.get("steps") or []
+    start = len(history) - 1
+    while start > 0 and history[start].get("role") != Role.USER:
+        start -= 1
+    first = len(steps)
+    while first > 0 and steps[first - 1].get("turn_id") == known["turn_id"]:
+        first -= 1
+    return len(history) - max(start, 0), len(steps) - first
 
-    with readable(conversation_id):
-        meta, n_history, history, n_steps, steps, n_turns, turns, n_live, live_tail = snapshot(client, queue)
-    if not meta:
-        return None
-    if [n_history, n_steps, n_turns] != [a + len(b) for a, b in zip(have, (history, steps, turns), strict=True)]:
-        return read(client, conversation_id)  # not the lists `known` was read from (expired, re-created)
-    fresh = _state(conversation_id, meta, history, steps, turns, live_tail)
-    live = fresh["live"]
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One turn of the tree as the store holds it, read once per version (TURN_CACHE)."""
+
+    turn_id: str
+    messages: list[Message]
+    steps: list[Step]
+    summary: dict | None
+    doc: bytes | None  # its small fields as its ending wrote them (None: not ended, or a flat turn)
+
+
+class _Cache:
+    """The turns read, by (conversation, turn, version): a turn's record changes only with its version, so it is
+    fetched once. Shared by every reader of the process; the least recently used go first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key) -> TurnRecord | None:
+        with self.lock:
+            found = self.items.get(key)
+            if found is not None:
+                self.items.move_to_end(key)
+            return found
+
+    def put(self, key, record: TurnRecord) -> None:
+        with self.lock:
+            self.items[key] = record
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+TURN_CACHE = _Cache(TURN_CACHE_SIZE)
+
+
+def _fetch_turns(client: redis.Redis, conversation_id: str, wanted: list[tuple[str, int, int, int]]) -> None:
+    """Read the records of the turns `wanted` (id, version, messages, steps) into the cache, in one round-trip."""
+    if not wanted:
+        return
+    tree = Keys.of(conversation_id).tree
+    with client.pipeline(transaction=False) as pipe:
+        for turn_id, _v, n, s in wanted:
+            fields = [f"{turn_id}:sum", f"{turn_id}:doc", *(f"{turn_id}:m:{i}" for i in range(n)),
+                      *(f"{turn_id}:s:{i}" for i in range(s))]
+            pipe.hmget(tree, fields)
+        with readable(conversation_id):
+            replies = pipe.execute()
+    for (turn_id, v, n, _s), values in zip(wanted, replies, strict=True):
+        TURN_CACHE.put((conversation_id, turn_id, v), _record(turn_id, values[0], values[1], values[2:2 + n],
+                                                                 values[2 + n:]))
+
+
+def _record(turn_id: str, summary, doc, messages: list, steps: list) -> TurnRecord:
+    parsed_steps = [well_formed.step(raw or b"", turn_id) for raw in steps]
+    return TurnRecord(turn_id, [well_formed.message(raw or b"") for raw in messages], parsed_steps,
+                      well_formed.summary(summary) if summary else None, doc or None)
+
+
+def _path_state(client: redis.Redis, conversation_id: str, meta: dict, live_text, path: list) -> State:
+    rows = [(well_formed.decoded(r[0]), well_formed.decoded(r[1]), well_formed.decoded(r[2]).split(),
+             int(r[3] or 0), int(r[4] or 0), int(r[5] or 0)) for r in path]
+    missing = [(turn_id, v, n, s) for turn_id, _p, _k, v, n, s in rows
+               if TURN_CACHE.get((conversation_id, turn_id, v)) is None]
+    _fetch_turns(client, conversation_id, missing)
+    records = []
+    for turn_id, parent, siblings, v, n, s in rows:
+        record = TURN_CACHE.get((conversation_id, turn_id, v))
+        if record is None:  # pushed out meanwhile by other readers: read it again, alone
+            _fetch_turns(client, conversation_id, [(turn_id, v, n, s)])
+            record = TURN_CACHE.get((conversation_id, turn_id, v)) or TurnRecord(turn_id, [], [], None, None)
+        records.append((record, parent, siblings))
+    return _tree_state(conversation_id, meta, records, live_text)
+
+
+def _since_state(client, conversation_id: str, meta: dict, reply: list, known: State, have_bytes: int) -> State:
+    _kind, _meta, n_live, live_tail, v, _n, _s, summary, doc, messages, steps = reply
+    tip = known["turn_id"]
+    record = _record(tip, summary, doc, messages, steps)
+    had_messages, had_steps = _tip_counts(known)
+    whole = TurnRecord(tip, known["history"][len(known["history"]) - had_messages:] + record.messages,
+                       known["steps"][len(known["steps"]) - had_steps:] + record.steps, record.summary, record.doc)
+    TURN_CACHE.put((conversation_id, tip, int(v or 0)), whole)  # as the script read it: whole at this version
+    fresh = _tree_state(conversation_id, meta, [(record, known.get("parent_turn_id") or "",
+                                                 list(known.get("siblings") or [tip]))], live_tail)
+    fresh["history"] = known["history"] + fresh["history"]
+    fresh["steps"] = known["steps"] + fresh["steps"]
+    ended = [t for t in known["turns"] if t.get("turn_id") != tip]
+    fresh["turns"] = ended + fresh["turns"] if fresh["turns"] else list(known["turns"])
+    live, known_live = fresh["live"], known.get("live")
     if live is not None and have_bytes:
-        if not _same_text(live, known_live) or n_live < have_bytes:
+        if not _same_text(live, known_live) or int(n_live) < have_bytes:
             # Another text than the one `known` holds the start of: read this one whole.
             return read_since(client, conversation_id, {**known, "live": None})
         live["text"] = known_live["text"] + live["text"]
-    for name in LIST_FIELDS:
-        fresh[name] = known[name] + fresh[name]
     return fresh
+
+
+def _tree_state(conversation_id: str, meta: dict, records: list, live_text) -> State:
+    """The state of the path `records` (each a TurnRecord, its parent, its siblings): the meta's turn when it is the
+    one shown, else (another branch shown, no turn in flight) the shown turn as its ending left it."""
+    meta = {well_formed.decoded(k): v for k, v in meta.items()}
+    latest = well_formed.decoded(meta.get("turn_id") or b"")
+    in_flight = well_formed.decoded(meta.get("done") or b"") == "0"
+    shown = records[-1][0].turn_id if records else latest
+    if shown != latest and records:
+        record = records[-1][0]
+        meta = {**meta, "turn_id": shown, "done": b"1",
+                "doc": record.doc or (json.dumps(record.summary) if record.summary else b"{}")}
+        meta.pop("live", None)
+        live_text = None
+    state = _state(conversation_id, meta, [], [], [], live_text)
+    history, steps, turns = [], [], []
+    for record, parent, siblings in records:
+        history += record.messages
+        steps += record.steps
+        if record.summary is not None and not (in_flight and record.turn_id == latest):
+            turns.append({**record.summary, "turn_id": record.summary.get("turn_id") or record.turn_id,
+                          "parent_turn_id": parent or None, "siblings": siblings})
+    state["history"], state["steps"], state["turns"] = history, steps, turns
+    parent, siblings = (records[-1][1], records[-1][2]) if records else ("", [shown])
+    state["parent_turn_id"], state["siblings"] = parent or None, siblings
+    state["tree_version"] = int(well_formed.decoded(meta.get("tree_v") or b"0") or 0)
+    return state
+
+
+def _flat_state(conversation_id: str, meta: dict, history: list, steps: list, turns: list, live_text) -> State:
+    """A conversation as a release before the tree stored it (scripts/included/tree.lua): each turn's parent is the one
+    before it, and it has no siblings."""
+    state = _state(conversation_id, meta, history, steps, turns, live_text)
+    ids = [summary["turn_id"] for summary in state["turns"]]
+    for index, summary in enumerate(state["turns"]):
+        summary["parent_turn_id"], summary["siblings"] = (ids[index - 1] if index else None), [summary["turn_id"]]
+    earlier = ids[:-1] if ids and ids[-1] == state["turn_id"] else ids
+    state["parent_turn_id"] = earlier[-1] if earlier else None
+    state["siblings"] = [state["turn_id"]]
+    state["tree_version"] = 0
+    return state
 
 
 def snapshot(client: redis.Redis, queue) -> list:
@@ -131,14 +274,22 @@ def read_meta(client: redis.Redis, conversation_id: str) -> State | None:
     return state
 
 
-def history_since(client: redis.Redis, conversation_id: str, start: int) -> list[Message]:
-    """The messages from index `start` on."""
+def turn_messages_since(client: redis.Redis, conversation_id: str, turn_id: str, start: int) -> list[Message]:
+    """The turn's messages from its `start`-th on (0: its person's message)."""
+    tree = Keys.of(conversation_id).tree
     with readable(conversation_id):
-        return [well_formed.message(m) for m in client.lrange(Keys.of(conversation_id).history, start, -1)]
+        n = int(client.hget(tree, f"{turn_id}:n") or 0)
+        if n <= start:
+            return []
+        raw = client.hmget(tree, [f"{turn_id}:m:{i}" for i in range(start, n)])
+    return [well_formed.message(m or b"") for m in raw]
 
 
-def history_len(client: redis.Redis, conversation_id: str) -> int:
-    return int(client.llen(Keys.of(conversation_id).history))
+def turn_message(client: redis.Redis, conversation_id: str, turn_id: str) -> Message | None:
+    """The turn's person's message, or None when the conversation has no such turn."""
+    with readable(conversation_id):
+        raw = client.hget(Keys.of(conversation_id).tree, f"{turn_id}:m:0")
+    return well_formed.message(raw) if raw is not None else None
 
 
 class readable:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import redis
 
 from agent.contract import Message, State, Step, TurnDoc, TurnSummary
-from agent.conversation import people, reads
+from agent.conversation import people, reads, tree
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
 from agent.conversation.keys import INDEX_KEY, Keys
@@ -56,9 +56,10 @@ class StoreReads:
         """Block until the version is past `seen` (or the timeout, at most MAX_BLOCK_MS), then return it."""
         return reads.wait_version(self.redis, conversation_id, seen, timeout_ms)
 
-    def read(self, conversation_id: str) -> State | None:
-        """The whole state object of the contract, or None when unknown or expired."""
-        return reads.read(self.redis, conversation_id)
+    def read(self, conversation_id: str, *, tip: str = "") -> State | None:
+        """The whole state object of the contract (the branch shown; `tip`: the path to that turn), or None when
+        unknown or expired."""
+        return reads.read(self.redis, conversation_id, tip=tip)
 
     def read_since(self, conversation_id: str, known: State | None) -> State | None:
         """The whole state object, fetching only what was appended since `known` (an earlier read)."""
@@ -73,12 +74,17 @@ class StoreReads:
         seq = self.redis.hget(Keys.of(conversation_id).meta, "live_seq")
         return int(seq) if seq and seq.isdigit() else 0
 
-    def history_since(self, conversation_id: str, start: int) -> list[Message]:
-        """The messages from index `start` on."""
-        return reads.history_since(self.redis, conversation_id, start)
+    def turn_messages_since(self, conversation_id: str, turn_id: str, start: int) -> list[Message]:
+        """The turn's messages from its `start`-th on (0: its person's message)."""
+        return reads.turn_messages_since(self.redis, conversation_id, turn_id, start)
 
-    def history_len(self, conversation_id: str) -> int:
-        return reads.history_len(self.redis, conversation_id)
+    def turn_message(self, conversation_id: str, turn_id: str) -> Message | None:
+        """The message a turn answers (its person's), or None when the conversation has no such turn."""
+        return reads.turn_message(self.redis, conversation_id, turn_id)
+
+    def branches(self, conversation_id: str) -> dict | None:
+        """The conversation's whole tree (tree.py), or None when unknown or expired."""
+        return tree.branches(self.redis, conversation_id)
 
 
 class Store(StoreReads):
@@ -112,9 +118,12 @@ class Store(StoreReads):
 
     def begin_turn(
         self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *, ttl_s: int | None = None,
-        must_exist: bool = False,
+        must_exist: bool = False, branch_of: str = "",
     ) -> tuple[bool, int]:
-        """Append the user's message and mark the turn queued. Returns (new, version).
+        """Add the turn (its user's message) to the tree, show it and mark it queued. Returns (new, version).
+
+        Its parent is the turn shown; `branch_of` (a regenerate or an edit of that turn): that turn's parent, so the
+        new turn is its sibling, and shown (NoSuchTurn when there is no such turn).
 
         `ttl_s` (default: the store's) is the conversation's TTL while the turn waits for a worker.
         `must_exist`: the sender believes the conversation exists (an open tab, `--conversation`);
@@ -130,7 +139,8 @@ class Store(StoreReads):
         try:
             return self._writes.begin_turn(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
                                            must_exist=must_exist, max_bytes=self.max_conversation_bytes,
-                                           person=self.person, max_turns=self.max_turns, reserve_room=reserve_room)
+                                           person=self.person, max_turns=self.max_turns, reserve_room=reserve_room,
+                                           branch_of=branch_of)
         except NoRoom:
             raise self.room.refused() from None
 
@@ -141,18 +151,20 @@ class Store(StoreReads):
 
     def publish(
         self, conversation_id: str, turn_id: str, doc: TurnDoc, *, done: bool = False,
-        new_messages: list[Message] = (), new_steps: list[Step] = (), expected_history_len: int = -1,
+        new_messages: list[Message] = (), new_steps: list[Step] = (), expected_turn_len: int = -1,
         summary: TurnSummary | None = None, end_live: int = 0, owner: str = "",
     ) -> int:
         """One atomic write: append what is new, replace the small fields, bump the version.
 
-        `end_live` (a live text's seq, 0 for none) clears that live text in the same write, and refuses
-        any later live write for it; an ending (done) clears whatever live text there is. A write the
-        contract forbids raises StoreError (GONE, STALE, CLOSED or CONFLICT). `owner`: the writing job's id,
-        refused (STALE) once the turn was resumed by another job; "" (a front end) writes for any job."""
+        `expected_turn_len`: the turn's messages the writer knows are stored (its person's included; -1: any):
+        CONFLICT when the turn has another number. `end_live` (a live text's seq, 0 for none) clears that live
+        text in the same write, and refuses any later live write for it; an ending (done) clears whatever live
+        text there is. A write the contract forbids raises StoreError (GONE, STALE, CLOSED or CONFLICT).
+        `owner`: the writing job's id, refused (STALE) once the turn was resumed by another job; "" (a front
+        end) writes for any job."""
         return self._writes.publish(conversation_id, turn_id, doc, ttl_s=self.ttl_s, done=done,
                                     new_messages=new_messages, new_steps=new_steps,
-                                    expected_history_len=expected_history_len, summary=summary, end_live=end_live,
+                                    expected_turn_len=expected_turn_len, summary=summary, end_live=end_live,
                                     owner=owner, person=self.person)
 
     def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *,
@@ -193,6 +205,12 @@ class Store(StoreReads):
         if deleted and turn_id is not None:  # its ending will never be written: nothing to reserve memory for
             self.flags.release_reservation(conversation_id, turn_id)
         return deleted
+
+    def switch(self, conversation_id: str, turn_id: str) -> str:
+        """Show the branch through `turn_id`, down to its latest turn: every reader of the conversation follows
+        (its version moves), and the next message continues it. Returns the turn shown now. Refused while a turn
+        is in flight or parked (TurnInFlight: Stop it first), NoSuchTurn, ConversationGone."""
+        return self._writes.switch(conversation_id, turn_id, self.person)
 
     def was_deleted(self, conversation_id: str) -> bool:
         """True when the conversation was deleted (recently), rather than expired or never there."""

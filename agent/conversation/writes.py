@@ -18,6 +18,7 @@ from agent.contract import Message, Step, TurnDoc, TurnSummary
 from agent.conversation.errors import (
     ConversationFull,
     ConversationGone,
+    NoSuchTurn,
     StoreError,
     TooManyTurns,
     TurnInFlight,
@@ -77,7 +78,7 @@ class Writes:
 
     def begin_turn(self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *,
                    ttl_s: int, must_exist: bool, max_bytes: int, person: str = "",
-                   max_turns: int = 0, reserve_room: int = -1) -> tuple[bool, int]:
+                   max_turns: int = 0, reserve_room: int = -1, branch_of: str = "") -> tuple[bool, int]:
         """Append the user's message and mark the turn queued (see Store.begin_turn). Returns (new, version).
 
         `person` (a signed-in person's id): only a conversation of theirs, or a new one they then own, and at
@@ -89,12 +90,11 @@ class Writes:
         person_keys = [person_conversations(person), person_turns(person)] if person else []
         with readable(conversation_id):
             outcome, value = self.scripts.begin(
-                keys=[keys.meta, keys.history, keys.turns, keys.steps, keys.events, INDEX_KEY, keys.live,
-                      RESERVED_KEY, *person_keys],
+                keys=[keys.meta, keys.tree, keys.events, INDEX_KEY, keys.live, RESERVED_KEY, *person_keys],
                 args=[turn_id, _dumps(user_message), _dumps(doc), ttl_s, conversation_id, repr(now),
                       make_title(user_message.get("content")), "1" if must_exist else "0", max_bytes,
                       doc.get("job_id") or "", person, max_turns, RESERVE_BYTES, reserve_room,
-                      repr(now + min(ttl_s, RESERVATION_TTL_S)),
+                      repr(now + min(ttl_s, RESERVATION_TTL_S)), keys.base, branch_of,
                       *(ended_turns(self.client, person) if person else ())],
             )
         outcome, value = _text(outcome), _text(value)
@@ -112,24 +112,26 @@ class Writes:
             raise ConversationFull(conversation_id, int(value), max_bytes)
         if outcome == "room":
             raise NoRoom(value)
+        if outcome == "no turn":
+            raise NoSuchTurn(conversation_id, value)
         return outcome == "ok", int(value)
 
     def publish(self, conversation_id: str, turn_id: str, doc: TurnDoc, *, ttl_s: int, done: bool,
-                new_messages: list[Message], new_steps: list[Step], expected_history_len: int,
+                new_messages: list[Message], new_steps: list[Step], expected_turn_len: int,
                 summary: TurnSummary | None, end_live: int, owner: str = "", person: str = "") -> int:
         """One atomic write of a turn (see Store.publish). Returns the new version; StoreError when refused."""
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
         args = [
-            turn_id, expected_history_len, _dumps(doc), "1" if done else "0", ttl_s, len(new_messages),
+            turn_id, expected_turn_len, _dumps(doc), "1" if done else "0", ttl_s, len(new_messages),
             len(new_steps), _dumps(summary) if summary else "", conversation_id, repr(doc["updated_at"]), end_live,
-            owner, person, *(_dumps(m) for m in new_messages),
+            owner, person, keys.base, *(_dumps(m) for m in new_messages),
             *(_dumps(s) for s in new_steps),
         ]
         try:
             return int(self.scripts.publish(
-                keys=[keys.meta, keys.history, keys.steps, keys.turns, keys.events, INDEX_KEY, keys.live, RUNNING_KEY,
-                      APPROVALS_KEY, RESERVED_KEY],
+                keys=[keys.meta, keys.tree, keys.events, INDEX_KEY, keys.live, RUNNING_KEY, APPROVALS_KEY,
+                      RESERVED_KEY],
                 args=args))
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc
@@ -142,7 +144,7 @@ class Writes:
                 from_bytes or 0, scrub(text), owner]
         try:
             outcome, _ = self.scripts.live(
-                keys=[keys.meta, keys.live, keys.events, keys.history, keys.steps, keys.turns], args=args)
+                keys=[keys.meta, keys.live, keys.events, keys.tree], args=args)
         except redis.ResponseError as exc:
             raise _refusal(exc) from exc
         return _text(outcome)
@@ -165,8 +167,7 @@ class Writes:
         doc = {**doc, "updated_at": time.time()}
         try:
             return int(self.scripts.park(
-                keys=[keys.meta, keys.events, RUNNING_KEY, APPROVALS_KEY, INDEX_KEY, keys.history, keys.steps,
-                      keys.turns, keys.live],
+                keys=[keys.meta, keys.events, RUNNING_KEY, APPROVALS_KEY, INDEX_KEY, keys.tree, keys.live],
                 args=[turn_id, owner, _dumps(doc), request_id, repr(expires_at), conversation_id,
                       repr(doc["updated_at"]), ttl_s, "1" if hold else "0"]))
         except redis.ResponseError as exc:
@@ -182,10 +183,11 @@ class Writes:
         keys = Keys.of(conversation_id)
         doc = {**doc, "updated_at": time.time()}
         outcome, version = self.scripts.answer(
-            keys=[keys.meta, keys.steps, keys.events, APPROVALS_KEY, INDEX_KEY, keys.history, keys.turns, keys.live,
-                  CONTINUING_KEY, turn_claim(turn_id)],
+            keys=[keys.meta, keys.tree, keys.events, APPROVALS_KEY, INDEX_KEY, keys.live, CONTINUING_KEY,
+                  turn_claim(turn_id)],
             args=[turn_id, request_id, _dumps(doc), _dumps(step), new_owner, conversation_id,
-                  repr(doc["updated_at"]), ttl_s, person, decision, "" if look_at is None else repr(look_at)])
+                  repr(doc["updated_at"]), ttl_s, person, decision, "" if look_at is None else repr(look_at),
+                  keys.base])
         return _text(outcome), int(version)
 
     def turn_in_flight(self, conversation_id: str) -> str | None:
@@ -202,6 +204,22 @@ class Writes:
                   *([person_conversations(person)] if person else [])],
             args=[conversation_id, DELETED_MARKER_TTL_S, GONE_EVENT_TTL_S, person])
         return int(existed) > 0
+
+    def switch(self, conversation_id: str, turn_id: str, person: str = "") -> str:
+        """Show the branch through `turn_id`, down to its latest turn (scripts/switch.lua); returns the turn shown
+        now. TurnInFlight while a turn is in flight or parked; NoSuchTurn; ConversationGone."""
+        keys = Keys.of(conversation_id)
+        with readable(conversation_id):
+            outcome, value = self.scripts.switch(keys=[keys.meta, keys.tree, keys.events, INDEX_KEY],
+                                                 args=[turn_id, repr(time.time()), person, conversation_id, keys.base])
+        outcome, value = _text(outcome), _text(value)
+        if outcome == "busy":
+            raise TurnInFlight(conversation_id, value)
+        if outcome == "no turn":
+            raise NoSuchTurn(conversation_id, turn_id)
+        if outcome == "gone":
+            raise ConversationGone(conversation_id, self.was_deleted(conversation_id, person), found=False)
+        return value
 
     def was_deleted(self, conversation_id: str, person: str = "") -> bool:
         """Whether the conversation was deleted (recently); `person` given, only if they deleted it."""

@@ -62,7 +62,7 @@ def run_turn(conversation_id: str, turn_id: str) -> str:
 def _run(conversation_id: str, turn_id: str) -> str:
     store = _store()
     started_at, job_id = _job_started_at()
-    state = store.read(conversation_id)
+    state = store.read(conversation_id, tip=turn_id)  # the path to this turn: never another branch
     if state is None:
         log.warning("turn %s: conversation %s is gone (expired?)", turn_id, conversation_id)
         return "gone"
@@ -101,7 +101,7 @@ def _run(conversation_id: str, turn_id: str) -> str:
                    else answer_every_call([_for_model(m) for m in state["history"]]))
         turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at, history=history,
                            doc=carried(state), persisted_len=len(state["history"]), owner=job_id,
-                           resumption=resumption)
+                           resumption=resumption, turn_start=turn_start(state))
         return turn.run()
 
 
@@ -119,8 +119,15 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
     resumption = Resumption.of(state, store.live_seq(conversation_id))
     turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"],
                        history=_taken_over_history(state, resumption), doc=carried(state),
-                       persisted_len=len(state["history"]), owner=job_id, resumption=resumption)
+                       persisted_len=len(state["history"]), owner=job_id, resumption=resumption,
+                       turn_start=turn_start(state))
     return turn.run()
+
+
+def turn_start(state: State) -> int:
+    """Where the turn's messages start in the history (the path to it): at its person's message, the last one."""
+    history = state["history"]
+    return max((i for i, m in enumerate(history) if m.get("role") == Role.USER), default=0)
 
 
 def _after_answer(state: State) -> bool:

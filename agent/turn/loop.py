@@ -55,10 +55,12 @@ class Turn:
     @classmethod
     def create(cls, store: Store, conversation_id: str, turn_id: str, config: TurnConfig, *, started_at: float,
                history: list[Message], doc: TurnDoc, persisted_len: int, clock: Clock = time.time, owner: str = "",
-               resumption: Resumption | None = None) -> Turn:
-        """A turn with the clocks and publishing its settings ask for; `owner` is the job that writes it."""
+               resumption: Resumption | None = None, turn_start: int | None = None) -> Turn:
+        """A turn with the clocks and publishing its settings ask for; `owner` is the job that writes it.
+        `history` is what the model is sent (the path from the first turn to this one); the stored path's first
+        `persisted_len` messages are written, this turn's from `turn_start` (default: the last of them)."""
         budget, publishing = policies_for(config, started_at, clock)
-        writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now, owner)
+        writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now, owner, turn_start)
         spend = Spend.for_turn(config, doc.get("spend"))  # carried on: a resumed or continued turn keeps its spend
         writer.doc["spend"] = spend.to_doc()
         return cls(TurnContext(config, budget, publishing, writer, StopRequests(store, turn_id), spend), history,

@@ -160,13 +160,16 @@ class StateWriter:
     """Writes one turn's state: `doc` (the small fields), and the messages and steps not yet written."""
 
     def __init__(self, store: Store, conversation_id: str, turn_id: str, doc: TurnDoc, persisted_len: int,
-                 clock: Callable[[], float], owner: str = ""):
+                 clock: Callable[[], float], owner: str = "", turn_start: int | None = None):
         self.store = store
         self.owner = owner  # the job writing the turn (""; any): its writes are refused once another resumed it
         self.conversation_id = conversation_id
         self.turn_id = turn_id
         self.doc = doc
-        self.persisted_len = persisted_len  # messages of the stored history
+        self.persisted_len = persisted_len  # messages of the stored history (the path to this turn, this turn's)
+        # where this turn's messages start in it (its person's message; default: the last one stored): the store
+        # keeps each turn's messages in its own record, and checks how many this one has
+        self.turn_start = persisted_len - 1 if turn_start is None else turn_start
         self.clock = clock
         self.pending_messages: list[Message] = []
         self.pending_steps: list[Step] = []
@@ -218,7 +221,7 @@ class StateWriter:
         try:
             self.store.publish(self.conversation_id, self.turn_id, self.doc, done=done,
                                new_messages=self.pending_messages, new_steps=self.pending_steps,
-                               expected_history_len=self.persisted_len, summary=summary,
+                               expected_turn_len=self.persisted_len - self.turn_start, summary=summary,
                                end_live=self.live_to_clear, owner=self.owner)
         except StoreError as exc:
             if exc.reason == "CONFLICT" and not reconciled and self._landed_already():
@@ -240,12 +243,13 @@ class StateWriter:
         self.last_write_at = self.clock()
 
     def _landed_already(self) -> bool:
-        """True when the history "moved" only by our own pending messages.
+        """True when the turn's messages "moved" only by our own pending messages.
 
-        Only this job appends to its turn's history, so if the new tail is our own pending
+        Only this job appends to its turn's messages, so if the new tail is our own pending
         messages, a write that timed out landed: count it as written instead of giving up the turn."""
         try:
-            landed = self.store.history_since(self.conversation_id, self.persisted_len)
+            landed = self.store.turn_messages_since(self.conversation_id, self.turn_id,
+                                                    self.persisted_len - self.turn_start)
         except redis.RedisError:
             return False
         if not landed or landed != json.loads(json.dumps(self.pending_messages[: len(landed)])):

@@ -5,15 +5,18 @@
 -- owns it from now on; with a continuation, the turn enters the index the pool's watch looks at until that
 -- job is seen on the queue (it is enqueued after this script: if it never gets there, the watch enqueues it).
 -- A new owner (a continuation) gets the turn's claim freed (scripts/claim.lua): the job that parked held it.
--- KEYS: meta, steps, events, approvals, index, history, turns, live, continuing, the turn's claim
+-- KEYS: meta, tree, events, approvals, index, live, continuing, the turn's claim
+-- (the step is appended to the turn's record in the tree, scripts/included/tree.lua)
 -- ARGV: turn_id, request id, doc, step (JSON), new owner, conversation_id, updated_at, ttl, person (the signed-in
 -- person answering; '' for the local playground, the operator and the expiry), decision ('expired' for the
--- expiry itself, which is never late), look_at ('' without a continuation: when the watch looks for its job).
+-- expiry itself, which is never late), look_at ('' without a continuation: when the watch looks for its job),
+-- the conversation's key prefix.
 -- Returns {outcome, version}: 'ok'; 'taken' (not that request waiting: answered already, or none);
 -- 'late' (the request expired before this answer); 'ended' (the turn is not in flight); 'gone' (no such
 -- conversation, or not the person's: told alike).
-local meta, steps, events, approvals, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local continuing = KEYS[9]
+--@include included/tree
+local meta, tree, events, approvals, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local continuing = KEYS[7]
 local turn_id, request_id, doc, step, new_owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local conversation_id, updated_at, ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local decision, look_at = ARGV[10], ARGV[11]
@@ -29,17 +32,18 @@ if decision ~= 'expired' then
     return {'late', '0'}
   end
 end
-redis.call('RPUSH', steps, step)
+migrate(meta, ARGV[12])
+local n = redis.call('HINCRBY', tree, turn_id .. ':s', 1)
+redis.call('HSET', tree, turn_id .. ':s:' .. (n - 1), step)
+redis.call('HINCRBY', tree, turn_id .. ':v', 1)
 redis.call('HINCRBY', meta, 'bytes', #step)
 local version = redis.call('HINCRBY', meta, 'version', 1)
-if (current[5] or '') ~= new_owner then redis.call('DEL', KEYS[10]) end
+if (current[5] or '') ~= new_owner then redis.call('DEL', KEYS[8]) end
 redis.call('HSET', meta, 'doc', doc, 'owner', new_owner)
 redis.call('HDEL', meta, 'approval')
 redis.call('ZREM', approvals, conversation_id)
 if look_at ~= '' then redis.call('ZADD', continuing, look_at, conversation_id) end
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
-for i = 1, 8 do
-  if i ~= 4 and i ~= 5 then redis.call('EXPIRE', KEYS[i], ttl) end
-end
+for _, key in ipairs({meta, tree, events, KEYS[6]}) do redis.call('EXPIRE', key, ttl) end
 redis.call('ZADD', index, updated_at, conversation_id)
 return {'ok', tostring(version)}

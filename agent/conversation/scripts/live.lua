@@ -1,7 +1,7 @@
 -- The live text's write: refused like a publish (GONE, STALE, CLOSED); 'ended' once its text was
 -- cleared (a late write); 'lag' when an append does not start where the stored text ends (an earlier
 -- write was lost), so the writer sends the whole text instead.
--- KEYS: meta, live, events, history, steps, turns (the last three only have their TTL refreshed)
+-- KEYS: meta, live, events, tree (its TTL refreshed)
 -- ARGV: turn_id, ttl, head (JSON), seq, mode ('whole' or 'append'), from (bytes), text, owner (the job's id)
 -- Returns {outcome, version}.
 local meta, live, events = KEYS[1], KEYS[2], KEYS[3]

@@ -1,7 +1,7 @@
 -- Park a turn on a request for a person's approval: the job that owns it lets go (owner ''), so its
 -- worker is free and none of its later writes lands; the request waits in the approvals index, scored by
 -- when it expires, until it is answered (answer.lua) or the turn ends.
--- KEYS: meta, events, running (the turns in flight), approvals, index, history, steps, turns, live
+-- KEYS: meta, events, running (the turns in flight), approvals, index, tree, live
 -- ARGV: turn_id, owner (the parking job), doc, request id, expires_at, conversation_id, updated_at, ttl, hold
 -- ('1': the job keeps the turn and waits for the answer itself, as with safeguards off).
 -- Returns the new version; refused like a publish (GONE, STALE, CLOSED).

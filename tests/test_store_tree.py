@@ -1,0 +1,168 @@
+"""Conversations as trees, in the store on a real Redis: each turn a record of its own, a branch that copies
+nothing, the path shown, switching, and the refusals and protections of a plain turn, per turn."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent.contract import turn_summary
+from agent.conversation import reads
+from agent.conversation.errors import NoSuchTurn, StoreError, TurnInFlight
+from agent.conversation.keys import Keys
+from agent.queue import new_id
+
+DOC = {"status": "queued", "error": None, "job_id": "j", "enqueued_at": 0.0}
+
+
+def ask(store, cid, text, *, branch_of="", tid=None):
+    tid = tid or new_id()
+    store.begin_turn(cid, tid, {"role": "user", "content": text}, DOC, branch_of=branch_of)
+    return tid
+
+
+def answer(store, cid, tid, text, status="done"):
+    doc = {**DOC, "status": status}
+    store.publish(cid, tid, doc, done=True, new_messages=[{"role": "assistant", "content": text}],
+                  new_steps=[{"turn_id": tid, "index": 1, "kind": "model", "name": "m", "outcome": "ok"}],
+                  summary=turn_summary(tid, doc, time.time()))
+
+
+def texts(state):
+    return [m["content"] for m in state["history"]]
+
+
+def test_a_regenerate_and_an_edit_are_siblings_and_the_state_shows_one_path(store):
+    cid = new_id()
+    first = ask(store, cid, "a")
+    answer(store, cid, first, "A")
+    second = ask(store, cid, "b")
+    answer(store, cid, second, "B1")
+    again = ask(store, cid, "b", branch_of=second)  # a regenerate: same message, same parent
+    answer(store, cid, again, "B2")
+    state = store.read(cid)
+    assert texts(state) == ["a", "A", "b", "B2"]
+    assert state["turn_id"] == again and state["parent_turn_id"] == first and state["siblings"] == [second, again]
+    assert [t["turn_id"] for t in state["turns"]] == [first, again]
+    assert state["turns"][0]["parent_turn_id"] is None and state["turns"][0]["siblings"] == [first]
+    assert state["turns"][1]["parent_turn_id"] == first and state["turns"][1]["siblings"] == [second, again]
+    assert [s["turn_id"] for s in state["steps"]] == [first, again]  # the steps of the path only
+
+    edited = ask(store, cid, "c", branch_of=first)  # an edit of the first message: a new first turn
+    answer(store, cid, edited, "C")
+    state = store.read(cid)
+    assert texts(state) == ["c", "C"] and state["siblings"] == [first, edited] and state["parent_turn_id"] is None
+
+    assert store.switch(cid, first) == again  # down the branch to its latest turn
+    state = store.read(cid)
+    assert texts(state) == ["a", "A", "b", "B2"] and state["turn_id"] == again and state["done"]
+    assert store.switch(cid, second) == second
+    state = store.read(cid)
+    assert texts(state) == ["a", "A", "b", "B1"] and state["turn_id"] == second and state["status"] == "done"
+    following = ask(store, cid, "d")  # sending continues the branch shown
+    assert texts(store.read(cid)) == ["a", "A", "b", "B1", "d"]
+    assert store.read(cid)["parent_turn_id"] == second
+    answer(store, cid, following, "D")
+    tree = store.branches(cid)
+    assert [(t["turn_id"], t["depth"]) for t in tree["turns"]] == [
+        (first, 0), (second, 1), (following, 2), (again, 1), (edited, 0)]
+    assert tree["tip"] == following and [t["turn_id"] for t in tree["turns"] if t["shown"]] == [
+        first, second, following]
+    assert tree["turns"][3]["first_words"] == "b" and tree["turns"][3]["status"] == "done"
+
+
+def test_a_branch_copies_nothing_it_writes_what_a_second_turn_writes(store):
+    def regenerate_at(turns: int) -> tuple[int, int]:
+        cid = new_id()
+        for n in range(turns):
+            last = ask(store, cid, f"question {n}")
+            answer(store, cid, last, f"answer {n}")
+        tree_key = Keys.of(cid).tree
+        before = store.redis.hgetall(tree_key)
+        regenerated = ask(store, cid, f"question {turns - 1}", branch_of=last, tid=f"{turns:016d}")
+        answer(store, cid, regenerated, "again")
+        after = store.redis.hgetall(tree_key)
+        written = {field: value for field, value in after.items() if before.get(field) != value}
+        return len(after) - len(before), sum(len(field) + len(value) for field, value in written.items())
+
+    at_two, at_forty = regenerate_at(2), regenerate_at(40)
+    assert at_two[0] == at_forty[0] == 9  # its parent, messages, steps, version, summary and small fields
+    assert abs(at_forty[1] - at_two[1]) <= 0.1 * at_two[1]
+
+
+def test_edit_regenerate_and_switch_are_refused_while_a_turn_is_in_flight_and_name_a_turn(store):
+    cid = new_id()
+    first = ask(store, cid, "a")
+    with pytest.raises(TurnInFlight) as info:
+        ask(store, cid, "again", branch_of=first)
+    assert "Stop it first" in str(info.value)
+    with pytest.raises(TurnInFlight):
+        store.switch(cid, first)
+    answer(store, cid, first, "A")
+    with pytest.raises(NoSuchTurn):
+        ask(store, cid, "x", branch_of="no-such-turn")
+    with pytest.raises(NoSuchTurn):
+        store.switch(cid, "no-such-turn")
+    assert texts(store.read(cid)) == ["a", "A"]
+
+
+def test_the_protections_of_a_write_hold_per_turn(store):
+    cid = new_id()
+    first = ask(store, cid, "a")
+    answer(store, cid, first, "A")
+    second = ask(store, cid, "b", branch_of=first)
+    with pytest.raises(StoreError) as info:  # an ended turn on another branch
+        store.publish(cid, first, DOC, new_messages=[{"role": "assistant", "content": "late"}])
+    assert info.value.reason == "STALE"
+    with pytest.raises(StoreError) as info:  # the turn's messages moved
+        store.publish(cid, second, DOC, new_messages=[{"role": "assistant", "content": "x"}], expected_turn_len=2)
+    assert info.value.reason == "CONFLICT"
+    store.publish(cid, second, DOC, new_messages=[{"role": "assistant", "content": "x"}], expected_turn_len=1)
+    with pytest.raises(StoreError) as info:  # another job writes it
+        store.publish(cid, second, DOC, owner="someone-else")
+    assert info.value.reason == "STALE"
+    step = {"turn_id": second, "index": 1, "kind": "model", "name": "m", "outcome": "ok"}
+    store.publish(cid, second, DOC, new_steps=[step], owner="j")
+    store.publish(cid, second, DOC, new_steps=[step], owner="j")  # a write run twice stores its step once
+    assert [s["turn_id"] for s in store.read(cid)["steps"]] == [second]
+
+
+def test_a_reader_fetches_a_turn_once_then_only_what_is_new(store):
+    cid = new_id()
+    first = ask(store, cid, "a")
+    answer(store, cid, first, "A")
+    second = ask(store, cid, "b")
+    known = store.read(cid)
+    fetched = []
+    real = reads._fetch_turns
+    reads._fetch_turns = lambda client, c, wanted: (fetched.extend(w[0] for w in wanted), real(client, c, wanted))
+    try:
+        store.publish(cid, second, DOC, new_messages=[{"role": "assistant", "content": "B"}])
+        known = store.read_since(cid, known)  # the same tree: only the new message
+        assert texts(known) == ["a", "A", "b", "B"] and fetched == []
+        answer(store, cid, second, "B!")
+        known = store.read_since(cid, known)
+        assert texts(known) == ["a", "A", "b", "B", "B!"] and [t["turn_id"] for t in known["turns"]] == [
+            first, second]
+        regenerated = ask(store, cid, "b", branch_of=second)
+        known = store.read_since(cid, known)  # another path: only the turn not read before
+        assert texts(known) == ["a", "A", "b"] and fetched == [regenerated]
+        answer(store, cid, regenerated, "B2")
+        known = store.read_since(cid, known)
+        store.switch(cid, second)
+        fetched.clear()
+        known = store.read_since(cid, known)
+        assert texts(known) == ["a", "A", "b", "B", "B!"] and fetched == []  # both turns read before
+        assert known == store.read(cid)
+    finally:
+        reads._fetch_turns = real
+
+
+def test_delete_deletes_every_branch(store):
+    cid = new_id()
+    first = ask(store, cid, "a")
+    answer(store, cid, first, "A")
+    ask(store, cid, "b", branch_of=first)
+    assert store.delete(cid)
+    assert store.redis.exists(*Keys.of(cid).all) == 0 and store.read(cid) is None
