@@ -187,6 +187,7 @@ def submit_turn(
     must_exist: bool = False,
     share: int = 0,
     daily_budget_usd: float | None = None,
+    branch_of: str = "",
 ) -> str:
     """Append the user's message, mark the turn queued, and enqueue it. Returns the turn id.
 
@@ -196,6 +197,8 @@ def submit_turn(
     most what is left of it (agent/conversation/daily.py).
     The same turn id twice (a double submit) enqueues once. `must_exist`: the sender continues a
     conversation it has seen, so one that expired or was deleted meanwhile is not started afresh.
+    `branch_of` (a regenerate or an edit of that turn): the new turn is its sibling (its parent is that turn's
+    parent) and is shown; TurnInFlight as for any message, NoSuchTurn when the conversation has no such turn.
     """
     text = clean_message(text)
     share = share if store.person and share > 0 else 0
@@ -204,7 +207,8 @@ def submit_turn(
     job_id = job_id_for(turn_id)
     if daily_budget_usd is not None and store.person and turn_price(config) is not None:
         config = reserve_daily(store, config, daily_budget_usd)
-    return _submit(store, queue, conversation_id, text, config, turn_id, job_id, must_exist, share)
+    return _submit(store, queue, conversation_id, text, config, turn_id, job_id, must_exist or bool(branch_of), share,
+                   branch_of)
 
 
 def reserve_daily(store: Store, config: TurnConfig, daily_budget_usd: float) -> TurnConfig:
@@ -219,12 +223,13 @@ def reserve_daily(store: Store, config: TurnConfig, daily_budget_usd: float) -> 
 
 
 def _submit(store: Store, queue: Queue, conversation_id: str, text: str, config: TurnConfig, turn_id: str,
-            job_id: str, must_exist: bool, share: int) -> str:
+            job_id: str, must_exist: bool, share: int, branch_of: str = "") -> str:
     doc = queued_doc(config.to_dict(), job_id, time.time(), tracing.submit_span(conversation_id, turn_id,
                                                                                   config.to_dict()))
     try:
         new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
-                                  ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist)
+                                  ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist,
+                                  branch_of=branch_of)
     except BaseException:
         if config.daily:  # refused, never sent: its reservation goes back to the person's day
             daily.release(store.redis, config.daily, turn_id)

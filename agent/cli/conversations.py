@@ -1,5 +1,10 @@
-"""`python -m agent list [--json] [--owner WHO]`, `show ID [--json] [--owner WHO]` and
-`export ID [--format md|json] [--output FILE]`.
+"""`python -m agent list [--json] [--owner WHO]`, `show ID [--json] [--owner WHO]`, `branches ID [--json]`,
+`switch ID TURN` and `export ID [--format md|json] [--output FILE]`.
+
+`branches` draws the conversation's tree of turns (agent/conversation/tree.py): one line per turn, indented by its
+depth, with its place among its siblings ("2 / 3"), its status and its first words; `*` marks the branch shown.
+`--json` prints the tree as one object, which `show --json` adds to the state as `branches`. `switch` shows the
+branch through a turn, down to its latest turn (exit 1 while a turn is in flight: Stop it first).
 
 They read what the page and `ask` stored, through the same Redis (the embedded one is started,
 without workers, when REDIS_URL is unset). Exit status 0, or 2 for bad usage, an id that names no
@@ -24,6 +29,7 @@ from pathlib import Path
 from agent.cli.output_file import OutputRefused, write_whole
 from agent.contract import Role, Status
 from agent.conversation import export, people
+from agent.conversation.errors import ConversationGone, NoSuchTurn, TurnInFlight
 from agent.conversation.listing import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.conversation.person_store import PersonStore
 from agent.conversation.store import Store
@@ -33,7 +39,7 @@ from agent.settings import Settings
 from agent.text.plain_text import plain_text, terminal_safe
 from agent.text.visible import shown_json_text
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_ENDED_BADLY, EXIT_USAGE = 0, 1, 2
 MAX_LIST = 10_000  # the most `list --limit` prints
 
 
@@ -47,6 +53,12 @@ def add_parsers(sub, conversation_id_type) -> None:
     show.add_argument("conversation", type=conversation_id_type)
     show.add_argument("--json", action="store_true", help="the stored state object")
     show.add_argument("--owner", default=None, help=OWNER_HELP)
+    branches = sub.add_parser("branches", help="one conversation's tree of turns, and which branch is shown")
+    branches.add_argument("conversation", type=conversation_id_type)
+    branches.add_argument("--json", action="store_true", help="the tree as one JSON object")
+    switch = sub.add_parser("switch", help="show the branch through a turn (down to its latest turn)")
+    switch.add_argument("conversation", type=conversation_id_type)
+    switch.add_argument("turn", help="a turn of the branch to show (`branches` lists them)")
     exporting = sub.add_parser("export", help="one conversation as a Markdown or JSON file")
     exporting.add_argument("conversation", type=conversation_id_type)
     exporting.add_argument("--format", choices=export.FORMATS, default="md", help="md (the default) or json")
@@ -87,11 +99,16 @@ def run(args, settings: Settings) -> int:
             "message)")
         print(f"error: conversation {args.conversation} {how}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "switch":
+        return _switch(store, args)
+    if args.command == "branches":
+        return _branches(store.branches(args.conversation), as_json=args.json)
     row = info(store, args.conversation)
     title = row.title if row else None
     if args.command == "show":
-        if args.json:
-            _out(json.dumps(state, ensure_ascii=False), escape=True)
+        if args.json:  # the stored state, and the tree as `branches --json` prints it
+            _out(json.dumps({**state, "branches": store.branches(args.conversation)}, ensure_ascii=False),
+                 escape=True)
         else:
             _show(state, title, people.describe(store.redis, state.get("owner")))
         return EXIT_OK
@@ -104,6 +121,34 @@ def run(args, settings: Settings) -> int:
     except OutputRefused as exc:
         print(terminal_safe(f"error: {exc}").replace("\n", "\\n"), file=sys.stderr)
         return EXIT_USAGE
+    return EXIT_OK
+
+
+def _switch(store: Store, args) -> int:
+    try:
+        tip = store.switch(args.conversation, args.turn)
+    except TurnInFlight as exc:
+        print(terminal_safe(f"error: {exc}"), file=sys.stderr)
+        return EXIT_ENDED_BADLY
+    except (NoSuchTurn, ConversationGone) as exc:
+        print(terminal_safe(f"error: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
+    _out(f"showing the branch through {args.turn}, down to turn {tip}", escape=True)
+    return EXIT_OK
+
+
+def _branches(tree: dict | None, *, as_json: bool) -> int:
+    if tree is None:
+        return EXIT_USAGE
+    if as_json:
+        _out(json.dumps(tree, ensure_ascii=False), escape=True)
+        return EXIT_OK
+    for turn in tree["turns"]:
+        siblings = turn["siblings"]
+        place = f" ({siblings.index(turn['turn_id']) + 1} / {len(siblings)})" if len(siblings) > 1 else ""
+        mark = "*" if turn["shown"] else " "
+        _out(f"{mark} {'  ' * turn['depth']}{turn['turn_id']}{place} [{turn['status']}] {turn['first_words']}",
+             escape=True)
     return EXIT_OK
 
 
@@ -155,7 +200,13 @@ def _show(state, title: str | None, owner: str | None = None) -> None:
                     _out(f"  [calls {function.get('name')}] {arguments}", escape=True)
                 if message.get("content"):
                     _out(plain_text(message["content"]), escape=True)
-        _out(f"[{(turn.summary or {}).get('status')}]", escape=True)
+        summary = turn.summary or {}
+        turn_id = summary.get("turn_id") or ""
+        siblings = summary.get("siblings") or (state.get("siblings") if turn.current else None) or []
+        status = f"[{summary.get('status')}]"
+        if len(siblings) > 1 and turn_id in siblings:  # a fork: which of its branches this is
+            status += f" (turn {turn_id}, branch {siblings.index(turn_id) + 1} of {len(siblings)})"
+        _out(status, escape=True)
     request = state.get("approval")
     if state.get("status") == Status.AWAITING_APPROVAL and request and not request.get("answer"):
         cid, rid = state["conversation_id"], request["id"]

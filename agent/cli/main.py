@@ -37,11 +37,12 @@ from agent.cli import approvals as approvals_cli
 from agent.cli import conversations as conversations_cli
 from agent.cli import tools as tools_cli
 from agent.cli.output import JsonLines, TextLines
-from agent.contract import State, Status
-from agent.conversation.errors import ConversationFull, ConversationGone, StoreFull, TurnInFlight
+from agent.contract import Role, State, Status
+from agent.conversation.errors import ConversationFull, ConversationGone, NoSuchTurn, StoreFull, TurnInFlight
 from agent.conversation.keys import CONVERSATION_ID_RE, is_conversation_id
 from agent.conversation.listing import retention_words
 from agent.conversation.store import Store
+from agent.conversation.turns import split_turns
 from agent.conversation.well_formed import UnreadableState
 from agent.conversation.words import EXIT_ENDED_BADLY, exit_status
 from agent.hosting import services
@@ -87,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     ask.add_argument("--tools", type=_tool_names,
                      help="offer only these tools, comma-separated (default: every tool the workers have)")
     ask.add_argument("message")
+    regenerate = sub.add_parser("regenerate",
+                                help="a new answer for a turn, on a branch of its own (followed as `ask`)")
+    regenerate.add_argument("conversation", type=_conversation_id)
+    regenerate.add_argument("--turn", default=None, help="the turn to answer again (default: the last one shown)")
+    regenerate.add_argument("--json", action="store_true", help="as `ask --json`")
+    edit = sub.add_parser("edit", help="a turn's message replaced, on a branch of its own (followed as `ask`)")
+    edit.add_argument("conversation", type=_conversation_id)
+    edit.add_argument("turn", help="the turn whose message is replaced (`branches` lists them)")
+    edit.add_argument("message")
+    edit.add_argument("--json", action="store_true", help="as `ask --json`")
     conversations_cli.add_parsers(sub, _conversation_id)
     approvals_cli.add_parsers(sub, _conversation_id)
     tools_cli.add_parser(sub)
@@ -105,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             return approvals_cli.run(args, settings)
         if args.command == tools_cli.COMMAND:
             return tools_cli.run(args, settings)
+        if args.command in BRANCHING:
+            return branch_and_follow(settings, args)
         if args.command != "ask":
             return conversations_cli.run(args, settings)
         return ask_and_follow(settings, args.message, args.conversation, as_json=args.json)
@@ -172,14 +185,53 @@ def _conversation_id(value: str) -> str:
     return value
 
 
-def ask_and_follow(settings: Settings, message: str, conversation_id: str | None, *, as_json: bool) -> int:
+BRANCHING = ("regenerate", "edit")
+
+
+def branch_and_follow(settings: Settings, args) -> int:
+    """`regenerate` (the turn's own message again) and `edit` (a new one): a new turn beside it, with its parent,
+    followed as `ask` follows one."""
+    edited = None
+    if args.command == "edit":
+        try:
+            edited = clean_message(args.message)  # before starting anything
+        except BadMessage as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    svc = services.ensure(settings, drain=True)
+    store = svc.store(settings)
+    refused = _refuse_unknown(store, settings, args.conversation)
+    if refused is not None:
+        return refused
+    turn = args.turn or store.read(args.conversation)["turn_id"]
+    message = edited if edited is not None else _message_of(store, args.conversation, turn)
+    if message is None:
+        print(terminal_safe(f"error: conversation {args.conversation} has no turn {turn[:SHOWN_ID_CHARS]!r}: "
+                            f"`python -m agent branches {args.conversation}` lists its turns"), file=sys.stderr)
+        return EXIT_USAGE
+    return ask_and_follow(settings, message, args.conversation, as_json=args.json, branch_of=turn, services_=svc)
+
+
+def _message_of(store: Store, conversation_id: str, turn_id: str) -> str | None:
+    """The message a turn answers: from its record, or (a conversation of the flat shape, not yet moved into the
+    tree) from the state's turns."""
+    message = store.turn_message(conversation_id, turn_id)
+    if message is None:
+        state = store.read(conversation_id)
+        message = next((view.messages[0] for view in split_turns(state) if view.summary.get("turn_id") == turn_id
+                        and view.messages and view.messages[0].get("role") == Role.USER), None)
+    return None if message is None else str(message.get("content") or "")
+
+
+def ask_and_follow(settings: Settings, message: str, conversation_id: str | None, *, as_json: bool,
+                   branch_of: str = "", services_=None) -> int:
     try:
         message = clean_message(message)  # before starting anything
     except BadMessage as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     # Its workers may pick up other clients' turns on the same Redis: on exit, let those finish.
-    svc = services.ensure(settings, drain=True)
+    svc = services_ or services.ensure(settings, drain=True)
     store = svc.store(settings)
     # The store's client, not RQ's usual one (no socket timeout): the CLI only enqueues and reads job
     # status, and a Redis that stops answering must not hang it past the turn's clocks.
@@ -193,7 +245,8 @@ def ask_and_follow(settings: Settings, message: str, conversation_id: str | None
     continuing = conversation_id is not None
     conversation_id = conversation_id or new_id()
     turn_id = new_id()  # the same id on a retry: a submit that landed is not sent twice
-    failed = _send(store, queue, outage, settings, conversation_id, turn_id, message, must_exist=continuing)
+    failed = _send(store, queue, outage, settings, conversation_id, turn_id, message, must_exist=continuing,
+                   branch_of=branch_of)
     if failed is not None:
         return failed
     if not as_json:
@@ -220,13 +273,16 @@ def _refuse_unknown(store: Store, settings: Settings, conversation_id: str) -> i
 
 
 def _send(store: Store, queue, outage: Outage, settings: Settings, conversation_id: str, turn_id: str,
-          message: str, *, must_exist: bool) -> int | None:
+          message: str, *, must_exist: bool, branch_of: str = "") -> int | None:
     """Submit the turn, retried while Redis is away; the exit status when it was not sent, else None."""
     while True:
         try:
             submit_turn(store, queue, conversation_id, message, settings.turn, turn_id=turn_id,
-                        must_exist=must_exist)
+                        must_exist=must_exist, branch_of=branch_of)
             break
+        except NoSuchTurn as exc:
+            print(terminal_safe(f"error: {exc}"), file=sys.stderr)
+            return EXIT_USAGE
         except BadMessage as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
