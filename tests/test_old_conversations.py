@@ -1,0 +1,115 @@
+"""Conversations stored by the release before the tree (the flat shape: history, steps and turn summaries as three
+lists) open and continue unchanged, with no step anyone runs: they are read as they are, and the first write moves
+them into the tree (agent/conversation/scripts/included/tree.lua).
+
+tests/data/flat_conversations.json holds what that release wrote (commit 5c058f9, its own CLI and workers with the
+demo model): every key of four conversations, as Redis held them. "What is 12*7…" has three turns with tool steps,
+"what is 3*9" a turn that asked for approval and was approved, "Will this one fail?" a turn that timed out, and
+"what time is it in Paris" a plain one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from agent.conversation.keys import Keys
+from agent.conversation.turns import split_turns
+from tests.conftest import ROOT
+
+DATA = ROOT / "tests" / "data" / "flat_conversations.json"
+THREE_TURNS, APPROVED, TIMED_OUT, PLAIN = "2631530cd0184754", "6e7c695342084292", "f489c3760ffa483c", "854a28c12e644c2d"
+CLI_TIMEOUT_S = 90
+CLOCKS = {"AGENT_MODEL": "demo@0.05~0", "AGENT_JOB_TIMEOUT": "10", "AGENT_DEADLINE_MARGIN": "3",
+          "AGENT_CALL_TIMEOUT_CAP": "4", "AGENT_CONNECT_TIMEOUT": "1", "AGENT_MIN_CALL_SECONDS": "0.5",
+          "AGENT_WORKERS": "1"}
+
+
+def load(client) -> dict:
+    """The old release's keys, written as it wrote them (with a TTL, as every conversation has)."""
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    for key, item in data.items():
+        if item["type"] == "hash":
+            client.hset(key, mapping=item["value"])
+        elif item["type"] == "list":
+            client.rpush(key, *item["value"])
+        elif item["type"] == "zset":
+            client.zadd(key, {member: score for member, score in item["value"]})
+        client.expire(key, 3600)
+    return data
+
+
+def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent", *args], env=env, cwd=ROOT, capture_output=True,
+                          stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S)
+
+
+def test_conversations_of_the_flat_shape_read_as_they_did(private_redis):
+    data = load(private_redis.client)
+    store = private_redis.store
+    for cid in (THREE_TURNS, APPROVED, TIMED_OUT, PLAIN):
+        state = store.read(cid)
+        history = [json.loads(m) for m in data[f"agent:conv:{cid}:history"]["value"]]
+        summaries = [json.loads(t) for t in data[f"agent:conv:{cid}:turns"]["value"]]
+        assert state["done"] and [m["content"] for m in state["history"]] == [m["content"] for m in history]
+        assert len(state["steps"]) == len(data[f"agent:conv:{cid}:steps"]["value"])
+        assert [t["turn_id"] for t in state["turns"]] == [t["turn_id"] for t in summaries]
+        parents = [None] + [t["turn_id"] for t in summaries[:-1]]
+        assert [t["parent_turn_id"] for t in state["turns"]] == parents
+        assert all(t["siblings"] == [t["turn_id"]] for t in state["turns"])
+        assert len(split_turns(state)) == len(summaries)
+        assert store.redis.exists(Keys.of(cid).history) == 1  # a read writes nothing
+    assert len(store.read(THREE_TURNS)["turns"]) == 3
+    assert store.read(TIMED_OUT)["status"] == "timed_out"
+    approved = store.read(APPROVED)
+    assert approved["approval"]["answer"] == "approved" and any(s["kind"] == "approval" for s in approved["steps"])
+    tree = store.branches(THREE_TURNS)
+    assert [t["depth"] for t in tree["turns"]] == [0, 1, 2] and all(t["shown"] for t in tree["turns"])
+
+
+def test_a_conversation_of_the_flat_shape_opens_in_the_cli_and_continues_into_the_tree(private_redis, base_env):
+    data = load(private_redis.client)
+    store = private_redis.store
+    env = {**base_env, **CLOCKS, "REDIS_URL": private_redis.url}
+    before = store.read(THREE_TURNS)
+    shown = cli({**env, "AGENT_WORKERS": "0"}, "show", THREE_TURNS)
+    assert shown.returncode == 0, shown.stderr
+    for message in before["history"]:
+        if message["role"] == "user":
+            assert message["content"] in shown.stdout.decode()
+
+    asked = cli(env, "ask", "--conversation", THREE_TURNS, "--json", "What is 6*7?")
+    assert asked.returncode == 0, asked.stderr
+    final = json.loads(asked.stdout.decode().splitlines()[-1])
+    assert final["done"] and final["status"] == "done" and "42" in final["history"][-1]["content"]
+    state = store.read(THREE_TURNS)
+    assert state["history"][: len(before["history"])] == before["history"]
+    assert state["steps"][: len(before["steps"])] == before["steps"]
+    assert state["turns"][:3] == before["turns"]
+    assert state["turns"][3]["parent_turn_id"] == before["turns"][2]["turn_id"]
+    keys = Keys.of(THREE_TURNS)
+    assert store.redis.exists(keys.history, keys.steps, keys.turns) == 0 and store.redis.exists(keys.tree) == 1
+    # The others were not touched.
+    assert store.redis.lrange(Keys.of(PLAIN).history, 0, -1) == [
+        m.encode() for m in data[f"agent:conv:{PLAIN}:history"]["value"]]
+
+    branches = cli({**env, "AGENT_WORKERS": "0"}, "branches", THREE_TURNS, "--json")
+    assert branches.returncode == 0, branches.stderr
+    tree = json.loads(branches.stdout)
+    assert [t["depth"] for t in tree["turns"]] == [0, 1, 2, 3] and tree["tip"] == state["turn_id"]
+    assert tree["turns"][3]["first_words"] == "What is 6*7?"
+
+
+def test_a_flat_conversation_can_be_regenerated_at_its_first_turn(private_redis):
+    load(private_redis.client)
+    store = private_redis.store
+    before = store.read(THREE_TURNS)
+    first = before["turns"][0]["turn_id"]
+    message = store.turn_message(THREE_TURNS, first)
+    assert message is None  # not in the tree yet: the first write moves it
+    store.begin_turn(THREE_TURNS, "regenerated00001", before["history"][0],
+                     {"status": "queued", "error": None, "job_id": "j", "enqueued_at": 0.0}, branch_of=first)
+    state = store.read(THREE_TURNS)
+    assert state["history"] == before["history"][:1] and state["siblings"] == [first, "regenerated00001"]
+    assert store.turn_message(THREE_TURNS, first) == before["history"][0]
