@@ -274,7 +274,7 @@ def watch_cost(lab: Lab, seconds: int, turns: int = WATCHED_TURNS, supervisors: 
     ids = [(new_id(), new_id()) for _ in range(turns)]
     with lab.client.pipeline(transaction=False) as pipe:
         for cid, turn_id in ids:
-            pipe.hset(Keys.of(cid).meta, mapping={"turn_id": turn_id, "done": "0", "owner": f"job-{turn_id}",
+            pipe.hset(Keys.of(cid).meta, mapping={"turn_id": turn_id, "done": "0", "writer": f"job-{turn_id}",
                                                   "attempt": "0"})
         pipe.execute()
     for cid, turn_id in ids:  # alive throughout: a lease far past the run's end

@@ -39,13 +39,13 @@ def park_by_hand(store, queue, expires_in_s: float) -> tuple[str, dict]:
     cid = new_id()
     submit_turn(store, queue, cid, "what is 6*7?", ASKS)
     state = store.read_meta(cid)
-    owner = store.redis.hget(Keys.of(cid).meta, "owner").decode()
+    writer = store.redis.hget(Keys.of(cid).meta, "writer").decode()
     now = time.time()
     request = approvals.request_for(ToolCall("call_1", "calculator", '{"expression": "6*7"}'), ASKS, now, 0)
     request["expires_at"] = now + expires_in_s
     doc = carried(state)
     doc.update(status=Status.AWAITING_APPROVAL, approval=request)
-    store.park(cid, state["turn_id"], owner, doc, request_id=request["id"], expires_at=request["expires_at"],
+    store.park(cid, state["turn_id"], writer, doc, request_id=request["id"], expires_at=request["expires_at"],
                ttl_s=600)
     return cid, request
 

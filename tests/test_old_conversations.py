@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 from agent.conversation.keys import Keys
 from agent.conversation.turns import split_turns
 from tests.conftest import ROOT
+from tests.test_resume import workers  # noqa: F401 - a fixture
 
 DATA = ROOT / "tests" / "data" / "flat_conversations.json"
 THREE_TURNS, APPROVED, TIMED_OUT, PLAIN = "2631530cd0184754", "6e7c695342084292", "f489c3760ffa483c", "854a28c12e644c2d"
@@ -113,3 +115,25 @@ def test_a_flat_conversation_can_be_regenerated_at_its_first_turn(private_redis)
     state = store.read(THREE_TURNS)
     assert state["history"] == before["history"][:1] and state["siblings"] == [first, "regenerated00001"]
     assert store.turn_message(THREE_TURNS, first) == before["history"][0]
+
+
+def test_a_turn_queued_by_the_release_before_the_tree_is_run_by_a_worker_of_this_one(private_redis, workers):  # noqa: F811
+    """Its meta names the job that writes the turn `owner` (now `writer`): the job's claim moves it into the tree."""
+    from agent.contract import queued_doc
+    from agent.queue import enqueue_turn, job_id_for
+    from tests.conftest import FAST, wait_done
+
+    workers(1)
+    store, cid, turn_id = private_redis.store, "flatinflight0001", "flatturn00000001"
+    doc = queued_doc(FAST.to_dict(), job_id_for(turn_id), time.time())
+    keys = Keys.of(cid)
+    store.redis.hset(keys.meta, mapping={"turn_id": turn_id, "done": "0", "version": "1", "attempt": "0",
+                                         "doc": json.dumps(doc), "owner": job_id_for(turn_id), "turns": "1",
+                                         "title": "What is 6*7?"})
+    store.redis.rpush(keys.history, json.dumps({"role": "user", "content": "What is 6*7?"}))
+    assert store.read(cid)["job_id"] == job_id_for(turn_id)  # read in the flat shape, as it was written
+    enqueue_turn(private_redis.queue, cid, turn_id, job_id_for(turn_id), job_timeout_s=FAST.job_timeout_s, wait_s=60)
+    final = wait_done(store, cid, 30)
+    assert final["status"] == "done" and "42" in final["history"][-1]["content"]
+    assert [t["turn_id"] for t in final["turns"]] == [turn_id] and final["turns"][0]["parent_turn_id"] is None
+    assert store.redis.hget(keys.meta, "owner") is None and store.redis.exists(keys.history) == 0

@@ -146,6 +146,6 @@ def test_the_lua_scripts_are_read_from_the_package_once_and_registered_on_each_c
     from agent.conversation import lua
 
     assert lua.source("publish") is lua.source("publish")
-    assert store._writes.scripts.publish.script == lua.source("publish")
+    assert store.scripts.publish.script == lua.source("publish")
     assert sorted(path.stem for path in lua.SCRIPTS_DIR.glob("*.lua")) == sorted(
         field for field in lua.Scripts.__dataclass_fields__)

@@ -120,11 +120,11 @@ def test_the_protections_of_a_write_hold_per_turn(store):
     assert info.value.reason == "CONFLICT"
     store.publish(cid, second, DOC, new_messages=[{"role": "assistant", "content": "x"}], expected_turn_len=1)
     with pytest.raises(StoreError) as info:  # another job writes it
-        store.publish(cid, second, DOC, owner="someone-else")
+        store.publish(cid, second, DOC, writer="someone-else")
     assert info.value.reason == "STALE"
     step = {"turn_id": second, "index": 1, "kind": "model", "name": "m", "outcome": "ok"}
-    store.publish(cid, second, DOC, new_steps=[step], owner="j")
-    store.publish(cid, second, DOC, new_steps=[step], owner="j")  # a write run twice stores its step once
+    store.publish(cid, second, DOC, new_steps=[step], writer="j")
+    store.publish(cid, second, DOC, new_steps=[step], writer="j")  # a write run twice stores its step once
     assert [s["turn_id"] for s in store.read(cid)["steps"]] == [second]
 
 

@@ -396,8 +396,8 @@ def test_a_write_run_twice_records_no_message_or_step_twice(redis_client, script
     scripted_model(Completion(None, [ToolCall(f"c{i}", "calculator", '{"expression": "2+2"}') for i in range(6)]),
                    Completion("4 each"))
     turn = make_turn(store, clock=frozen_clock())
-    turn.context.writer.owner = turn.context.writer.live.owner = "job-1"
-    store.redis.hset(f"agent:conv:{turn.context.writer.conversation_id}:meta", "owner", "job-1")
+    turn.context.writer.writer_job = turn.context.writer.live.writer_job = "job-1"
+    store.redis.hset(f"agent:conv:{turn.context.writer.conversation_id}:meta", "writer", "job-1")
     turn.context.writer.add_step("retry", "a step alone", time.time(), "ok")
     turn.context.writer.flush()
     assert turn.run() == "done"

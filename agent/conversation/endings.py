@@ -219,11 +219,11 @@ def write_ending(
     *,
     started_at: float | None = None,
     job_timeout_at: float | None = None,
-    owner: str = "",
+    writer: str = "",
 ) -> bool:
     """End a turn from outside its job (failure callback, lost worker, stop). False if already ended.
 
-    `owner`: the job this ending is about; refused when the turn was resumed by another job meanwhile
+    `writer`: the job this ending is about; refused when the turn was handed to another job meanwhile
     ("" ends the turn whichever job runs it: a stop)."""
     state = store.read_meta(conversation_id)
     if state is None or state["turn_id"] != turn_id or state["done"]:
@@ -242,7 +242,7 @@ def write_ending(
             done=True,
             new_messages=[{"role": Role.ASSISTANT, "content": ending.message}],
             summary=turn_summary(turn_id, doc, now),
-            owner=owner,
+            writer=writer,
         )
     except StoreError:
         return False

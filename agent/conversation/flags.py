@@ -38,11 +38,12 @@ class Flags:
         return bool(self.client.set(turn_claim(turn_id), job_id, nx=True, ex=ttl_s))
 
     def claim(self, conversation_id: str, turn_id: str, job_id: str, ttl_s: int, alive_ms: int) -> str:
-        """The job `job_id` claims its turn (scripts/claim.lua): "ok" only while it owns the turn in flight and
+        """The job `job_id` claims its turn (scripts/claim.lua): "ok" only while it writes the turn in flight and
         has not claimed it before ("ended", "not its job", "duplicate" otherwise). From that instant the turn is
         watched: its heartbeat mark is set and it is in the index of running turns, in the same step."""
-        outcome = self._claim(keys=[Keys.of(conversation_id).meta, turn_claim(turn_id), turn_alive(turn_id),
-                                    RUNNING_KEY], args=[turn_id, job_id, ttl_s, alive_ms, conversation_id])
+        keys = Keys.of(conversation_id)
+        outcome = self._claim(keys=[keys.meta, turn_claim(turn_id), turn_alive(turn_id), RUNNING_KEY],
+                              args=[turn_id, job_id, ttl_s, alive_ms, conversation_id, keys.base])
         return _text(outcome)
 
     def request_cancel(self, turn_id: str, ttl_s: int) -> None:
@@ -98,11 +99,12 @@ class Flags:
     def not_running(self, conversation_id: str) -> None:
         self.client.zrem(RUNNING_KEY, conversation_id)
 
-    def owners(self, conversation_ids: list[str]) -> list[tuple]:
-        """Per conversation: (turn_id, done, owner, attempt) from its meta, in one round trip."""
+    def writers(self, conversation_ids: list[str]) -> list[tuple]:
+        """Per conversation: (turn_id, done, writer, attempt) from its meta (the writer: the job that writes its
+        turn), in one round trip."""
         with self.client.pipeline(transaction=False) as pipe:
             for conversation_id in conversation_ids:
-                pipe.hmget(Keys.of(conversation_id).meta, "turn_id", "done", "owner", "attempt")
+                pipe.hmget(Keys.of(conversation_id).meta, "turn_id", "done", "writer", "attempt")
             return [tuple(_text(value) for value in row) for row in pipe.execute()]
 
     def alive(self, turn_ids: list[str]) -> list[bool]:
@@ -118,8 +120,8 @@ class Flags:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.get(turn_alive(turn_id))
             pipe.pttl(turn_alive(turn_id))
-            owner, left_ms = pipe.execute()
-        return _text(owner), max(0, int(left_ms)) if owner is not None else 0
+            job, left_ms = pipe.execute()
+        return _text(job), max(0, int(left_ms)) if job is not None else 0
 
     # -- the turns parked on a request for approval ----------------------------------------------------
 

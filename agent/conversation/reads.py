@@ -324,15 +324,21 @@ def _live(head_json, text) -> Live | None:
         return None
 
 
+def _field(meta: dict, name: str):
+    return meta.get(name.encode(), meta.get(name))
+
+
 def _state(conversation_id: str, meta: dict, history: list, steps: list, turns: list, live_text=None) -> State:
     state = well_formed.state(conversation_id, meta, history, steps, turns)
     state["live"] = _live(meta.get(b"live", meta.get("live")), live_text)
-    # The job that owns the turn now, and its attempt: a resume hands them over before the new job writes.
-    owner, attempt = meta.get(b"owner", meta.get("owner")), meta.get(b"attempt", meta.get("attempt"))
-    if owner:
-        state["job_id"] = well_formed.decoded(owner)
+    # The job that writes the turn now, and its attempt: a resume hands them over before the new job writes. (A
+    # conversation of the flat shape names it `owner`, as the release before the tree did: included/tree.lua.)
+    writer = _field(meta, "writer") or _field(meta, "owner")
+    attempt = _field(meta, "attempt")
+    if writer:
+        state["job_id"] = well_formed.decoded(writer)
     if attempt and well_formed.decoded(attempt).isdigit():
         state["attempt"] = int(well_formed.decoded(attempt))
-    owned_by = meta.get(b"owned_by", meta.get("owned_by"))
+    owned_by = _field(meta, "owned_by")
     state["owner"] = well_formed.decoded(owned_by) if owned_by else None
     return state

@@ -6,7 +6,9 @@ flags goes through it (its readers in StoreReads, which it extends), and it comp
 do the work:
 
     reads.py    the cheap poll, the blocking wait, the whole state, only what is new since a read
-    writes.py   a turn begun, published, its live text; rename and delete (each a script in scripts/)
+    tree.py     the whole tree of turns (`branches`)
+    writes.py   a turn begun, published, its live text, parked, answered, resumed; the branch shown; rename and
+                delete (each a script in scripts/): mixed in, so the store has them as its own
     room.py     new turns refused near Redis's memory limit (StoreFull)
     index.py    the conversations' index and the list's summaries (store.index)
     flags.py    who runs a turn, Stop asked, a queued job seen missing from its queue (store.flags)
@@ -28,13 +30,14 @@ from __future__ import annotations
 
 import redis
 
-from agent.contract import Message, State, Step, TurnDoc, TurnSummary
+from agent.contract import Message, State, TurnDoc
 from agent.conversation import people, reads, tree
 from agent.conversation.flags import Flags
 from agent.conversation.index import ConversationIndex
 from agent.conversation.keys import INDEX_KEY, Keys
+from agent.conversation.lua import Scripts
 from agent.conversation.room import Room
-from agent.conversation.writes import DELETED_MARKER_TTL_S, LiveHead, NoRoom, Writes
+from agent.conversation.writes import DELETED_MARKER_TTL_S, NoRoom, Writes
 
 # The most one conversation keeps (messages, steps and turn summaries, as stored JSON): past it, the
 # next message is refused (ConversationFull). A turn in flight is never cut short by it, so a
@@ -87,8 +90,9 @@ class StoreReads:
         return tree.branches(self.redis, conversation_id)
 
 
-class Store(StoreReads):
-    """Conversations in Redis, read and written as the state contract; refusals raise StoreRefused."""
+class Store(StoreReads, Writes):
+    """Conversations in Redis, read and written as the state contract; refusals raise StoreRefused. Its writers
+    are writes.py's (one script each); what it adds before a script is here."""
 
     def __init__(self, client: redis.Redis, ttl_s: int, *,
                  max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES):
@@ -98,7 +102,7 @@ class Store(StoreReads):
         self.index = ConversationIndex(client, INDEX_KEY)
         self.flags = Flags(client)
         self.room = Room(client)
-        self._writes = Writes(client)  # its scripts registered once, on this client
+        self.scripts = Scripts.register(client)  # once, on this client
 
     # Whose door this is: everyone's (a PersonStore is one signed-in person's). The writes pass `person` to
     # their scripts, which check it against the conversation's `owned_by` ("": no check).
@@ -111,10 +115,10 @@ class Store(StoreReads):
         return state is not None
 
     def owner_email(self, person_id: str) -> str | None:
-        """The email a conversation's owner signed in with (see people.py), or None."""
+        """The email a conversation's owner (a person) signed in with (see people.py), or None."""
         return people.email_of(self.redis, person_id)
 
-    # -- writers (writes.py) -----------------------------------------------------------------
+    # -- writers (writes.py), with what comes before their script -----------------------------
 
     def begin_turn(
         self, conversation_id: str, turn_id: str, user_message: Message, doc: TurnDoc, *, ttl_s: int | None = None,
@@ -131,16 +135,14 @@ class Store(StoreReads):
         starting a new conversation under the same id.
 
         The same turn id again (a double submit) is not a new turn; a different one while a
-        turn is in flight raises TurnInFlight; one past the size cap raises ConversationFull; near
+        turn is in flight (or parked) raises TurnInFlight; one past the size cap raises ConversationFull; near
         Redis's memory limit, StoreFull; a conversation whose version is not a number raises
         UnreadableState. Whatever is refused, nothing is written.
         """
         reserve_room = self.check_room()
         try:
-            return self._writes.begin_turn(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
-                                           must_exist=must_exist, max_bytes=self.max_conversation_bytes,
-                                           person=self.person, max_turns=self.max_turns, reserve_room=reserve_room,
-                                           branch_of=branch_of)
+            return self._begin(conversation_id, turn_id, user_message, doc, ttl_s=ttl_s or self.ttl_s,
+                               must_exist=must_exist, reserve_room=reserve_room, branch_of=branch_of)
         except NoRoom:
             raise self.room.refused() from None
 
@@ -149,76 +151,16 @@ class Store(StoreReads):
         left for the reservations of the turns in flight (room.py)."""
         return self.room.check()
 
-    def publish(
-        self, conversation_id: str, turn_id: str, doc: TurnDoc, *, done: bool = False,
-        new_messages: list[Message] = (), new_steps: list[Step] = (), expected_turn_len: int = -1,
-        summary: TurnSummary | None = None, end_live: int = 0, owner: str = "",
-    ) -> int:
-        """One atomic write: append what is new, replace the small fields, bump the version.
-
-        `expected_turn_len`: the turn's messages the writer knows are stored (its person's included; -1: any):
-        CONFLICT when the turn has another number. `end_live` (a live text's seq, 0 for none) clears that live
-        text in the same write, and refuses any later live write for it; an ending (done) clears whatever live
-        text there is. A write the contract forbids raises StoreError (GONE, STALE, CLOSED or CONFLICT).
-        `owner`: the writing job's id, refused (STALE) once the turn was resumed by another job; "" (a front
-        end) writes for any job."""
-        return self._writes.publish(conversation_id, turn_id, doc, ttl_s=self.ttl_s, done=done,
-                                    new_messages=new_messages, new_steps=new_steps,
-                                    expected_turn_len=expected_turn_len, summary=summary, end_live=end_live,
-                                    owner=owner, person=self.person)
-
-    def write_live(self, conversation_id: str, turn_id: str, head: LiveHead, text: str, *,
-                   from_bytes: int | None = None, owner: str = "") -> str:
-        """Write the live text: the whole of it, or (`from_bytes`) the part that follows the stored
-        text's first `from_bytes` bytes. Returns "ok", "ended" (its text was already cleared: nothing
-        written) or "lag" (the stored text does not end at `from_bytes`: nothing written)."""
-        return self._writes.write_live(conversation_id, turn_id, head, text, ttl_s=self.ttl_s, from_bytes=from_bytes,
-                                       owner=owner)
-
-    def resume(self, conversation_id: str, turn_id: str, lost_owner: str, new_owner: str, *, max_resumes: int,
-               alive_ms: int, by_itself: bool = False) -> tuple[str, int]:
-        """Hand a turn whose worker was lost to a new job, exactly once (see Writes.resume). `by_itself`: the
-        lost job's heartbeat mark is no sign of life (its app is stopping, or its process was seen to end)."""
-        return self._writes.resume(conversation_id, turn_id, lost_owner, new_owner, max_resumes=max_resumes,
-                                   alive_ms=alive_ms, by_itself=by_itself)
-
-    def park(self, conversation_id: str, turn_id: str, owner: str, doc: TurnDoc, *, request_id: str,
-             expires_at: float, ttl_s: int, hold: bool = False) -> int:
-        """Park the turn on a request for approval: the job `owner` lets go of it (see Writes.park)."""
-        return self._writes.park(conversation_id, turn_id, owner, doc, request_id=request_id, expires_at=expires_at,
-                                 ttl_s=max(ttl_s, self.ttl_s), hold=hold)
-
-    def answer(self, conversation_id: str, turn_id: str, request_id: str, doc: TurnDoc, step: Step, *,
-               new_owner: str, ttl_s: int, decision: str = "", look_at: float | None = None) -> tuple[str, int]:
-        """Answer a parked turn's request once; the job `new_owner` continues it (see Writes.answer)."""
-        return self._writes.answer(conversation_id, turn_id, request_id, doc, step, new_owner=new_owner,
-                                   ttl_s=max(ttl_s, self.ttl_s), person=self.person, decision=decision,
-                                   look_at=look_at)
-
     def delete(self, conversation_id: str) -> bool:
-        """Delete a conversation; a turn in flight is asked to stop first, and its later writes are
+        """Delete a conversation, every branch; a turn in flight is asked to stop first, and its later writes are
         refused (GONE), so its job ends without a word. False when there was nothing to delete."""
-        turn_id = self._writes.turn_in_flight(conversation_id)
+        turn_id = self.turn_in_flight(conversation_id)
         if turn_id is not None:
             self.flags.request_cancel(turn_id, DELETED_MARKER_TTL_S)
-        deleted = self._writes.delete(conversation_id, self.person)
+        deleted = self._delete_keys(conversation_id)
         if deleted and turn_id is not None:  # its ending will never be written: nothing to reserve memory for
             self.flags.release_reservation(conversation_id, turn_id)
         return deleted
-
-    def switch(self, conversation_id: str, turn_id: str) -> str:
-        """Show the branch through `turn_id`, down to its latest turn: every reader of the conversation follows
-        (its version moves), and the next message continues it. Returns the turn shown now. Refused while a turn
-        is in flight or parked (TurnInFlight: Stop it first), NoSuchTurn, ConversationGone."""
-        return self._writes.switch(conversation_id, turn_id, self.person)
-
-    def was_deleted(self, conversation_id: str) -> bool:
-        """True when the conversation was deleted (recently), rather than expired or never there."""
-        return self._writes.was_deleted(conversation_id, self.person)
-
-    def rename(self, conversation_id: str, title: str) -> bool:
-        """Give a conversation a new title (cleaned and cut like any title); False when it does not exist."""
-        return self._writes.rename(conversation_id, title, self.person)
 
     # -- per-turn flags (flags.py) -----------------------------------------------------------
 
@@ -232,4 +174,3 @@ class Store(StoreReads):
 
     def cancel_requested(self, turn_id: str) -> bool:
         return self.flags.cancel_requested(turn_id)
-

@@ -60,7 +60,7 @@ def hand_over_taken_job(store: Store, queue_connection: redis.Redis, job_id: str
 
 def _turn_owned_by(store: Store, queue_connection: redis.Redis, job_id: str) -> tuple[str, str, dict] | None:
     """(conversation id, turn id, meta) of the turn in flight that turn job `job_id` owns, or None: the job is
-    gone, not ours to read, not a turn job, or no longer its turn's owner."""
+    gone, not ours to read, not a turn job, or no longer its turn's writer."""
     try:
         job = SafeJob.fetch(job_id, connection=queue_connection, serializer=JSONSerializer)
     except Exception:  # noqa: BLE001 - gone, or not ours to read: nothing to hand over

@@ -118,7 +118,7 @@ def lost_worker_check(
     ending = Ending.queue_expired(reason) if _waited_too_long(store, meta, now) else Ending.worker_lost(reason)
     if stopped_with_the_app(meta["job_id"]):  # handed over as the app stopped, and never taken up in time
         ending = Ending.app_stopped(f"no worker took it up again in time ({reason})")
-    return write_ending(store, conversation_id, meta["turn_id"], ending, owner=meta["job_id"] or "")
+    return write_ending(store, conversation_id, meta["turn_id"], ending, writer=meta["job_id"] or "")
 
 
 def _overdue_request(meta: State | None, now: float) -> bool:

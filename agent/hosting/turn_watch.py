@@ -134,18 +134,18 @@ class TurnWatch:
         accepted = [(conversation_id, turn_id, score) for conversation_id, turn_id, score in accepted if turn_id]
         if not accepted:
             return
-        owners = flags.owners([conversation_id for conversation_id, _, _ in accepted])
+        writers = flags.writers([conversation_id for conversation_id, _, _ in accepted])
         waiting = []
-        for (conversation_id, turn_id, _), (current, done, owner, _) in zip(accepted, owners, strict=True):
+        for (conversation_id, turn_id, _), (current, done, writer, _) in zip(accepted, writers, strict=True):
             if current != turn_id or done != "0":
                 flags.release_reservation(conversation_id, turn_id)
-            elif owner:  # "" while parked on a request for approval: no job to look for
-                waiting.append((conversation_id, turn_id, owner))
+            elif writer:  # "" while parked on a request for approval: no job to look for
+                waiting.append((conversation_id, turn_id, writer))
         if not waiting:
             return
         with self.queue_connection.pipeline(transaction=False) as pipe:
-            for _, _, owner in waiting:
-                pipe.hget(SafeJob.key_for(owner), "status")
+            for _, _, writer in waiting:
+                pipe.hget(SafeJob.key_for(writer), "status")
             statuses = pipe.execute()
         beating = self.store.flags.alive([turn_id for _, turn_id, _ in waiting])
         for (conversation_id, _, _), status, alive in zip(waiting, statuses, beating, strict=True):
@@ -181,11 +181,11 @@ class TurnWatch:
             away = self.redis_was_away(time.monotonic())
             self.look_for_lost_jobs(trusted=not away)
             return
-        owners = flags.owners(lapsed)
+        writers = flags.writers(lapsed)
         in_flight = []
-        for conversation_id, (turn_id, done, owner, _) in zip(lapsed, owners, strict=True):
+        for conversation_id, (turn_id, done, writer, _) in zip(lapsed, writers, strict=True):
             if turn_id and done == "0":
-                in_flight.append((conversation_id, turn_id, owner or ""))
+                in_flight.append((conversation_id, turn_id, writer or ""))
             else:
                 flags.not_running(conversation_id)  # ended (or gone) without its index entry removed
         now = time.time()
@@ -195,14 +195,14 @@ class TurnWatch:
         if away:
             self.held_off += not all(beating)
             return
-        for (conversation_id, turn_id, owner), alive in zip(in_flight, beating, strict=True):
-            if alive or not owner:
+        for (conversation_id, turn_id, writer), alive in zip(in_flight, beating, strict=True):
+            if alive or not writer:
                 continue
-            reason = lost_job_reason(self.queue_connection, owner, now)
+            reason = lost_job_reason(self.queue_connection, writer, now)
             state = self.store.read_meta(conversation_id) if reason else None
-            if state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != owner:
+            if state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != writer:
                 continue
-            outcome = resume_or_end(self.store, get_queue(self.queue_connection), conversation_id, state, owner,
+            outcome = resume_or_end(self.store, get_queue(self.queue_connection), conversation_id, state, writer,
                                     reason)
             self.resumed += outcome == "resumed"
 

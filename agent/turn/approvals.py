@@ -103,8 +103,8 @@ def park(writer: StateWriter, call: ToolCall, config: TurnConfig, *, hold: bool 
     request = request_for(call, config, writer.clock(), writer.step_index)
     writer.doc.update(status=Status.AWAITING_APPROVAL, approval=request)
     try:
-        writer.store.park(writer.conversation_id, writer.turn_id, writer.owner, writer.doc, request_id=request["id"],
-                          expires_at=request["expires_at"], ttl_s=_ttl_s(config), hold=hold)
+        writer.store.park(writer.conversation_id, writer.turn_id, writer.writer_job, writer.doc,
+                          request_id=request["id"], expires_at=request["expires_at"], ttl_s=_ttl_s(config), hold=hold)
     except StoreError as exc:
         raise TurnClosed(str(exc)) from exc
     writer.last_write_at = writer.clock()
@@ -165,11 +165,11 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
     answered = Approval(**{**request, "answer": decision, "answered_at": now, "answered_by": by})
     doc = carried(state)
     if config.safeguards:  # a continuation, on a fresh set of clocks, owns the turn from here
-        answered["job_id"] = owner = continuations.continuation_id(state["turn_id"], request["id"])
-        doc.update(status=Status.QUEUED, job_id=owner, enqueued_at=now, started_at=None, deadline_at=None,
+        answered["job_id"] = new_writer = continuations.continuation_id(state["turn_id"], request["id"])
+        doc.update(status=Status.QUEUED, job_id=new_writer, enqueued_at=now, started_at=None, deadline_at=None,
                    job_timeout_at=None, current_step=None)
     else:  # the job that asked waits for the answer itself, and goes on with it
-        owner = state["job_id"] or ""
+        new_writer = state["job_id"] or ""
         doc.update(status=Status.RUNNING)
     doc["approval"] = answered
     step = make_step(state["turn_id"], request.get("steps_before", 0) + 1, Kind.APPROVAL, request["name"],
@@ -177,7 +177,7 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
                      job_timeout_at=state["job_timeout_at"], answered_by=by, call_id=request["call_id"],
                      request_id=request["id"],
                      arguments=request["arguments"], detail=_detail(decision, by, now - request["asked_at"]))
-    outcome, _ = store.answer(conversation_id, state["turn_id"], request["id"], doc, step, new_owner=owner,
+    outcome, _ = store.answer(conversation_id, state["turn_id"], request["id"], doc, step, new_writer=new_writer,
                               ttl_s=least_state_ttl_s(config), decision=decision,
                               look_at=now + continuations.GRACE_S if config.safeguards else None)
     if outcome == "late":  # expired by Redis's clock, not yet by the watch: it is expired here, as the watch would
@@ -189,7 +189,7 @@ def answer(store: Store, queue: Queue, conversation_id: str, decision: str, by: 
     if outcome != "ok":
         return not_pending(store, conversation_id, store.read_meta(conversation_id), request_id)
     log.info("turn %s: the request to approve %s was %s (%s)", state["turn_id"], request["name"], decision, by)
-    if config.safeguards and not continuations.enqueue(store, queue, conversation_id, state, owner, config):
+    if config.safeguards and not continuations.enqueue(store, queue, conversation_id, state, new_writer, config):
         return Answered("ok", f"{_WORDS[decision].capitalize()}: {request['name']}. The answer is recorded; Redis "
                               "refused its job for now, and the pool's watch queues it once Redis takes it.",
                         queued=False)

@@ -100,7 +100,7 @@ def _run(conversation_id: str, turn_id: str) -> str:
         history = (_taken_over_history(state, resumption) if resumption is not None
                    else answer_every_call([_for_model(m) for m in state["history"]]))
         turn = Turn.create(store, conversation_id, turn_id, config, started_at=started_at, history=history,
-                           doc=carried(state), persisted_len=len(state["history"]), owner=job_id,
+                           doc=carried(state), persisted_len=len(state["history"]), writer=job_id,
                            resumption=resumption, turn_start=turn_start(state))
         return turn.run()
 
@@ -114,12 +114,12 @@ def _resume(store: Store, conversation_id: str, state: State, config: TurnConfig
         if shutdown.stopped_with_the_app(job_id):
             ending = Ending.app_stopped(f"no worker started again before its deadline ({max(0.0, remaining):.1f} s "
                                         f"were left, and a model call needs at least {config.min_call_s:g} s)")
-        write_ending(store, conversation_id, turn_id, ending, owner=job_id)
+        write_ending(store, conversation_id, turn_id, ending, writer=job_id)
         return "no time"
     resumption = Resumption.of(state, store.live_seq(conversation_id))
     turn = Turn.create(store, conversation_id, turn_id, config, started_at=state["started_at"],
                        history=_taken_over_history(state, resumption), doc=carried(state),
-                       persisted_len=len(state["history"]), owner=job_id, resumption=resumption,
+                       persisted_len=len(state["history"]), writer=job_id, resumption=resumption,
                        turn_start=turn_start(state))
     return turn.run()
 
@@ -174,4 +174,4 @@ def on_failure(job, connection, exc_type, exc_value, tb) -> None:
     started_at = job.started_at.timestamp() if job.started_at else None
     job_timeout_at = started_at + job.timeout if started_at is not None and job.timeout else None
     write_ending(store, conversation_id, turn_id, ending, started_at=started_at, job_timeout_at=job_timeout_at,
-                 owner=job.id)
+                 writer=job.id)

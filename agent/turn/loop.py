@@ -54,13 +54,13 @@ class Turn:
 
     @classmethod
     def create(cls, store: Store, conversation_id: str, turn_id: str, config: TurnConfig, *, started_at: float,
-               history: list[Message], doc: TurnDoc, persisted_len: int, clock: Clock = time.time, owner: str = "",
+               history: list[Message], doc: TurnDoc, persisted_len: int, clock: Clock = time.time, writer: str = "",
                resumption: Resumption | None = None, turn_start: int | None = None) -> Turn:
-        """A turn with the clocks and publishing its settings ask for; `owner` is the job that writes it.
+        """A turn with the clocks and publishing its settings ask for; `writer` is the job that writes it.
         `history` is what the model is sent (the path from the first turn to this one); the stored path's first
         `persisted_len` messages are written, this turn's from `turn_start` (default: the last of them)."""
         budget, publishing = policies_for(config, started_at, clock)
-        writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now, owner, turn_start)
+        writer = StateWriter(store, conversation_id, turn_id, doc, persisted_len, budget.now, writer, turn_start)
         spend = Spend.for_turn(config, doc.get("spend"))  # carried on: a resumed or continued turn keeps its spend
         writer.doc["spend"] = spend.to_doc()
         return cls(TurnContext(config, budget, publishing, writer, StopRequests(store, turn_id), spend), history,
@@ -101,13 +101,13 @@ class Turn:
         """The app is stopping: what the turn has is written, and the turn handed to the app's next start
         (shutdown.py). None when that is done (or the turn was ended elsewhere); else why it could not be."""
         writer = self.context.writer
-        if not writer.owner:
+        if not writer.writer_job:
             return "it was not run by a queued job"
         try:
             writer.flush()
         except TurnClosed:
             return None
-        return shutdown.hand_over(writer.store, writer.conversation_id, writer.turn_id, writer.owner)
+        return shutdown.hand_over(writer.store, writer.conversation_id, writer.turn_id, writer.writer_job)
 
     def park(self, call: ToolCall) -> str:
         """A tool that asks a person first: the request is written and the turn let go; the worker is free."""
@@ -149,11 +149,11 @@ class Turn:
         if resumption.answered is not None:
             call_id, answer = resumption.answered
             self.tools.decisions[call_id] = answer
-        writer.doc.update(attempt=resumption.attempt, job_id=writer.owner)
+        writer.doc.update(attempt=resumption.attempt, job_id=writer.writer_job)
         remaining = budget.remaining_s()
         if resumption.requeued:  # its job was lost before it began: this one begins it, on fresh clocks
             what = "going on after the answer" if resumption.after_answer else "starting this reply"
-            if shutdown.stopped_with_the_app(writer.owner):
+            if shutdown.stopped_with_the_app(writer.writer_job):
                 name, detail = "app stopped", f"the app was stopped before {what}; started when a worker started again"
             else:
                 name, detail = "worker lost", (f"the worker that took this turn from the queue was lost before {what}; "
@@ -171,7 +171,7 @@ class Turn:
                  "between tool runs" if resumption.pending else
                  "while the model was writing its reply" if resumption.partial_text else "during a model call")
         extra = {"partial_text": resumption.partial_text} if resumption.partial_text else {}
-        if shutdown.stopped_with_the_app(writer.owner):  # handed over by its worker as the app stopped
+        if shutdown.stopped_with_the_app(writer.writer_job):  # handed over by its worker as the app stopped
             name, detail = "app stopped", f"the app was stopped {doing}; resumed when a worker started again"
         else:
             name, detail = "worker lost", f"the worker was lost {doing}; resumed on another worker"

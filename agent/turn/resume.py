@@ -48,9 +48,9 @@ from agent.turn.shutdown import stopped_with_the_app
 log = logging.getLogger(__name__)
 
 
-def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State, lost_owner: str,
+def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State, lost_writer: str,
                   reason: str, *, known_dead: bool = False) -> str:
-    """Resume the turn whose job `lost_owner` was lost, or end it saying why it cannot go on.
+    """Resume the turn whose job `lost_writer` was lost, or end it saying why it cannot go on.
 
     A turn whose lost job never made its first write (taken off the queue, even marked started by RQ or
     claimed, but no clocks of its own yet: a fresh turn, or the continuation after an answer) has nothing to
@@ -75,31 +75,31 @@ def resume_or_end(store: Store, queue: Queue, conversation_id: str, state: State
         ending = Ending.worker_lost_no_time(reason, remaining, config.min_call_s)
     elif not started and wait_left < 1:
         ending = Ending.queue_expired(f"{reason}, after it had waited the longest a message may wait")
-    if ending is not None and stopped_with_the_app(lost_owner):  # handed over at a stop, not taken up in time
+    if ending is not None and stopped_with_the_app(lost_writer):  # handed over at a stop, not taken up in time
         ending = Ending.app_stopped(f"no worker took it up again before its deadline ({reason})")
     if ending is not None:
-        written = write_ending(store, conversation_id, turn_id, ending, owner=lost_owner)
+        written = write_ending(store, conversation_id, turn_id, ending, writer=lost_writer)
         return "ended" if written else "taken"
-    new_owner = f"{job_id_for(turn_id)}-resume-{attempt + 1}"
-    outcome, new_attempt = store.resume(conversation_id, turn_id, lost_owner, new_owner,
+    new_writer = f"{job_id_for(turn_id)}-resume-{attempt + 1}"
+    outcome, new_attempt = store.resume(conversation_id, turn_id, lost_writer, new_writer,
                                         max_resumes=config.max_resumes, alive_ms=ALIVE_MS, by_itself=known_dead)
     if outcome != "ok":
         return outcome
     # A job a worker took and never started stays in RQ's intermediate queue, where RQ's own look would fail it
     # minutes from now: it is ours to drop.
-    queue.connection.lrem(queue.intermediate_queue_key, 0, lost_owner)
+    queue.connection.lrem(queue.intermediate_queue_key, 0, lost_writer)
     if not started:
-        enqueue_turn(queue, conversation_id, turn_id, new_owner, job_timeout_s=config.job_timeout_s,
+        enqueue_turn(queue, conversation_id, turn_id, new_writer, job_timeout_s=config.job_timeout_s,
                      wait_s=max(1, math.floor(wait_left)), at_front=True)
         log.warning("turn %s: its job was lost before it began the turn (%s); queued again as %s (attempt %d)",
-                    turn_id, reason, new_owner, new_attempt)
+                    turn_id, reason, new_writer, new_attempt)
         return "resumed"
     job_timeout_at = state["job_timeout_at"] or now + config.job_timeout_s
     # RQ's timeout for the new job: what remains up to the turn's own job-timeout instant, never more.
-    enqueue_turn(queue, conversation_id, turn_id, new_owner, job_timeout_s=max(1, math.floor(job_timeout_at - now)),
+    enqueue_turn(queue, conversation_id, turn_id, new_writer, job_timeout_s=max(1, math.floor(job_timeout_at - now)),
                  wait_s=max(1, math.floor(remaining - config.min_call_s)), at_front=True)
     log.warning("turn %s: its worker was lost (%s); resumed as %s (attempt %d), %.1f s before its deadline",
-                turn_id, reason, new_owner, new_attempt, remaining)
+                turn_id, reason, new_writer, new_attempt, remaining)
     return "resumed"
 
 

@@ -43,13 +43,13 @@ def stopped_with_the_app(job_id: str | None) -> bool:
     return AFTER_STOP in (job_id or "")
 
 
-def hand_over(store: Store, conversation_id: str, turn_id: str, owner: str) -> str | None:
-    """Hand the turn, which job `owner` runs, to a job for the app's next start. None when it is handed over,
+def hand_over(store: Store, conversation_id: str, turn_id: str, writer: str) -> str | None:
+    """Hand the turn, which job `writer` runs, to a job for the app's next start. None when it is handed over,
     or not this job's to hand over any more (ended, or taken, elsewhere); otherwise why it could not be, in
     words for the ending (Ending.app_stopped)."""
     try:
         state = store.read_meta(conversation_id)
-        if state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != owner:
+        if state is None or state["turn_id"] != turn_id or state["done"] or state["job_id"] != writer:
             return None
         config = TurnConfig.from_dict(state["config"] or {})
         now = time.time()
@@ -58,8 +58,8 @@ def hand_over(store: Store, conversation_id: str, turn_id: str, owner: str) -> s
         if begun and remaining < config.min_call_s:
             return (f"{max(0.0, remaining):.1f} s were left before its deadline, and a model call needs at least "
                     f"{config.min_call_s:g} s")
-        new_owner = restart_job_id(turn_id, state["attempt"] + 1)
-        outcome, attempt = store.resume(conversation_id, turn_id, owner, new_owner, max_resumes=config.max_resumes,
+        new_writer = restart_job_id(turn_id, state["attempt"] + 1)
+        outcome, attempt = store.resume(conversation_id, turn_id, writer, new_writer, max_resumes=config.max_resumes,
                                         alive_ms=ALIVE_MS, by_itself=True)
         if outcome == "spent":
             return (f"it had been resumed {attempt} time{'s' * (attempt != 1)} already, the most a turn may be "
@@ -71,10 +71,10 @@ def hand_over(store: Store, conversation_id: str, turn_id: str, owner: str) -> s
         else:
             job_timeout_s = config.job_timeout_s
             wait_s = math.floor(queue_wait_s(store.ttl_s) - (now - (state["enqueued_at"] or now)))
-        enqueue_turn(get_queue(store.redis), conversation_id, turn_id, new_owner, job_timeout_s=max(1, job_timeout_s),
+        enqueue_turn(get_queue(store.redis), conversation_id, turn_id, new_writer, job_timeout_s=max(1, job_timeout_s),
                      wait_s=max(1, wait_s), at_front=True)
     except redis.RedisError as exc:
         return f"Redis did not take the hand-over ({redis_problem(exc)})"
     log.warning("turn %s: the app is stopping; handed over to %s (attempt %d) for its next start, %.1f s before "
-                "its deadline", turn_id, new_owner, attempt, remaining)
+                "its deadline", turn_id, new_writer, attempt, remaining)
     return None

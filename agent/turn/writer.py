@@ -49,9 +49,9 @@ class LiveText:
     per text writes it at most once per `interval_s`. `writes` counts the live writes that landed."""
 
     def __init__(self, store: Store, conversation_id: str, turn_id: str, interval_s: float = LIVE_WRITE_INTERVAL_S,
-                 max_chars: int = MAX_LIVE_CHARS, owner: str = ""):
+                 max_chars: int = MAX_LIVE_CHARS, writer_job: str = ""):
         self.store = store
-        self.owner = owner  # the job writing it: refused once the turn was resumed by another
+        self.writer_job = writer_job  # the job writing it: refused once the turn was handed to another
         self.conversation_id = conversation_id
         self.turn_id = turn_id
         self.interval_s = interval_s
@@ -130,13 +130,13 @@ class LiveText:
     def _write(self, seq: int, head: LiveHead, text: str, landed: int | None) -> None:
         try:
             outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, from_bytes=landed,
-                                            owner=self.owner)
+                                            writer=self.writer_job)
             if outcome == "lag":  # an earlier write was lost: the whole text instead
                 with self._lock:
                     if self._head is None or self._head["seq"] != seq:
                         return  # the text has ended meanwhile
                     text = "".join(self._sent)
-                outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, owner=self.owner)
+                outcome = self.store.write_live(self.conversation_id, self.turn_id, head, text, writer=self.writer_job)
                 landed = None
         except StoreError:
             self._refused = True  # ended elsewhere: the turn's next publish says so
@@ -160,9 +160,9 @@ class StateWriter:
     """Writes one turn's state: `doc` (the small fields), and the messages and steps not yet written."""
 
     def __init__(self, store: Store, conversation_id: str, turn_id: str, doc: TurnDoc, persisted_len: int,
-                 clock: Callable[[], float], owner: str = "", turn_start: int | None = None):
+                 clock: Callable[[], float], writer_job: str = "", turn_start: int | None = None):
         self.store = store
-        self.owner = owner  # the job writing the turn (""; any): its writes are refused once another resumed it
+        self.writer_job = writer_job  # the job writing the turn ("": any): refused once another took it over
         self.conversation_id = conversation_id
         self.turn_id = turn_id
         self.doc = doc
@@ -176,7 +176,7 @@ class StateWriter:
         self.step_index = 0  # steps recorded by this turn
         self.unconfirmed: list[tuple[int, int]] = []  # (messages, steps) held by writes that failed
         self.last_write_at = 0.0  # clock time of the last write that landed
-        self.live = LiveText(store, conversation_id, turn_id, owner=owner)
+        self.live = LiveText(store, conversation_id, turn_id, writer_job=writer_job)
         self.live_to_clear = 0  # the seq of an ended live text the next write clears (0: none)
 
     def add_message(self, message: Message) -> None:
@@ -222,7 +222,7 @@ class StateWriter:
             self.store.publish(self.conversation_id, self.turn_id, self.doc, done=done,
                                new_messages=self.pending_messages, new_steps=self.pending_steps,
                                expected_turn_len=self.persisted_len - self.turn_start, summary=summary,
-                               end_live=self.live_to_clear, owner=self.owner)
+                               end_live=self.live_to_clear, writer=self.writer_job)
         except StoreError as exc:
             if exc.reason == "CONFLICT" and not reconciled and self._landed_already():
                 self.flush(done=done, summary=summary, reconciled=True, durable=durable)

@@ -427,8 +427,8 @@ def worker_silent(be: ui.Backend, state: dict) -> tuple[bool, float | None]:
     last write."""
     if state["status"] != Status.RUNNING or state["done"]:
         return False, None
-    owner, left_ms = be.store.flags.alive_mark(state["turn_id"])
-    if owner == state["job_id"] and left_ms > SILENT_LEFT_MS:
+    beating, left_ms = be.store.flags.alive_mark(state["turn_id"])
+    if beating == state["job_id"] and left_ms > SILENT_LEFT_MS:
         return False, (left_ms - SILENT_LEFT_MS) / 1000
     return be.store.version(state["conversation_id"]) == state["version"], None
 

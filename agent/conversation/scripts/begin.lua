@@ -64,7 +64,7 @@ redis.call('HSET', tree, turn_id .. ':parent', parent, turn_id .. ':n', 1, turn_
   turn_id .. ':s', 0, turn_id .. ':v', 1)
 kids_add(tree, parent, turn_id)
 local version = redis.call('HINCRBY', meta, 'version', 1)
-redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc, 'owner', writer, 'attempt', '0',
+redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc, 'writer', writer, 'attempt', '0',
   'shape', 'tree', 'tip', turn_id)
 redis.call('HINCRBY', meta, 'tree_v', 1)
 redis.call('HDEL', meta, 'live', 'live_seq', 'live_ended')

@@ -2,16 +2,19 @@
 -- cleared (a late write); 'lag' when an append does not start where the stored text ends (an earlier
 -- write was lost), so the writer sends the whole text instead.
 -- KEYS: meta, live, events, tree (its TTL refreshed)
--- ARGV: turn_id, ttl, head (JSON), seq, mode ('whole' or 'append'), from (bytes), text, owner (the job's id)
+-- ARGV: turn_id, ttl, head (JSON), seq, mode ('whole' or 'append'), from (bytes), text, writer (the job's id), the
+-- conversation's key prefix
 -- Returns {outcome, version}.
 local meta, live, events = KEYS[1], KEYS[2], KEYS[3]
 local turn_id, ttl, head, seq, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local from, text, owner = tonumber(ARGV[6]), ARGV[7], ARGV[8]
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'live_seq', 'live_ended', 'owner')
+local from, text, writer = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+--@include included/tree
+migrate(meta, ARGV[9])
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'live_seq', 'live_ended', 'writer')
 if not current[1] then return redis.error_reply('GONE the conversation has expired') end
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
-if owner ~= '' and current[5] and current[5] ~= owner then
+if writer ~= '' and current[5] and current[5] ~= writer then
   return redis.error_reply('STALE the turn was resumed by another job')
 end
 -- Ended, or older than the text Redis holds (a write that stalled while a retry started a fresh text).

@@ -19,7 +19,7 @@ local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
 local summary, conversation_id, updated_at, end_live = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
 local writer, person, base = ARGV[12], ARGV[13], ARGV[14]
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'owner', 'owned_by')
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'writer', 'owned_by')
 if not current[1] or (person ~= '' and current[4] ~= person) then
   return redis.error_reply('GONE the conversation has expired or was deleted')
 end

@@ -63,6 +63,11 @@ local function migrate(meta, base)
       redis.call('HSET', tree, turn_of .. ':s:' .. (n - 1), raw)
     end
   end
+  local writer = redis.call('HGET', meta, 'owner')  -- the job that writes the turn: `owner`, in that release
+  if writer then
+    redis.call('HSET', meta, 'writer', writer)
+    redis.call('HDEL', meta, 'owner')
+  end
   redis.call('HSET', meta, 'shape', 'tree', 'tip', parent, 'tree_v', 1)
   redis.call('DEL', history, steps, turns)
   local ttl = redis.call('PTTL', meta)
