@@ -156,19 +156,42 @@ def make_case(store: Store, rng: random.Random, number: int, kind: str | None = 
     return Case(number, kind, base, cid, shown if len(shown) < 120 else f"{shown[:100]}… ({len(shown)} chars)", deep)
 
 
+def stored_items(store: Store, cid: str, family: str) -> list[str]:
+    """The fields of the conversation's tree (agent/conversation/scripts/included/tree.lua) that hold its shown
+    path's items of one family ("history", "step" or "turn"), in the order the state reads them."""
+    tree = Keys.of(cid).tree
+    path, turn = [], (store.redis.hget(Keys.of(cid).meta, "tip") or b"").decode()
+    while turn:
+        path.insert(0, turn)
+        turn = (store.redis.hget(tree, f"{turn}:parent") or b"").decode()
+    fields = []
+    for turn in path:
+        if family == "turn":
+            fields += [f"{turn}:sum"] if store.redis.hexists(tree, f"{turn}:sum") else []
+        else:
+            letter, count = ("m", "n") if family == "history" else ("s", "s")
+            fields += [f"{turn}:{letter}:{i}" for i in range(int(store.redis.hget(tree, f"{turn}:{count}") or 0))]
+    return fields
+
+
+def overwrite(store: Store, cid: str, field: str, raw) -> None:
+    """Write `raw` in place of one field of the conversation's tree, and move its turn's version on as the
+    store's writes do: readers keep a turn they have read by its version (agent/conversation/reads.py)."""
+    tree = Keys.of(cid).tree
+    store.redis.hset(tree, field, raw)
+    store.redis.hincrby(tree, f"{field.split(':', 1)[0]}:v", 1)
+
+
 def damage(store: Store, rng: random.Random, cid: str, kind: str) -> str | bytes:
     """Overwrite one part of conversation `cid` in Redis as `kind` says; returns what was written."""
     keys, r = Keys.of(cid), store.redis
-    lists = {"history": keys.history, "step": keys.steps, "turn": keys.turns}
     family = kind.split("_", 1)[0]
     if kind.endswith("_item"):
         raw = _whole_item(rng)
-        key = lists[family]
-        index = rng.randrange(r.llen(key))
-        r.lset(key, index, raw) if rng.random() < 0.7 else r.rpush(key, raw)
+        overwrite(store, cid, rng.choice(stored_items(store, cid, family)), raw)
     elif kind in ("history_field", "step_field", "turn_field", "tool_call_field"):
-        key = lists["history" if kind == "tool_call_field" else family]
-        items = r.lrange(key, 0, -1)
+        fields = stored_items(store, cid, "history" if kind == "tool_call_field" else family)
+        items = r.hmget(keys.tree, fields)
         index = rng.randrange(len(items))
         value = json.loads(items[index])
         if kind == "tool_call_field":
@@ -178,9 +201,9 @@ def damage(store: Store, rng: random.Random, cid: str, kind: str) -> str | bytes
             function = _wrong_fields(rng, call["function"], ("name", "arguments"))
             raw = _object_text(value, {"tool_calls": "[" + _object_text(call, {"function": function}) + "]"})
         else:
-            fields = {"history": HISTORY_FIELDS, "step": STEP_FIELDS, "turn": SUMMARY_FIELDS}[family]
-            raw = _wrong_fields(rng, value, fields)
-        r.lset(key, index, raw)
+            wrong = {"history": HISTORY_FIELDS, "step": STEP_FIELDS, "turn": SUMMARY_FIELDS}[family]
+            raw = _wrong_fields(rng, value, wrong)
+        overwrite(store, cid, fields[index], raw)
     elif kind == "doc_field":
         raw = _wrong_fields(rng, json.loads(r.hget(keys.meta, "doc")), DOC_FIELDS)
         r.hset(keys.meta, "doc", raw)
@@ -198,7 +221,7 @@ def damage(store: Store, rng: random.Random, cid: str, kind: str) -> str | bytes
                           deep_list(1000)])
         r.hset(keys.meta, "doc", raw)
     else:  # wrong_key_type
-        key = rng.choice((keys.meta, keys.history, keys.steps, keys.turns))
+        key = rng.choice((keys.meta, keys.tree))
         raw = f"{key} as a string"
         r.delete(key)
         r.set(key, "hostile")

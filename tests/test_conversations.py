@@ -191,8 +191,11 @@ def test_a_title_is_one_printable_line_cut_to_its_length(private_redis, text):
 
 
 def _stored_bytes(store: Store, cid: str) -> int:
-    keys = Keys.of(cid)
-    return sum(len(item) for key in (keys.history, keys.steps, keys.turns) for item in store.redis.lrange(key, 0, -1))
+    """What the conversation's turns hold: their messages, steps and summaries (the tree's other fields are
+    its shape: ids and counts)."""
+    tree = store.redis.hgetall(Keys.of(cid).tree)
+    return sum(len(value) for field, value in tree.items()
+               if b":m:" in field or b":s:" in field or field.endswith(b":sum"))
 
 
 def test_a_fuzz_of_large_messages_and_tool_results_never_passes_the_cap_by_more_than_a_turn(private_redis):

@@ -42,6 +42,8 @@ from tests.hostile_states import (
     cases,
     damage,
     make_case,
+    overwrite,
+    stored_items,
 )
 from tests.scripted_server import chat_reply, tool_call
 
@@ -152,8 +154,13 @@ def test_a_state_the_store_wrote_reads_back_exactly_as_written(private):
     for status in ("queued", "running", "done", "failed"):
         cid, _ = base_state(store, status)
         state, keys = store.read(cid), Keys.of(cid)
-        for name, key in (("history", keys.history), ("steps", keys.steps), ("turns", keys.turns)):
-            assert state[name] == [json.loads(item) for item in store.redis.lrange(key, 0, -1)], (status, name)
+        for name, family in (("history", "history"), ("steps", "step"), ("turns", "turn")):
+            fields = stored_items(store, cid, family)
+            stored = [json.loads(item) for item in store.redis.hmget(keys.tree, fields)] if fields else []
+            if name == "turns":  # each with its place in the tree
+                state[name] = [{k: v for k, v in t.items() if k not in ("parent_turn_id", "siblings")}
+                               for t in state[name]]
+            assert state[name] == stored, (status, name)
         doc = json.loads(store.redis.hget(keys.meta, "doc"))
         assert {k: state[k] for k in CARRIED_FIELDS} == {k: doc.get(k) for k in CARRIED_FIELDS}, status
 
@@ -162,9 +169,8 @@ def test_a_history_item_that_is_not_a_message_is_shown_as_its_text_and_the_other
     store = private.store
     for raw in [*WRONG_VALUES, *NOT_JSON, NOT_UTF8[0]]:
         cid, _ = base_state(store, "done")
-        key = f"agent:conv:{cid}:history"
         before = store.read(cid)["history"]
-        store.redis.lset(key, 1, raw)
+        overwrite(store, cid, stored_items(store, cid, "history")[1], raw)
         history = store.read(cid)["history"]
         assert history[:1] + history[2:] == before[:1] + before[2:], raw[:80]
         shown = history[1]

@@ -351,12 +351,19 @@ def _deep_state(private, shape: str, depth: int) -> str:
     from tests.hostile_states import base_state
 
     cid, _ = base_state(private.store, "done")
-    keys, inner = Keys.of(cid), nested_text(depth - 1, shape)
-    private.client.rpush(keys.history, '{"role":"assistant","content":"deep","extra":' + inner + "}")
-    step = json.loads(private.client.lindex(keys.steps, -1))
-    private.client.rpush(keys.steps, json.dumps(step)[:-1] + ',"extra":' + inner + "}")
-    summary = private.client.lindex(keys.turns, -1).decode()
-    private.client.rpush(keys.turns, summary[:-1] + ',"extra":' + inner + "}")
+    keys, inner, client = Keys.of(cid), nested_text(depth - 1, shape), private.client
+    turn = client.hget(keys.meta, "tip").decode()  # its tree's last turn (agent/conversation/scripts/included/tree.lua)
+    n = client.hincrby(keys.tree, f"{turn}:n", 1)
+    client.hset(keys.tree, f"{turn}:m:{n - 1}", '{"role":"assistant","content":"deep","extra":' + inner + "}")
+    s = int(client.hget(keys.tree, f"{turn}:s"))
+    step = json.loads(client.hget(keys.tree, f"{turn}:s:{s - 1}"))
+    client.hset(keys.tree, f"{turn}:s:{s}", json.dumps(step)[:-1] + ',"extra":' + inner + "}")
+    client.hincrby(keys.tree, f"{turn}:s", 1)
+    client.hincrby(keys.tree, f"{turn}:v", 1)
+    first = client.hget(keys.tree, f"{turn}:parent").decode()  # the turn before: the last one's is traced
+    summary = client.hget(keys.tree, f"{first}:sum").decode()
+    client.hset(keys.tree, f"{first}:sum", summary[:-1] + ',"extra":' + inner + "}")
+    client.hincrby(keys.tree, f"{first}:v", 1)
     return cid
 
 

@@ -212,7 +212,8 @@ def _tree_state(conversation_id: str, meta: dict, records: list, live_text) -> S
     latest = well_formed.decoded(meta.get("turn_id") or b"")
     in_flight = well_formed.decoded(meta.get("done") or b"") == "0"
     shown = records[-1][0].turn_id if records else latest
-    if shown != latest and records:
+    if shown != latest and records and latest and not in_flight and well_formed.decoded(meta.get("done")) == "1":
+        # (A meta that names no turn, or says neither done nor in flight, is left as it is: unreadable.)
         record = records[-1][0]
         meta = {**meta, "turn_id": shown, "done": b"1",
                 "doc": record.doc or (json.dumps(record.summary) if record.summary else b"{}")}
