@@ -242,6 +242,9 @@ class TurnSummary(TypedDict):
     config: dict | None
     trace_parent: NotRequired[str | None]  # the W3C traceparent of the turn's trace (tracing on)
     spend: NotRequired[Spend | None]  # what the turn spent, against its budget
+    # where it is in the conversation's tree, as the state reads it (not stored in the summary itself)
+    parent_turn_id: NotRequired[str | None]  # None: a first turn
+    siblings: NotRequired[list[str]]  # the turns sharing its parent, itself included, oldest first
 
 
 class TurnDoc(TypedDict, total=False):
@@ -290,6 +293,11 @@ class State(TypedDict):
     approval: Approval | None  # the turn's latest request for approval: pending while status is awaiting_approval
     owner: str | None  # the id of the signed-in person whose conversation it is; None in the local playground
     spend: Spend | None  # the turn's spend so far against its budget (the fourth clock)
+    # A conversation is a tree of turns, and the state its branch shown: `turn_id` is that branch's latest turn
+    # (the one in flight, while one is); history, steps and turns are the path to it.
+    parent_turn_id: NotRequired[str | None]  # turn_id's parent (None: a first turn)
+    siblings: NotRequired[list[str]]  # the turns sharing that parent, turn_id's included, oldest first
+    tree_version: NotRequired[int]  # +1 whenever a turn is added or another branch is shown (0: the flat shape)
 
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).

@@ -2,8 +2,9 @@
 
 Per conversation (all its keys share one TTL, refreshed on every write):
 
-    agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields), owner (the id
-                             of the job that may write the turn), attempt (0, then 1, 2... per resume),
+    agent:conv:{id}:meta     hash: turn_id, done, version, doc (JSON of the small fields), writer (the id
+                             of the job that may write the turn; `owner` in the flat shape, below), attempt
+                             (0, then 1, 2... per resume),
                              owned_by (the id of the signed-in person who started it; absent in the
                              local playground and for the operator's conversations), step_turn and
                              step_index (the highest step index a job's write stored, and its turn: a
@@ -21,7 +22,7 @@ Per conversation (all its keys share one TTL, refreshed on every write):
                              block until the version moves instead of sleeping a poll interval
     agent:conv:{id}:live     string: the text a model call is writing now (UTF-8), grown by APPEND;
                              its head (turn, message index, attempt, status, seq) is `live` in meta;
-                             `owner` is "" while the turn is parked on a request for approval
+                             `writer` is "" while the turn is parked on a request for approval
 
 Beside the conversations:
 
