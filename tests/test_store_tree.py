@@ -87,7 +87,7 @@ def test_a_branch_copies_nothing_it_writes_what_a_second_turn_writes(store):
         return len(after) - len(before), sum(len(field) + len(value) for field, value in written.items())
 
     at_two, at_forty = regenerate_at(2), regenerate_at(40)
-    assert at_two[0] == at_forty[0] == 9  # its parent, messages, steps, version, summary and small fields
+    assert at_two[0] == at_forty[0] == 10  # its parent, depth, messages, steps, version, summary and small fields
     assert abs(at_forty[1] - at_two[1]) <= 0.1 * at_two[1]
 
 
@@ -166,3 +166,26 @@ def test_delete_deletes_every_branch(store):
     ask(store, cid, "b", branch_of=first)
     assert store.delete(cid)
     assert store.redis.exists(*Keys.of(cid).all) == 0 and store.read(cid) is None
+
+
+def test_the_lists_row_follows_the_branch_shown_unless_renamed(store):
+    from agent.conversation import listing
+
+    cid = new_id()
+    first = ask(store, cid, "first question")
+    answer(store, cid, first, "A")
+    second = ask(store, cid, "second question")
+    answer(store, cid, second, "B")
+    row = listing.info(store, cid)
+    assert row.title == "first question" and row.turns == 2
+    edited = ask(store, cid, "the first question, edited", branch_of=first)
+    answer(store, cid, edited, "C")
+    row = listing.info(store, cid)
+    assert row.title == "the first question, edited" and row.turns == 1
+    store.switch(cid, second)
+    row = listing.info(store, cid)
+    assert row.title == "first question" and row.turns == 2
+    assert store.rename(cid, "Mine")
+    store.switch(cid, edited)
+    row = listing.info(store, cid)
+    assert row.title == "Mine" and row.turns == 1

@@ -60,17 +60,18 @@ if person ~= '' then
   redis.call('HSETNX', meta, 'owned_by', person)
   redis.call('ZADD', person_index, updated_at, conversation_id)
 end
+local depth = parent == '' and 1 or (tonumber(redis.call('HGET', tree, parent .. ':d') or '0') + 1)
 redis.call('HSET', tree, turn_id .. ':parent', parent, turn_id .. ':n', 1, turn_id .. ':m:0', message,
-  turn_id .. ':s', 0, turn_id .. ':v', 1)
+  turn_id .. ':s', 0, turn_id .. ':v', 1, turn_id .. ':d', depth)
+if parent == '' then redis.call('HSET', tree, turn_id .. ':title', title) end
 kids_add(tree, parent, turn_id)
 local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc, 'writer', writer, 'attempt', '0',
-  'shape', 'tree', 'tip', turn_id)
+  'shape', 'tree')
+show(meta, tree, turn_id)
 redis.call('HINCRBY', meta, 'tree_v', 1)
 redis.call('HDEL', meta, 'live', 'live_seq', 'live_ended')
 redis.call('DEL', live)
-redis.call('HSETNX', meta, 'title', title)
-redis.call('HINCRBY', meta, 'turns', 1)
 redis.call('HINCRBY', meta, 'bytes', #message)
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 for _, key in ipairs({meta, tree, events}) do redis.call('EXPIRE', key, ttl) end

@@ -21,7 +21,7 @@ for _ = 1, 100000 do
 end
 if tip == redis.call('HGET', meta, 'tip') then return {'ok', tip} end
 local version = redis.call('HINCRBY', meta, 'version', 1)
-redis.call('HSET', meta, 'tip', tip)
+show(meta, tree, tip)
 redis.call('HINCRBY', meta, 'tree_v', 1)
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 redis.call('ZADD', index, updated_at, conversation_id)

@@ -4,8 +4,24 @@
 --   T:n, T:m:0 .. T:m:{n-1}  its messages (0: its person's message, then what the turn produced)
 --   T:s, T:s:0 .. T:s:{s-1}  its steps                      T:v  its version: +1 on every write of the turn
 --   T:sum  its summary, once ended                          T:doc  its small fields, as its ending wrote them
+--   T:d    its depth (1 for a first turn): meta's `turns`, the turns shown   T:title  a first turn's title
 -- A first turn's siblings are the kids of '' (field ':kids'). Its keys are built here from the conversation's
 -- key prefix: a standalone Redis (RQ supports no cluster) runs a script whatever keys it touches.
+
+-- The list's row follows the branch shown: its number of turns (the tip's depth) and, unless a person renamed it,
+-- its title (the first turn's).
+local function show(meta, tree, tip)
+  redis.call('HSET', meta, 'tip', tip, 'turns', redis.call('HGET', tree, tip .. ':d') or 0)
+  if redis.call('HEXISTS', meta, 'renamed') == 1 then return end
+  local first = tip
+  for _ = 1, 100000 do
+    local parent = redis.call('HGET', tree, first .. ':parent')
+    if not parent or parent == '' then break end
+    first = parent
+  end
+  local title = redis.call('HGET', tree, first .. ':title')
+  if title then redis.call('HSET', meta, 'title', title) end
+end
 
 local function kids_add(tree, parent, turn_id)
   local kids = redis.call('HGET', tree, parent .. ':kids')
@@ -46,7 +62,7 @@ local function migrate(meta, base)
   local parent = ''
   for i, segment in ipairs(segments) do
     local id = ids[i]
-    redis.call('HSET', tree, id .. ':parent', parent, id .. ':n', #segment, id .. ':s', 0, id .. ':v', 1)
+    redis.call('HSET', tree, id .. ':parent', parent, id .. ':n', #segment, id .. ':s', 0, id .. ':v', 1, id .. ':d', i)
     for j, raw in ipairs(segment) do redis.call('HSET', tree, id .. ':m:' .. (j - 1), raw) end
     if summaries[i] then redis.call('HSET', tree, id .. ':sum', summaries[i]) end
     kids_add(tree, parent, id)
@@ -68,7 +84,8 @@ local function migrate(meta, base)
     redis.call('HSET', meta, 'writer', writer)
     redis.call('HDEL', meta, 'owner')
   end
-  redis.call('HSET', meta, 'shape', 'tree', 'tip', parent, 'tree_v', 1)
+  if ids[1] then redis.call('HSET', tree, ids[1] .. ':title', redis.call('HGET', meta, 'title') or '') end
+  redis.call('HSET', meta, 'shape', 'tree', 'tip', parent, 'tree_v', 1, 'turns', #ids)
   redis.call('DEL', history, steps, turns)
   local ttl = redis.call('PTTL', meta)
   if ttl > 0 and redis.call('EXISTS', tree) == 1 then redis.call('PEXPIRE', tree, ttl) end
