@@ -250,7 +250,7 @@ class Writes:
         with readable(conversation_id):
             outcome, value = self.scripts.switch(keys=[keys.meta, keys.tree, keys.events, INDEX_KEY],
                                                  args=[turn_id, repr(time.time()), self.person, conversation_id,
-                                                       keys.base])
+                                                       keys.base, self.ttl_s])
         outcome, value = _text(outcome), _text(value)
         if outcome == "busy":
             raise TurnInFlight(conversation_id, value)

@@ -2,7 +2,7 @@
 -- below it, the newest child), so a reload, every tab and the CLI show it; the next message continues it.
 -- Refused while a turn is in flight or parked (it is the one shown until it ends).
 -- KEYS: meta, tree, events, index; ARGV: turn, updated_at, person ('' for the local playground and the operator),
--- conversation_id, the conversation's key prefix
+-- conversation_id, the conversation's key prefix, the TTL (refreshed, as by every write)
 -- Returns {outcome, value}: 'ok' (value: the tip now), 'busy' (value: the turn in flight), 'no turn', 'gone' (no
 -- such conversation, or not the person's).
 --@include included/tree
@@ -25,4 +25,5 @@ show(meta, tree, tip)
 redis.call('HINCRBY', meta, 'tree_v', 1)
 redis.call('XADD', events, 'MAXLEN', '~', 16, version .. '-1', 'v', version)
 redis.call('ZADD', index, updated_at, conversation_id)
+for _, key in ipairs({meta, tree, events}) do redis.call('EXPIRE', key, tonumber(ARGV[6])) end
 return {'ok', tip}
