@@ -189,3 +189,66 @@ def test_the_lists_row_follows_the_branch_shown_unless_renamed(store):
     store.switch(cid, edited)
     row = listing.info(store, cid)
     assert row.title == "Mine" and row.turns == 1
+
+
+class TreeModel:
+    """A plain model of one conversation's tree: what the store must read back."""
+
+    def __init__(self):
+        self.parent, self.message, self.answer, self.kids, self.tip = {}, {}, {}, {"": []}, ""
+
+    def add(self, turn_id, parent, message, answer_text):
+        self.parent[turn_id], self.message[turn_id], self.answer[turn_id] = parent, message, answer_text
+        self.kids.setdefault(parent, []).append(turn_id)
+        self.kids[turn_id] = []
+        self.tip = turn_id
+
+    def switch(self, turn_id):
+        while self.kids[turn_id]:
+            turn_id = self.kids[turn_id][-1]
+        self.tip = turn_id
+
+    def path(self):
+        path, turn = [], self.tip
+        while turn:
+            path.insert(0, turn)
+            turn = self.parent[turn]
+        return path
+
+
+def test_random_sends_edits_regenerates_switches_and_deletes_read_back_as_a_plain_model_says(store):
+    import random
+
+    rng = random.Random(3907)
+    for _ in range(4):
+        cid, model, known = new_id(), TreeModel(), None
+        for step in range(60):
+            op = rng.choice(["send", "send", "regenerate", "edit", "switch", "read"] if model.parent else ["send"])
+            if op == "send":
+                turn = ask(store, cid, f"message {step}")
+                answer(store, cid, turn, f"answer {step}")
+                model.add(turn, model.tip, f"message {step}", f"answer {step}")
+            elif op in ("regenerate", "edit"):
+                of = rng.choice(list(model.parent))
+                text = model.message[of] if op == "regenerate" else f"edited {step}"
+                turn = ask(store, cid, text, branch_of=of)
+                answer(store, cid, turn, f"answer {step}")
+                model.add(turn, model.parent[of], text, f"answer {step}")
+            elif op == "switch":
+                of = rng.choice(list(model.parent))
+                model.switch(of)
+                assert store.switch(cid, of) == model.tip
+            known = store.read_since(cid, known) if rng.random() < 0.7 else store.read(cid)
+            path = model.path()
+            for state in (known, store.read(cid)):
+                assert [m["content"] for m in state["history"]] == [
+                    text for turn in path for text in (model.message[turn], model.answer[turn])]
+                assert [t["turn_id"] for t in state["turns"]] == path and state["turn_id"] == path[-1]
+                assert [t["parent_turn_id"] for t in state["turns"]] == [model.parent[t] or None for t in path]
+                assert [t["siblings"] for t in state["turns"]] == [model.kids[model.parent[t]] for t in path]
+                assert [s["turn_id"] for s in state["steps"]] == path
+            tree = store.branches(cid)
+            assert {t["turn_id"]: t["parent_turn_id"] for t in tree["turns"]} == {
+                t: p or None for t, p in model.parent.items()}
+            assert [t["turn_id"] for t in tree["turns"] if t["shown"]] == path
+        assert store.delete(cid) and store.read(cid) is None
