@@ -228,6 +228,13 @@ class Approval(TypedDict):
     steps_before: int  # steps the turn had recorded when it parked: the answer's step is the next
 
 
+class Branch(TypedDict):
+    """What started a turn beside another (a TurnDoc's and a summary's `branch`; None for a plain message)."""
+
+    of: str  # the turn it answers again (`regenerate`) or whose message it replaces (`edit`)
+    kind: str  # "regenerate" or "edit"
+
+
 class TurnSummary(TypedDict):
     """One ended turn (the state keeps one per turn, in `turns`); `ended_at` is None while in flight."""
 
@@ -242,6 +249,7 @@ class TurnSummary(TypedDict):
     config: dict | None
     trace_parent: NotRequired[str | None]  # the W3C traceparent of the turn's trace (tracing on)
     spend: NotRequired[Spend | None]  # what the turn spent, against its budget
+    branch: NotRequired[Branch | None]  # a regenerate or an edit: of which turn (None: a message)
     # where it is in the conversation's tree, as the state reads it (not stored in the summary itself)
     parent_turn_id: NotRequired[str | None]  # None: a first turn
     siblings: NotRequired[list[str]]  # the turns sharing its parent, itself included, oldest first
@@ -265,6 +273,7 @@ class TurnDoc(TypedDict, total=False):
     attempt: int  # 0; 1, 2, ... once the turn was resumed on another worker after its worker was lost
     approval: Approval | None  # the turn's latest request for approval, pending or answered
     spend: Spend | None  # the turn's spend so far (None until it first calls the model)
+    branch: Branch | None  # a regenerate or an edit: of which turn (None: a message)
 
 
 class State(TypedDict):
@@ -293,6 +302,7 @@ class State(TypedDict):
     approval: Approval | None  # the turn's latest request for approval: pending while status is awaiting_approval
     owner: str | None  # the id of the signed-in person whose conversation it is; None in the local playground
     spend: Spend | None  # the turn's spend so far against its budget (the fourth clock)
+    branch: NotRequired[Branch | None]  # the turn is a regenerate or an edit: of which turn (None: a message)
     # A conversation is a tree of turns, and the state its branch shown: `turn_id` is that branch's latest turn
     # (the one in flight, while one is); history, steps and turns are the path to it.
     parent_turn_id: NotRequired[str | None]  # turn_id's parent (None: a first turn)
@@ -302,15 +312,16 @@ class State(TypedDict):
 
 # The small fields a turn carries from one write to the next (its job and the endings copy them).
 CARRIED_FIELDS = ("status", "error", "deadline_at", "job_timeout_at", "started_at", "enqueued_at", "current_step",
-                  "config", "job_id", "trace_parent", "attempt", "approval", "spend")
+                  "config", "job_id", "trace_parent", "attempt", "approval", "spend", "branch")
 LIST_FIELDS = ("history", "steps", "turns")  # the append-only parts of the state
 
 
-def queued_doc(config: dict, job_id: str, enqueued_at: float, trace_parent: str | None = None) -> TurnDoc:
+def queued_doc(config: dict, job_id: str, enqueued_at: float, trace_parent: str | None = None,
+               branch: Branch | None = None) -> TurnDoc:
     """A turn's small fields when it is enqueued: nothing has run yet."""
     return TurnDoc(status=Status.QUEUED, error=None, config=config, job_id=job_id, enqueued_at=enqueued_at,
                    deadline_at=None, job_timeout_at=None, started_at=None, current_step=None,
-                   trace_parent=trace_parent, attempt=0, approval=None, spend=None)
+                   trace_parent=trace_parent, attempt=0, approval=None, spend=None, branch=branch)
 
 
 def carried(state: State | TurnDoc) -> TurnDoc:
@@ -330,7 +341,7 @@ def turn_summary(turn_id: str, doc: TurnDoc | State, ended_at: float | None) -> 
                        enqueued_at=doc.get("enqueued_at"), started_at=doc.get("started_at"),
                        deadline_at=doc.get("deadline_at"), job_timeout_at=doc.get("job_timeout_at"),
                        ended_at=ended_at, config=doc.get("config"), trace_parent=doc.get("trace_parent"),
-                       spend=doc.get("spend"))
+                       spend=doc.get("spend"), branch=doc.get("branch"))
 
 
 def live_summary(state: State) -> TurnSummary:
@@ -364,6 +375,7 @@ def make_state(conversation_id: str, turn_id: str | None, version: int, done: bo
         live=live,
         approval=doc.get("approval"),
         spend=doc.get("spend"),
+        branch=doc.get("branch"),
     )
 
 

@@ -24,7 +24,7 @@ from rq.rate_limit import RateLimit
 from rq.serializers import JSONSerializer
 
 from agent import tracing
-from agent.contract import Role, queued_doc
+from agent.contract import Branch, Role, queued_doc
 from agent.conversation import daily
 from agent.conversation.endings import Ending, write_ending
 from agent.conversation.store import Store
@@ -224,8 +224,12 @@ def reserve_daily(store: Store, config: TurnConfig, daily_budget_usd: float) -> 
 
 def _submit(store: Store, queue: Queue, conversation_id: str, text: str, config: TurnConfig, turn_id: str,
             job_id: str, must_exist: bool, share: int, branch_of: str = "") -> str:
+    branch = None
+    if branch_of:  # the same message again: a regenerate; another: an edit
+        of = store.turn_message(conversation_id, branch_of)
+        branch = Branch(of=branch_of, kind="regenerate" if of and of.get("content") == text else "edit")
     doc = queued_doc(config.to_dict(), job_id, time.time(), tracing.submit_span(conversation_id, turn_id,
-                                                                                  config.to_dict()))
+                                                                                  config.to_dict()), branch)
     try:
         new, _ = store.begin_turn(conversation_id, turn_id, {"role": Role.USER, "content": text}, doc,
                                   ttl_s=queued_state_ttl_s(store.ttl_s, config), must_exist=must_exist,

@@ -193,6 +193,7 @@ def export_turn(tracer, state: State, turn_id: str, owner_email: str | None = No
     started_at = summary.get("started_at")
     status = summary.get("status")
     error = summary.get("error") or {}
+    branch = summary.get("branch") if isinstance(summary.get("branch"), dict) else {}
 
     turn = tracer.start_span(TURN_SPAN, context=parent, kind=SpanKind.INTERNAL, start_time=_ns(enqueued_at))
     turn.set_attributes(_exportable({
@@ -205,6 +206,10 @@ def export_turn(tracer, state: State, turn_id: str, owner_email: str | None = No
         "gen_ai.request.model": config.get("model"),
         "agent.turn.id": turn_id,
         "agent.turn.status": status,
+        # where it is in the conversation's tree: its parent turn, and whether it answers a turn again or edits one
+        "agent.turn.parent_id": _text(summary.get("parent_turn_id")),
+        "agent.turn.branch": _text(branch.get("kind")),
+        "agent.turn.branch_of": _text(branch.get("of")),
         "agent.turn.safeguards": config.get("safeguards") is not False,
         "agent.clock.job_timeout_s": config.get("job_timeout_s"),
         "agent.clock.deadline_margin_s": config.get("deadline_margin_s"),
@@ -357,6 +362,11 @@ def _cut(text) -> str | None:
     if not isinstance(text, str):
         return None
     return text if len(text) <= CONTENT_CHARS else text[: CONTENT_CHARS - 1] + "…"
+
+
+def _text(value) -> str | None:
+    """A stored id or word as an attribute's text (None: left out)."""
+    return None if value is None else str(value)
 
 
 def _exportable(attributes: dict) -> dict:

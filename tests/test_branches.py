@@ -191,3 +191,25 @@ def test_a_branch_turn_whose_worker_is_lost_resumes_on_its_branch(private_redis,
     assert [m["content"] for m in final["history"] if m["role"] == "user"] == ["hello", "what is 2+2?"]
     assert final["parent_turn_id"] == first
 
+
+
+def test_a_regenerate_and_an_edit_say_so_in_the_turn_and_its_trace(store, queue, pool):
+    from agent import tracing
+    from tests.test_nesting import _trace
+
+    cid = new_id()
+    first = submit_turn(store, queue, cid, "What is 2+2?", FAST)
+    wait_done(store, cid, TURN_TIMEOUT_S)
+    again = submit_turn(store, queue, cid, "What is 2+2?", FAST, branch_of=first)
+    state = wait_done(store, cid, TURN_TIMEOUT_S)
+    assert state["branch"] == {"of": first, "kind": "regenerate"}
+    [span] = [s for s in _trace(state) if s.name == tracing.TURN_SPAN]
+    assert span.attributes["agent.turn.branch"] == "regenerate" and span.attributes["agent.turn.branch_of"] == first
+    assert "agent.turn.parent_id" not in span.attributes  # a first turn
+    second = submit_turn(store, queue, cid, "And 3+3?", FAST)
+    wait_done(store, cid, TURN_TIMEOUT_S)
+    submit_turn(store, queue, cid, "And 4+4?", FAST, branch_of=second)
+    state = wait_done(store, cid, TURN_TIMEOUT_S)
+    assert state["branch"] == {"of": second, "kind": "edit"} and state["turns"][0]["branch"]["of"] == first
+    [span] = [s for s in _trace(state) if s.name == tracing.TURN_SPAN]
+    assert span.attributes["agent.turn.branch"] == "edit" and span.attributes["agent.turn.parent_id"] == again
