@@ -119,6 +119,18 @@ def test_regenerate_edit_branches_and_switch_from_the_cli(cli_env):  # noqa: F81
     text = cli(cli_env, "show", cid).stdout.decode()
     assert "What is 2+3?" in text and "What is 6*7?" not in text and "branch 2 of 2" in text
 
+    markdown = cli(cli_env, "export", cid).stdout.decode()  # the branch shown, and its forks
+    assert "What is 2+3?" in markdown and "What is 6*7?" not in markdown
+    assert "this is branch 1 of 2; 1 other branch here" in markdown  # the first turn: edited once
+    assert "this is branch 2 of 2; 1 other branch here" in markdown  # the regenerated answer
+    every = cli(cli_env, "export", cid, "--all-branches").stdout.decode()
+    assert every.count("## Branch ") == 3 and "What is 6*7?" in every and every.count("What is 4*5?") == 2
+    whole = json.loads(cli(cli_env, "export", cid, "--format", "json").stdout)
+    assert [t["turn_id"] for t in whole["tree"]] == [t["turn_id"] for t in tree["turns"]]
+    assert [t["messages"][0]["content"] for t in whole["tree"]] == [
+        "What is 2+3?", "What is 4*5?", "What is 4*5?", "What is 6*7?"]
+    assert all(t["summary"]["status"] == "done" for t in whole["tree"])
+
     refused = cli(cli_env, "edit", cid, "no-such-turn", "hello")
     assert refused.returncode == 2 and "no turn" in one_line(refused.stderr)
     refused = cli(cli_env, "switch", cid, "no-such-turn")

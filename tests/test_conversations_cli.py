@@ -51,7 +51,10 @@ def test_show_and_export_print_the_conversation_and_the_json_is_the_stored_state
     shown = cli(env, "show", cid)
     assert shown.returncode == 0 and "What is 17*23?" in shown.stdout.decode() and "391" in shown.stdout.decode()
     assert json.loads(cli(env, "show", cid, "--json").stdout) == {**store.read(cid), "branches": store.branches(cid)}
-    assert json.loads(cli(env, "export", cid, "--format", "json").stdout) == json.loads(to_json(store.read(cid)))
+    from agent.conversation import tree
+
+    whole = tree.whole(store.redis, cid, store.branches(cid))
+    assert json.loads(cli(env, "export", cid, "--format", "json").stdout) == json.loads(to_json(store.read(cid), whole))
     out = tmp_path / "c.md"
     written = cli(env, "export", cid, "--format", "md", "--output", str(out))
     assert written.returncode == 0 and written.stdout == b""

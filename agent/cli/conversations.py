@@ -1,5 +1,5 @@
 """`python -m agent list [--json] [--owner WHO]`, `show ID [--json] [--owner WHO]`, `branches ID [--json]`,
-`switch ID TURN` and `export ID [--format md|json] [--output FILE]`.
+`switch ID TURN` and `export ID [--format md|json] [--output FILE] [--all-branches]`.
 
 `branches` draws the conversation's tree of turns (agent/conversation/tree.py): one line per turn, indented by its
 depth, with its place among its siblings ("2 / 3"), its status and its first words; `*` marks the branch shown.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from agent.cli.output_file import OutputRefused, write_whole
 from agent.contract import Role, Status
-from agent.conversation import export, people
+from agent.conversation import export, people, tree
 from agent.conversation.errors import ConversationGone, NoSuchTurn, TurnInFlight
 from agent.conversation.listing import DEFAULT_PAGE, info, list_conversations, retention_words
 from agent.conversation.person_store import PersonStore
@@ -63,6 +63,8 @@ def add_parsers(sub, conversation_id_type) -> None:
     exporting.add_argument("conversation", type=conversation_id_type)
     exporting.add_argument("--format", choices=export.FORMATS, default="md", help="md (the default) or json")
     exporting.add_argument("--output", type=Path, default=None, help="write to this file (default: stdout)")
+    exporting.add_argument("--all-branches", action="store_true",
+                           help="Markdown: every branch, one after another (default: the branch shown)")
 
 
 OWNER_HELP = "only a signed-in person's: the email they signed in with, or their id"
@@ -112,7 +114,14 @@ def run(args, settings: Settings) -> int:
         else:
             _show(state, title, people.describe(store.redis, state.get("owner")))
         return EXIT_OK
-    text = export.to_json(state) if args.format == "json" else export.to_markdown(state, title)
+    if args.format == "json":  # the state, and the whole tree beside it
+        text = export.to_json(state, tree.whole(store.redis, args.conversation, store.branches(args.conversation)))
+    elif args.all_branches:
+        tips = tree.leaves(store.branches(args.conversation))
+        states = [state if tip == state["turn_id"] else store.read(args.conversation, tip=tip) for tip in tips]
+        text = export.branches_to_markdown([s for s in states if s is not None], title)
+    else:
+        text = export.to_markdown(state, title)
     try:
         if args.output is not None:
             write_whole(args.output, text.encode("utf-8"))
@@ -137,13 +146,13 @@ def _switch(store: Store, args) -> int:
     return EXIT_OK
 
 
-def _branches(tree: dict | None, *, as_json: bool) -> int:
-    if tree is None:
+def _branches(drawn: dict | None, *, as_json: bool) -> int:
+    if drawn is None:
         return EXIT_USAGE
     if as_json:
-        _out(json.dumps(tree, ensure_ascii=False), escape=True)
+        _out(json.dumps(drawn, ensure_ascii=False), escape=True)
         return EXIT_OK
-    for turn in tree["turns"]:
+    for turn in drawn["turns"]:
         siblings = turn["siblings"]
         place = f" ({siblings.index(turn['turn_id']) + 1} / {len(siblings)})" if len(siblings) > 1 else ""
         mark = "*" if turn["shown"] else " "

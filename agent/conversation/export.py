@@ -1,6 +1,7 @@
 """A conversation as a file: JSON (the stored state object, steps and clocks included, exactly as
-`ask --json` and the page read it) or Markdown (for a person: messages, tool calls and results, and
-how each turn ended). Pure: no I/O.
+`ask --json` and the page read it, and the whole tree of turns beside it) or Markdown (for a person: the
+branch shown, or every branch, with messages, tool calls and results, how each turn ended, and at each
+fork how many other branches there are). Pure: no I/O.
 
 Everything stored is untrusted text, and a viewer opening the Markdown must fetch nothing and run
 nothing, even one that renders raw HTML. So every part of it written there goes one of three ways:
@@ -28,31 +29,68 @@ from agent.text.visible import shown_json_text
 FORMATS = ("md", "json")
 
 
-def to_json(state: State) -> str:
-    """The stored state object, as one JSON document."""
-    return json.dumps(state, ensure_ascii=False, indent=2) + "\n"
+def to_json(state: State, tree: list[dict] | None = None) -> str:
+    """The stored state object (the branch shown), as one JSON document; with `tree` (every turn of the
+    conversation: agent/conversation/tree.py `whole`), the whole tree beside it, as `tree`."""
+    return json.dumps(state if tree is None else {**state, "tree": tree}, ensure_ascii=False, indent=2) + "\n"
 
 
 def to_markdown(state: State, title: str | None = None) -> str:
-    """The conversation for a person to read."""
-    lines = [f"# {inert(_one_line(title)) or 'Conversation'}", "",
-             f"Conversation `{_code_span(state.get('conversation_id'))}`, exported "
-             f"{_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
+    """The conversation for a person to read: the branch shown, and at each fork how many other branches
+    there are."""
+    lines = _heading(title, state)
     turns = split_turns(state)
     spent = total([turn.summary.get("spend") for turn in turns if turn.summary])
     if spent["turns"]:
         cost = f"{money(spent['usd'])} ({spent['tokens']:,} tokens)" if spent["usd"] is not None else \
             f"{spent['tokens']:,} tokens"
         lines += [f"Cost of the conversation: {cost}.", ""]
+    lines += _turns(state, turns, "##")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def branches_to_markdown(states: list[State], title: str | None = None) -> str:
+    """Every branch of a conversation (`states`: the path to each of its latest turns, the branch shown among
+    them), one after another."""
+    lines = _heading(title, states[0] if states else {})
+    for number, state in enumerate(states, start=1):
+        lines += [f"## Branch {number} of {len(states)}, through turn `{_code_span(state.get('turn_id'))}`", ""]
+        lines += _turns(state, split_turns(state), "###")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _heading(title: str | None, state) -> list[str]:
+    return [f"# {inert(_one_line(title)) or 'Conversation'}", "",
+            f"Conversation `{_code_span(state.get('conversation_id'))}`, exported "
+            f"{_when(dt.datetime.now(dt.UTC).timestamp())}.", ""]
+
+
+def _turns(state: State, turns: list[TurnView], level: str) -> list[str]:
+    lines = []
     for number, turn in enumerate(turns, start=1):
-        lines += [f"## Turn {number}", ""]
+        lines += [f"{level} Turn {number}", ""]
+        fork = _fork(state, turn)
+        if fork:
+            lines += [fork, ""]
         approvals = {step.get("call_id"): step for step in turn.steps if step.get("kind") == Kind.APPROVAL}
         for message in turn.messages:
             if message.get("role") == Role.TOOL and message.get("tool_call_id") in approvals:
                 lines += [_approval(approvals[message["tool_call_id"]]), ""]
             lines += _message(message)
         lines += [_ending(turn), ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return lines
+
+
+def _fork(state: State, turn: TurnView) -> str:
+    """At a fork (turns that share this one's parent: regenerates and edits), which branch this is."""
+    summary = turn.summary or {}
+    siblings = summary.get("siblings") or (state.get("siblings") if turn.current else None) or []
+    turn_id = summary.get("turn_id") or (state.get("turn_id") if turn.current else None)
+    if not isinstance(siblings, list) or len(siblings) < 2 or turn_id not in siblings:
+        return ""
+    others = len(siblings) - 1
+    return (f"*A fork: this is branch {siblings.index(turn_id) + 1} of {len(siblings)}; "
+            f"{others} other branch{'es' if others > 1 else ''} here.*")
 
 
 def _message(message: dict) -> list[str]:

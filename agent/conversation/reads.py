@@ -160,6 +160,20 @@ def _fetch_turns(client: redis.Redis, conversation_id: str, wanted: list[tuple[s
                                                                  values[2 + n:]))
 
 
+def turn_records(client: redis.Redis, conversation_id: str, turn_ids: list[str]) -> list[TurnRecord]:
+    """The records of these turns of the tree, each read once per version (TURN_CACHE)."""
+    tree = Keys.of(conversation_id).tree
+    with client.pipeline(transaction=False) as pipe:
+        for turn_id in turn_ids:
+            pipe.hmget(tree, [f"{turn_id}:v", f"{turn_id}:n", f"{turn_id}:s"])
+        with readable(conversation_id):
+            counts = [(int(v or 0), int(n or 0), int(s or 0)) for v, n, s in pipe.execute()]
+    _fetch_turns(client, conversation_id, [(t, v, n, s) for t, (v, n, s) in zip(turn_ids, counts, strict=True)
+                                           if TURN_CACHE.get((conversation_id, t, v)) is None])
+    return [TURN_CACHE.get((conversation_id, t, v)) or TurnRecord(t, [], [], None, None)
+            for t, (v, _n, _s) in zip(turn_ids, counts, strict=True)]
+
+
 def _record(turn_id: str, summary, doc, messages: list, steps: list) -> TurnRecord:
     parsed_steps = [well_formed.step(raw or b"", turn_id) for raw in steps]
     return TurnRecord(turn_id, [well_formed.message(raw or b"") for raw in messages], parsed_steps,

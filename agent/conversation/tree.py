@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import redis
 
-from agent.conversation import lua, well_formed
+from agent.conversation import lua, reads, well_formed
 from agent.conversation.keys import Keys
 from agent.conversation.reads import read, readable
+from agent.conversation.turns import split_turns
 
 MESSAGE_BYTES = 400  # of a turn's message, read for its first words
 FIRST_WORDS = 60  # characters of a message shown as a turn's first words
@@ -67,3 +68,28 @@ def _flat(state) -> dict:
                       "first_words": first_words(message.get("content")), "status": status, "shown": True})
         parent = turn_id
     return {"tip": state["turn_id"], "in_flight": None if state["done"] else state["turn_id"], "turns": turns}
+
+
+def leaves(tree: dict) -> list[str]:
+    """The latest turn of every branch (the turns with no children), in the tree's order."""
+    parents = {t["parent_turn_id"] for t in tree["turns"]}
+    return [t["turn_id"] for t in tree["turns"] if t["turn_id"] not in parents]
+
+
+def whole(client: redis.Redis, conversation_id: str, tree: dict) -> list[dict]:
+    """Every turn of the conversation, in the tree's order (`tree`: what `branches` read): its place in the tree,
+    its messages (its person's first), its steps and its summary (None while in flight)."""
+    place = {t["turn_id"]: {"turn_id": t["turn_id"], "parent_turn_id": t["parent_turn_id"],
+                            "siblings": t["siblings"]} for t in tree["turns"]}
+    if not client.hexists(Keys.of(conversation_id).meta, "shape"):  # the flat shape: its turns in a line
+        state = read(client, conversation_id)
+        if state is None:
+            return []
+        views = split_turns(state)
+        return [{**place.get(view.summary.get("turn_id"), {"turn_id": view.summary.get("turn_id")}),
+                 "messages": view.messages, "steps": view.steps,
+                 "summary": None if view.in_flight else view.summary} for view in views]
+    records = reads.turn_records(client, conversation_id, list(place))
+    in_flight = tree.get("in_flight")
+    return [{**place[r.turn_id], "messages": r.messages, "steps": r.steps,
+             "summary": None if r.turn_id == in_flight else r.summary} for r in records]
