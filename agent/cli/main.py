@@ -1,6 +1,7 @@
 """`python -m agent ask [--conversation ID] [--json] [--tools a,b] MESSAGE`: one turn through the same queue,
 workers and state as the page, followed until `done`. `regenerate ID [--turn TURN]` and `edit ID TURN MESSAGE`
-start a turn beside TURN (a new answer to its message, or a new message in its place) and follow it the same way. `list [--json]`, `show ID [--json]` and
+start a turn beside TURN (a new answer to its message, or a new message in its place) and follow it the same way.
+`list [--json]`, `show ID [--json]` and
 `export ID [--format md|json]` read the stored conversations (agent/cli/conversations.py); `approve ID`
 and `deny ID` answer a parked turn's request for approval (agent/cli/approvals.py); `tools [--json]`
 lists the tools the workers offer, and which ask a person first (agent/cli/tools.py).

@@ -22,6 +22,7 @@ from agent.conversation.keys import Keys, gone_events
 
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
 TURN_CACHE_SIZE = 20_000  # turns (their messages, steps and summary, parsed) kept by a process's readers
+TURN_CACHE_BYTES = 64 * 1024 * 1024  # ... and roughly the most bytes of text they hold
 
 
 def version(client: redis.Redis, conversation_id: str, *, owned_by: str | None = None) -> int | None:
@@ -118,29 +119,43 @@ class TurnRecord:
 
 class _Cache:
     """The turns read, by (conversation, turn, version): a turn's record changes only with its version, so it is
-    fetched once. Shared by every reader of the process; the least recently used go first."""
+    fetched once. Shared by every reader of the process, bounded by turns and by (roughly) the bytes they hold;
+    the least recently used go first."""
 
-    def __init__(self, size: int):
-        self.size = size
-        self.items: OrderedDict = OrderedDict()
+    def __init__(self, size: int, max_bytes: int):
+        self.size, self.max_bytes = size, max_bytes
+        self.items: OrderedDict = OrderedDict()  # key -> (record, bytes)
+        self.bytes = 0
         self.lock = threading.Lock()
 
     def get(self, key) -> TurnRecord | None:
         with self.lock:
             found = self.items.get(key)
-            if found is not None:
-                self.items.move_to_end(key)
-            return found
+            if found is None:
+                return None
+            self.items.move_to_end(key)
+            return found[0]
 
     def put(self, key, record: TurnRecord) -> None:
+        size = _size(record)
+        if size > self.max_bytes:
+            return
         with self.lock:
-            self.items[key] = record
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
+            old = self.items.pop(key, None)
+            self.bytes += size - (old[1] if old else 0)
+            self.items[key] = (record, size)
+            while len(self.items) > self.size or self.bytes > self.max_bytes:
+                self.bytes -= self.items.popitem(last=False)[1][1]
 
 
-TURN_CACHE = _Cache(TURN_CACHE_SIZE)
+def _size(record: TurnRecord) -> int:
+    """Roughly the bytes a record holds: its texts, and a little for each item."""
+    return sum(len(m.get("content") or "") + 200 for m in record.messages) + sum(
+        len(s.get("result") or "") + len(s.get("arguments") or "") + len(s.get("partial_text") or "") + 400
+        for s in record.steps) + 1000
+
+
+TURN_CACHE = _Cache(TURN_CACHE_SIZE, TURN_CACHE_BYTES)
 
 
 def _fetch_turns(client: redis.Redis, conversation_id: str, wanted: list[tuple[str, int, int, int]]) -> None:
