@@ -277,22 +277,6 @@ def _flat_state(conversation_id: str, meta: dict, history: list, steps: list, tu
     return state
 
 
-def snapshot(client: redis.Redis, queue) -> list:
-    """The replies to the reads `queue(pipe)` adds, in one transaction: a consistent view.
-
-    A Redis at its maxmemory refuses every command inside MULTI, reads too; then (and only then,
-    when it refuses the writes that could interleave anyway) the reads go as a plain pipeline, so
-    a full store can still be read, and a conversation opened to be downloaded or deleted."""
-    try:
-        with client.pipeline(transaction=True) as pipe:
-            queue(pipe)
-            return pipe.execute()
-    except (redis.exceptions.OutOfMemoryError, redis.exceptions.ExecAbortError):
-        with client.pipeline(transaction=False) as pipe:
-            queue(pipe)
-            return pipe.execute()
-
-
 def read_meta(client: redis.Redis, conversation_id: str) -> State | None:
     """The small fields only (no history, steps or live text)."""
     with readable(conversation_id):
