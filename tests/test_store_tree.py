@@ -252,3 +252,21 @@ def test_random_sends_edits_regenerates_switches_and_deletes_read_back_as_a_plai
                 t: p or None for t, p in model.parent.items()}
             assert [t["turn_id"] for t in tree["turns"] if t["shown"]] == path
         assert store.delete(cid) and store.read(cid) is None
+
+
+def test_a_persons_door_reads_and_switches_only_their_own_tree(store):
+    from agent.conversation.errors import ConversationGone
+    from agent.conversation.person_store import PersonStore
+
+    alice, bob = PersonStore(store, "p" + "a" * 20), PersonStore(store, "p" + "b" * 20)
+    cid = new_id()
+    first = ask(alice, cid, "a")
+    answer(alice, cid, first, "A")
+    ask(alice, cid, "again", branch_of=first)
+    answer(alice, cid, store.read(cid)["turn_id"], "A2")
+    assert bob.branches(cid) is None and bob.turn_message(cid, first) is None
+    with pytest.raises(ConversationGone):
+        bob.switch(cid, first)
+    with pytest.raises(ConversationGone):
+        ask(bob, cid, "mine", branch_of=first)
+    assert alice.switch(cid, first) == first and len(alice.branches(cid)["turns"]) == 2

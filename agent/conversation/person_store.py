@@ -63,6 +63,12 @@ class PersonStore(Store):
     def read_meta(self, conversation_id: str) -> State | None:
         return self.visible(super().read_meta(conversation_id))
 
+    def branches(self, conversation_id: str) -> dict | None:
+        return super().branches(conversation_id) if self.read_meta(conversation_id) is not None else None
+
+    def turn_message(self, conversation_id: str, turn_id: str):
+        return super().turn_message(conversation_id, turn_id) if self.read_meta(conversation_id) is not None else None
+
     # -- writers that act before their script: the script checks the owner again ------------------
 
     def delete(self, conversation_id: str) -> bool:
