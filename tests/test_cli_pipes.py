@@ -19,7 +19,10 @@ from tests.test_cli import CLI_TIMEOUT_S, cli, cli_env  # noqa: F401
 CONVERSATION = "{cid}"  # stands for a stored conversation's id in a command below
 PARKED = "{parked}"  # for a conversation whose turn waits for an approval
 REQUEST = "{request}"  # the id of its request
+TURN = "{turn}"  # the stored conversation's turn
 COMMANDS = [
+    ("branches", CONVERSATION), ("branches", CONVERSATION, "--json"), ("switch", CONVERSATION, TURN),
+    ("regenerate", CONVERSATION), ("edit", CONVERSATION, TURN, "What is 3+3?", "--json"),
     ("list",), ("list", "--json"),
     ("show", CONVERSATION), ("show", CONVERSATION, "--json"),
     ("export", CONVERSATION), ("export", CONVERSATION, "--format", "json"),
@@ -50,7 +53,7 @@ def test_every_command_is_tried_in_a_closed_pipe(base_env):
 def test_a_command_whose_reader_left_ends_quietly(cli_env, store, queue, command):  # noqa: F811
     cid, turn_id = begin(store)
     make_done(store, cid, turn_id, "**17*23 = 391**")
-    args = [cid if part == CONVERSATION else part for part in command]
+    args = [cid if part == CONVERSATION else turn_id if part == TURN else part for part in command]
     if PARKED in command:
         waiting = ask(store, queue, "what is 6*7?", ASKS)
         request = parked(store, waiting)["approval"]["id"]
