@@ -225,3 +225,19 @@ def test_a_regenerate_and_an_edit_say_so_in_the_turn_and_its_trace(store, queue,
     assert state["branch"] == {"of": second, "kind": "edit"} and state["turns"][0]["branch"]["of"] == first
     [span] = [s for s in _trace(state) if s.name == tracing.TURN_SPAN]
     assert span.attributes["agent.turn.branch"] == "edit" and span.attributes["agent.turn.parent_id"] == again
+
+
+def test_the_history_cap_cuts_the_oldest_end_of_the_path_sent(store, queue, pool, scripted):
+    config = scripted_config(scripted, max_history_sent_bytes=350)
+    cid = new_id()
+    scripted.add(chat_reply("one"), chat_reply("two"), chat_reply("three-a"), chat_reply("three-b"))
+    texts = ["A" * 100, "B" * 100, "C" * 100]
+    turns = []
+    for text in texts:
+        turns.append(submit_turn(store, queue, cid, text, config))
+        wait_done(store, cid, TURN_TIMEOUT_S)
+    submit_turn(store, queue, cid, texts[2], config, branch_of=turns[2])
+    state = wait_done(store, cid, TURN_TIMEOUT_S)
+    assert sent(scripted.requests[2]) == texts[1:2] + ["two"] + texts[2:] == sent(scripted.requests[3])
+    assert [s.get("turns_not_sent") for s in state["steps"] if s["turn_id"] == state["turn_id"]] == [1]
+    assert [m["content"] for m in state["history"]] == [texts[0], "one", texts[1], "two", texts[2], "three-b"]
