@@ -182,9 +182,10 @@ def test_stop_ends_a_branch_turn_and_leaves_the_other_branch(store, queue, pool)
 def test_a_branch_turn_whose_worker_is_lost_resumes_on_its_branch(private_redis, workers):  # noqa: F811
     import os
     import signal
+    import time
 
     from harness.waiting import wait_for
-    from tests.test_resume import SLOW_CALL, assert_resumed, read_when, running, worker_running
+    from tests.test_resume import SETTLE_S, SLOW_CALL, assert_resumed, read_when, running, running_jobs
 
     workers(2)
     store, queue = private_redis.store, private_redis.queue
@@ -195,7 +196,10 @@ def test_a_branch_turn_whose_worker_is_lost_resumes_on_its_branch(private_redis,
     wait_done(store, cid, TURN_TIMEOUT_S)
     regenerated = submit_turn(store, queue, cid, "what is 2+2?", SLOW_CALL, branch_of=second)
     started = read_when(store, cid, running, 20, "the branch turn runs")
-    pid, _ = wait_for(lambda: worker_running(private_redis.queue_connection, cid), 20, "its worker")
+    # The worker running this turn's job (another may still name the turn before's as its job for a moment).
+    pid = wait_for(lambda: next((pid for pid, job_id, _ in running_jobs(private_redis.queue_connection)
+                                 if job_id == started["job_id"]), None), 20, "its worker")
+    time.sleep(SETTLE_S)  # into its model call (3 s): not an assertion
     os.kill(pid, signal.SIGKILL)
     final = wait_done(store, cid, 45)
     assert_resumed(final, started, 1)
