@@ -11,7 +11,7 @@ import streamlit as st
 from agent.conversation.turns import TurnView, split_turns
 from agent.deadline import TOOL_CUT_SLACK_S
 from agent.settings import Settings
-from agent.ui import approval, callbacks, follower, render, sidebar, signin, tool_sources
+from agent.ui import actions, approval, callbacks, follower, render, sidebar, signin, tool_sources
 from agent.ui import conversations as conversations_ui
 from agent.ui import state as ui
 from agent.ui.guard import drawn_or_said
@@ -89,7 +89,8 @@ def page(settings: Settings, be: ui.Backend) -> None:
         else:
             turns = split_turns(state)
             _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns,
-                            None if read_only else _request_drawer(be, cid, state))
+                            None if read_only else _request_drawer(be, cid, state),
+                            actions.MessageActions(settings, be, cid, state, read_only=read_only))
         _over_what_is_left(turns_box)
     _conversation_links(settings, be, top, cid, state, read_only)
     if result.lost:
@@ -210,7 +211,8 @@ def _request_drawer(be: ui.Backend, cid: str, state: dict | None) -> Callable[[]
     return lambda: approval.request_card(be, cid, request, now)
 
 
-def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None] | None = None) -> None:
+def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None] | None = None,
+                    message_actions: actions.MessageActions | None = None) -> None:
     """Drawn once per full run. Past RECENT_TURNS, earlier turns wait behind a button, so a full run
     (the one that ends each turn) costs the same at turn 30 and turn 300. A parked turn (the last) is
     drawn here too, with its request (`request` draws it)."""
@@ -221,7 +223,7 @@ def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None]
     for index, turn in enumerate(turns[hidden:], start=hidden):
         with drawn_or_said(f"turn {index + 1}"):
             last = index == len(turns) - 1
-            render.render_turn(turn, latest=last, request=request if last else None)
+            render.render_turn(turn, latest=last, request=request if last else None, actions=message_actions)
     render.render_conversation_cost(turns)
 
 

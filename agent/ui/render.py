@@ -190,18 +190,23 @@ def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
     return "Tokens: " + ", ".join(parts)
 
 
-def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | None = None):
+def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | None = None, actions=None):
     """One turn: the user's message, then the assistant's steps as they landed, then the ending.
 
     The latest turn (and the one in flight) is drawn in full. An earlier one is drawn compact: its
     tool calls on one line, the reply and the ending, with the steps and charts behind a toggle, so
     a full run sends a few elements per earlier turn instead of dozens. A turn in flight ends with
     the text being written, in a placeholder that is returned so the page can grow it alone. A parked
-    turn's request for approval (`request` draws it) goes inside the turn, after the call that asked."""
+    turn's request for approval (`request` draws it) goes inside the turn, after the call that asked.
+    `actions` (agent/ui/actions.py's MessageActions, for a finished turn a full run draws) draws each message's
+    actions under it, the branch picker beside the person's, and the editor in place of a message being edited."""
     messages = turn.messages
     if messages and messages[0].get("role") == Role.USER:
         with st.chat_message(Role.USER):
-            st.markdown(safe_markdown(messages[0].get("content")))
+            if actions is None:
+                st.markdown(safe_markdown(messages[0].get("content")))
+            else:
+                actions.user_message(turn)
         messages = messages[1:]
     if not messages and not turn.steps and not turn.in_flight:
         return None
@@ -213,6 +218,8 @@ def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | N
         if request is not None:
             request()
         if not turn.in_flight:
+            if actions is not None:
+                actions.row(turn, Role.ASSISTANT)
             return None
         slot = st.empty()
         render_live_text(slot, turn.live)

@@ -221,8 +221,10 @@ def _live_key(state: State) -> tuple | None:
 
 
 def send(store: Store, queue: Queue, session, cid: str, text: str | None, config: TurnConfig | None,
-         config_error: str | None = None, share: int = 0, daily_budget_usd: float | None = None) -> str | None:
-    """Enqueue a turn; on refusal, leave a message (and the unsent text) for the next run."""
+         config_error: str | None = None, share: int = 0, daily_budget_usd: float | None = None,
+         branch_of: str = "") -> str | None:
+    """Enqueue a turn; on refusal, leave a message (and the unsent text) for the next run. `branch_of` (the
+    page's Regenerate and Edit): the new turn is that turn's sibling, as submit_turn says."""
     session.pop(FLASH_KEY, None)
     if config is None:
         session[FLASH_KEY] = ("error", f"Nothing was sent: {config_error or 'fix the settings in the sidebar'}.", text)
@@ -233,14 +235,14 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
     try:
         try:
             turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share,
-                                  daily_budget_usd=daily_budget_usd)
+                                  daily_budget_usd=daily_budget_usd, branch_of=branch_of)
         except TooManyTurns:
             # One of the turns that count may have lost its job with nobody to say so (no tab open on it):
             # its ending is written now, and then the message goes, or is refused for the turns really in flight.
             if not _end_lost_turns(store, queue.connection):
                 raise
             turn_id = submit_turn(store, queue, cid, text, config, must_exist=seen, share=share,
-                                  daily_budget_usd=daily_budget_usd)
+                                  daily_budget_usd=daily_budget_usd, branch_of=branch_of)
     except BadMessage as exc:
         session[FLASH_KEY] = ("error", str(exc), text)
         return None
@@ -249,6 +251,22 @@ def send(store: Store, queue: Queue, session, cid: str, text: str | None, config
         return None
     session.pop(STOPPING_KEY, None)
     return turn_id
+
+
+def switch(store: Store, session, cid: str, turn_id: str | None) -> str | None:
+    """Show the branch through `turn_id` (down to its latest turn): every tab on the conversation follows, as the
+    version moves. Refused while a turn is in flight or parked (said, with Stop first), or by someone who does not
+    own the conversation. Returns the turn shown then, or None."""
+    if not turn_id:
+        return None
+    session.pop(FLASH_KEY, None)
+    try:
+        return store.switch(cid, turn_id)
+    except MessageRefused as exc:
+        session[FLASH_KEY] = ("warning", f"Not switched: {exc}.", None)
+    except redis.RedisError as exc:
+        session[FLASH_KEY] = ("error", f"Not switched: Redis is not answering ({type(exc).__name__}).", None)
+    return None
 
 
 def _end_lost_turns(store: Store, queue_connection: redis.Redis) -> bool:

@@ -1,0 +1,126 @@
+"""Branches on the page, headless with AppTest against the session's real Redis: the picker ("‹ 2 / 3 ›") and
+its switch, Regenerate and Edit (each a new turn beside the old one, through the queue's path), Cancel, the
+refusal while a turn is in flight (the edited text stays in the editor), and the pure logic of the picker."""
+
+from __future__ import annotations
+
+import time
+
+from agent.queue import new_id
+from agent.ui import actions
+from tests.apptest_page import app, texts
+from tests.conftest import FAST
+from tests.live_owner import keep_alive
+from tests.test_app import app_env, assert_no_exception, begin, make_done
+
+__all__ = ["app_env"]
+
+
+def branch(store, cid: str, of: str, text: str, answer: str | None = None) -> str:
+    """A turn beside `of` (its parent's child), answered with `answer` when given."""
+    turn_id = new_id()
+    doc = {"status": "queued", "error": None, "config": FAST.to_dict(), "job_id": f"turn-{turn_id}",
+           "enqueued_at": time.time(), "deadline_at": None, "job_timeout_at": None, "started_at": None,
+           "current_step": None}
+    store.begin_turn(cid, turn_id, {"role": "user", "content": text}, doc, branch_of=of)
+    if answer is not None:
+        make_done(store, cid, turn_id, answer)
+    return turn_id
+
+
+def three_branches(store) -> tuple[str, list[str]]:
+    cid, first = begin(store, "What is 2+2?")
+    make_done(store, cid, first, "answer one")
+    second = branch(store, cid, first, "What is 2+2?", "answer two")
+    third = branch(store, cid, first, "What is 3+3?", "answer three")
+    return cid, [first, second, third]
+
+
+def key_of(at, prefix: str) -> str:
+    keys = [b.key for b in at.button if (b.key or "").startswith(prefix)]
+    assert keys, f"no button {prefix}…: {[b.key for b in at.button]}"
+    return keys[-1]
+
+
+def test_the_picker_says_where_the_turn_is_and_flips_between_three_branches(store):
+    cid, turns = three_branches(store)
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    page = texts(at)
+    assert "3 / 3" in page and "answer three" in page and "answer one" not in page
+    at.button(key=key_of(at, "branch-before-")).click().run()
+    assert store.read(cid)["turn_id"] == turns[1]
+    page = texts(at)
+    assert "2 / 3" in page and "answer two" in page and "answer three" not in page
+    at.button(key=key_of(at, "branch-before-")).click().run()
+    assert store.read(cid)["turn_id"] == turns[0]
+    assert "1 / 3" in texts(at) and at.button(key=key_of(at, "branch-before-")).disabled
+    at.button(key=key_of(at, "branch-after-")).click().run()
+    assert store.read(cid)["turn_id"] == turns[1] and "answer two" in texts(at)
+
+
+def test_regenerate_starts_a_new_turn_with_the_same_message_beside_the_old_one(store, queue):
+    cid, first = begin(store, "What is 17*23?")
+    make_done(store, cid, first, "391")
+    at = app(cid)
+    at.run()
+    at.button(key=key_of(at, "regenerate-")).click().run()
+    assert_no_exception(at)
+    state = store.read(cid)
+    assert state["turn_id"] != first and state["siblings"] == [first, state["turn_id"]]
+    assert state["history"][-1] == {"role": "user", "content": "What is 17*23?"}
+    assert state["branch"] == {"of": first, "kind": "regenerate"}
+    queue.empty()
+
+
+def test_edit_opens_an_editor_with_the_message_and_sends_a_new_branch_cancel_changes_nothing(store, queue):
+    cid, first = begin(store, "What is 17*23?")
+    make_done(store, cid, first, "391")
+    at = app(cid)
+    at.run()
+    at.button(key=key_of(at, "edit-")).click().run()
+    assert at.text_area(key=actions.EDIT_TEXT_KEY).value == "What is 17*23?"
+    at.button(key=key_of(at, "edit-cancel-")).click().run()
+    assert not at.text_area and store.read(cid)["turn_id"] == first
+    at.button(key=key_of(at, "edit-")).click().run()
+    at.text_area(key=actions.EDIT_TEXT_KEY).set_value("What is 17*24?")
+    at.button(key=key_of(at, "edit-send-")).click().run()
+    assert_no_exception(at)
+    state = store.read(cid)
+    assert state["siblings"] == [first, state["turn_id"]] and state["parent_turn_id"] is None
+    assert state["history"] == [{"role": "user", "content": "What is 17*24?"}]
+    assert state["branch"] == {"of": first, "kind": "edit"}
+    assert not at.text_area  # the editor closed with the send
+    queue.empty()
+
+
+def test_an_edit_while_a_turn_is_in_flight_is_refused_with_stop_first_and_the_text_stays(store, queue):
+    cid, first = begin(store, "What is 17*23?")
+    make_done(store, cid, first, "391")
+    second, _ = begin(store, "And 2+2?", cid=cid)[1], None
+    keep_alive(store, cid)
+    at = app(cid)
+    at.run()
+    at.button(key=key_of(at, "edit-")).click().run()
+    at.text_area(key=actions.EDIT_TEXT_KEY).set_value("What is 17*25?")
+    at.button(key=key_of(at, "edit-send-")).click().run()
+    assert_no_exception(at)
+    page = texts(at)
+    assert "Stop it first" in page, page[-1500:]
+    assert at.text_area(key=actions.EDIT_TEXT_KEY).value == "What is 17*25?"
+    assert store.read(cid)["turn_id"] == second and store.branches(cid) is not None
+    queue.empty()
+
+
+def test_picker_positions():
+    assert actions.picker(["a", "b", "c"], "b") == (2, 3, "a", "c")
+    assert actions.picker(["a", "b", "c"], "a") == (1, 3, None, "b")
+    assert actions.picker(["a", "b", "c"], "c") == (3, 3, "b", None)
+    assert actions.picker(["a"], "zz") == (1, 1, None, None)
+
+
+def test_every_action_sits_under_the_persons_message_or_the_answer_and_has_its_own_key():
+    keys = [a.key for a in actions.ACTIONS]
+    assert len(set(keys)) == len(keys)
+    assert {a.role for a in actions.ACTIONS} <= {"user", "assistant"}
