@@ -26,6 +26,7 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from bench import (
     approvals,
     approve_click,
+    branches_page,
     budget_cost,
     conversations,
     cost,
@@ -123,6 +124,13 @@ METHOD = {
     "50 and 10,000 conversations stored; per size both apps are started afresh, opened once (the first page "
     "after the start), then {first_screen_opens} more times each in turns (A B, B A, ...), every time in a "
     "fresh browser context (no cache, a new session). ratio: page / minimal per pair; median and p95.",
+    "branches_page": "Branches on the page (bench/branches_page.py), one `streamlit run app.py` (embedded Redis, "
+    "2 workers) in headless Chromium against the scripted streaming model, idle and beside 2 CPU hogs. "
+    "switch_ms: {branch_switches} clicks on ‹ or › (alternately) between two branches at a conversation's first "
+    "turn (a question and its edit); from the click (a capturing listener) to the other branch's place (k / 2) "
+    "shown and the other question gone from the chat (checked every 10 ms), the browser's clock. first_word_ms: "
+    "{branch_pairs} pairs in one conversation of a new message (Enter) then Regenerate on its answer, each timed "
+    "to the first word of the new answer in the chat; regenerate_over_message = p50 / p50.",
     "resume": "A turn outlives its worker, default heartbeat (1 s, 3 s mark) and clocks. kill_to_first_write_s: "
     "{resume_kills} one-call turns (demo@3~0) on {resume_workers} simple workers, one at a time; the worker running "
     "it SIGKILLed 0.2-1.8 s into its 3 s call (a random phase against the heartbeat); from the kill to the resumed "
@@ -184,6 +192,11 @@ def run_page(plan: Plan, started: float, results: dict) -> dict:
             results["approve_click"] = {f"hogs_{hogs}": approve_click.measure(plan.approve_click_runs, hogs,
                                                                               Path(tmp) / f"approve-{hogs}")
                                         for hogs in (0, 2)}
+        if section is not None and plan.branch_switches:
+            say("branches: a click on ‹ or › to the other branch on screen, and Regenerate to its first word against "
+                "a new message's, idle and beside 2 CPU hogs")
+            results["branches_page"] = {f"hogs_{hogs}": branches_page.measure(
+                plan.branch_switches, plan.branch_pairs, hogs, Path(tmp) / f"branches-{hogs}") for hogs in (0, 2)}
         if section is not None:
             results["first_screen"] = first_screen.first_screen(plan.first_screen_sizes, plan.first_screen_opens,
                                                                 Path(tmp), say)
@@ -317,6 +330,8 @@ def judge(results: dict) -> dict:
         goals |= signin.goals(results["signin"])
     if results.get("approve_click"):
         goals["approve_click_p95_idle"] = results["approve_click"]["hogs_0"]["met"]
+    if results.get("branches_page"):
+        goals |= branches_page.goals(results["branches_page"])
     return goals
 
 
@@ -369,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                     signin_conversations=f"{plan.signin_list_conversations:,}", signin_owners=plan.signin_list_owners,
                     signin_repeats=plan.signin_list_repeats, signin_pairs=plan.signin_page_pairs,
                     fleet_turns=f"{plan.fleet_turns:,}", fleet_latency=f"{plan.fleet_latency_s:g}",
-                    fleet_pools=plan.fleet_pools, fleet_workers=plan.fleet_workers)
+                    fleet_pools=plan.fleet_pools, fleet_workers=plan.fleet_workers,
+                    branch_switches=plan.branch_switches, branch_pairs=plan.branch_pairs)
         for k, v in METHOD.items()
     }
     results["meta"] = {
@@ -393,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
              "deadline_accuracy", "resume",
              "approvals", "signin",
              "page_tick_growth", "page_tick_bytes_growth", "page_tick_added_ms",
-             "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "approve_click", "goals",
+             "page_update_bytes_growth", "page_tick_noise_ms", "page", "first_screen", "approve_click", "branches_page",
+             "goals",
              "default_worker_class",
              "first_step",
              "queue_overhead", "method", "meta")

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench import approve_click, conversations, first_screen, load, page
+from bench import approve_click, branches_page, conversations, first_screen, load, page
 from bench.lab import Lab
 
 
@@ -46,6 +46,8 @@ class Plan:
     resume_other_rounds: int = 2  # rounds of a mid-stream and a mid-tool kill side by side
     watch_seconds: int = 5  # seconds of TurnWatch sweeps (then of heartbeats) over 100 running turns
     approve_click_runs: int = approve_click.RUNS  # Approve clicks timed in Chromium, idle and beside 2 hogs
+    branch_switches: int = branches_page.SWITCHES  # clicks on ‹ or › timed in Chromium, idle and beside 2 hogs
+    branch_pairs: int = branches_page.PAIRS  # (a new message, a regenerate) pairs timed to their first word
     approvals_parked: int = 100  # turns parked on a request at once (and requests in the watch's cost)
     approvals_runs: int = 20  # plain turns timed with nothing parked, then as many beside the parked ones
     approvals_expiring: int = 20  # requests nobody answers, expiring 2-6 s after they were asked
@@ -112,6 +114,8 @@ QUICK = Plan(
     watch_seconds=1,
     approvals_parked=10,
     approve_click_runs=0,  # the browser test covers the click; its timing is the full run's
+    branch_switches=0,  # tests/test_browser_branches.py covers the picker and Regenerate; timing is the full run's
+    branch_pairs=0,
     approvals_runs=3,
     approvals_expiring=3,
     signin_turns=4,

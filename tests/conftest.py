@@ -246,6 +246,7 @@ BROWSER_FILES = frozenset({
     "test_browser_resume.py",
     "test_browser_approvals.py",
     "test_browser_long_turns.py",
+    "test_browser_branches.py",
 })
 
 
