@@ -87,6 +87,28 @@ def test_an_admin_reads_someone_elses_conversation_read_only(store, queue, monke
     assert store.read(cid)["owner"] == alice.id
 
 
+def test_an_admin_sees_someone_elses_branches_read_only(store, queue, monkeypatch):
+    """Every branch is the owner's: no Regenerate, no Edit, and the picker only says where the turn is (a switch
+    would change what the owner sees)."""
+    monkeypatch.setenv("AGENT_ADMINS", "boss@example.org")
+    alice, boss = person("page-alice-3", "pa3@example.org"), person("boss", "boss@example.org")
+    cid = new_id()
+    first = submit_turn(door(store, alice), queue, cid, "What is 6*7?", SLOW)
+    wait_done(store, cid, timeout_s=30)
+    second = submit_turn(door(store, alice), queue, cid, "What is 6*7?", SLOW, branch_of=first)
+    wait_done(store, cid, timeout_s=30)
+    as_alice = signed(alice, cid)
+    assert "2 / 2" in texts(as_alice)
+    assert any((b.key or "").startswith("regenerate-") for b in as_alice.button)
+    at = signed(boss, cid)
+    assert "2 / 2" in texts(at) and "Read-only" in texts(at)
+    keys = [b.key or "" for b in at.button]
+    assert not any(k.startswith(("regenerate-", "edit-")) for k in keys), keys
+    pickers = [b for b in at.button if (b.key or "").startswith("branch-")]
+    assert pickers and all(b.disabled for b in pickers)
+    assert store.read(cid)["turn_id"] == second
+
+
 def test_past_the_share_of_turns_in_flight_the_message_is_refused_and_kept(store, queue, monkeypatch):
     monkeypatch.setenv("AGENT_MAX_TURNS_PER_USER", "1")
     carol = person("page-carol", "pc@example.org")

@@ -88,9 +88,14 @@ def page(settings: Settings, be: ui.Backend) -> None:
             _empty_chat(settings, be, cid)
         else:
             turns = split_turns(state)
+            # A regenerate or an edit in flight leaves its parent drawn as it was, compact (it was not the
+            # latest turn): drawn in full, its steps and chart would reach the browser just before the new
+            # answer's first words, and hold them back.
+            branch_in_flight = phase == ui.LIVE and bool(state.get("branch"))
             _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns,
                             None if read_only else _request_drawer(be, cid, state),
-                            actions.MessageActions(settings, be, cid, state, read_only=read_only))
+                            actions.MessageActions(settings, be, cid, state, read_only=read_only),
+                            last_in_full=not branch_in_flight)
         _over_what_is_left(turns_box)
     _conversation_links(settings, be, top, cid, state, read_only)
     if result.lost:
@@ -212,7 +217,7 @@ def _request_drawer(be: ui.Backend, cid: str, state: dict | None) -> Callable[[]
 
 
 def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None] | None = None,
-                    message_actions: actions.MessageActions | None = None) -> None:
+                    message_actions: actions.MessageActions | None = None, *, last_in_full: bool = True) -> None:
     """Drawn once per full run. Past RECENT_TURNS, earlier turns wait behind a button, so a full run
     (the one that ends each turn) costs the same at turn 30 and turn 300. A parked turn (the last) is
     drawn here too, with its request (`request` draws it)."""
@@ -223,7 +228,8 @@ def _finished_turns(cid: str, turns: list[TurnView], request: Callable[[], None]
     for index, turn in enumerate(turns[hidden:], start=hidden):
         with drawn_or_said(f"turn {index + 1}"):
             last = index == len(turns) - 1
-            render.render_turn(turn, latest=last, request=request if last else None, actions=message_actions)
+            render.render_turn(turn, latest=last and last_in_full, request=request if last else None,
+                               actions=message_actions)
     render.render_conversation_cost(turns)
 
 
