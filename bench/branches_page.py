@@ -45,6 +45,10 @@ SHOWN_JS = f"""([shown, gone]) => {{
     return text.includes(shown) && !text.includes(gone) ? Date.now() : false;
 }}"""
 
+# No element on screen marked stale (faded); an empty placeholder is marked so during any run, and never shown.
+NOTHING_FADED_JS = ("() => ![...document.querySelectorAll('[data-stale=\"true\"]')]"
+                    ".some((el) => el.getClientRects().length > 0)")
+
 FIRST, EDITED = "Tell me a story.", "Tell me another story."
 
 
@@ -123,7 +127,7 @@ def _run(page, url: str, model: StreamModel, switches: int, pairs: int) -> dict:
         at = _act(page, lambda name=name: page.get_by_role("button", name=name, exact=True).first.click())
         seen_at = max(_seen(page, target), _seen(page, want, gone))
         figures["switch"].append(seen_at - at)
-        page.wait_for_function("() => !document.querySelector('[data-stale=\"true\"]')", timeout=SEEN_S * 1000)
+        page.wait_for_function(NOTHING_FADED_JS, timeout=SEEN_S * 1000)  # the page at rest before the next click
     return figures
 
 

@@ -124,3 +124,26 @@ def test_every_action_sits_under_the_persons_message_or_the_answer_and_has_its_o
     keys = [a.key for a in actions.ACTIONS]
     assert len(set(keys)) == len(keys)
     assert {a.role for a in actions.ACTIONS} <= {"user", "assistant"}
+
+
+def test_a_regenerate_in_flight_leaves_its_parent_compact_as_a_new_message_leaves_the_last_turn_in_full(store):
+    """Drawn in full, the parent's steps and chart would reach the browser just before the new answer's words."""
+    cid, first = begin(store, "What is 2+2?")
+    make_done(store, cid, first, "4")
+    second = begin(store, "And 3+3?", cid=cid)[1]
+    make_done(store, cid, second, "6")
+    branch(store, cid, second, "And 3+3?")  # a regenerate of the second turn, in flight
+    keep_alive(store, cid)
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    toggles = {t.key for t in at.toggle}
+    assert f"details-0-{first}" in toggles, toggles  # compact: its steps behind a toggle
+    other = new_id()
+    cid2, first2 = begin(store, "What is 2+2?", cid=other)
+    make_done(store, cid2, first2, "4")
+    begin(store, "And 3+3?", cid=cid2)  # a new message, in flight
+    keep_alive(store, cid2)
+    at2 = app(cid2)
+    at2.run()
+    assert f"details-0-{first2}" not in {t.key for t in at2.toggle}  # the last finished turn, in full

@@ -91,7 +91,7 @@ def page(settings: Settings, be: ui.Backend) -> None:
             # A regenerate or an edit in flight leaves its parent drawn as it was, compact (it was not the
             # latest turn): drawn in full, its steps and chart would reach the browser just before the new
             # answer's first words, and hold them back.
-            branch_in_flight = phase == ui.LIVE and bool(state.get("branch"))
+            branch_in_flight = phase == ui.LIVE and len(state.get("siblings") or []) > 1
             _finished_turns(cid, turns[:-1] if phase == ui.LIVE else turns,
                             None if read_only else _request_drawer(be, cid, state),
                             actions.MessageActions(settings, be, cid, state, read_only=read_only),
