@@ -144,3 +144,15 @@ def test_the_first_page_after_the_start_is_judged_against_the_minimal_apps_first
     assert goals["first_screen_after_start_50"] is met
     line = next(r for r in rows({**results, "goals": goals}) if "first page after the start" in r[0])
     assert f"{page_ms:g} / 1624 ms" in line[1] and line[2] == "<= 1.5x"
+
+
+def test_the_branches_figures_are_judged_per_condition():
+    from bench.branches_page import goals
+
+    def row(switch_p95, ratio, hogs):
+        return {"switch_met": switch_p95 <= {0: 300, 2: 1000}[hogs], "ratio_met": ratio <= 1.1}
+
+    assert all(goals({"hogs_0": row(250, 1.0, 0), "hogs_2": row(900, 1.05, 2)}).values())
+    judged = goals({"hogs_0": row(350, 1.0, 0), "hogs_2": row(900, 1.2, 2)})
+    assert judged == {"branch_switch_p95_hogs_0": False, "branch_switch_p95_hogs_2": True,
+                      "regenerate_first_word_ratio": False}
