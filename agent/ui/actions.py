@@ -152,7 +152,7 @@ class MessageActions:
         if self.editing(turn):
             self._editor(turn)
         else:
-            st.markdown(safe_markdown(question(turn)))
+            st.markdown(safe_markdown(turn.messages[0].get("content")))
         self.row(turn, Role.USER)
 
     def _editor(self, turn: TurnView) -> None:
