@@ -147,3 +147,20 @@ def test_a_regenerate_in_flight_leaves_its_parent_compact_as_a_new_message_leave
     at2 = app(cid2)
     at2.run()
     assert f"details-0-{first2}" not in {t.key for t in at2.toggle}  # the last finished turn, in full
+
+
+def test_regenerate_an_earlier_answer_starts_its_branch_there_and_the_later_turns_stay_on_the_old_one(store, queue):
+    cid, first = begin(store, "What is 2+2?")
+    make_done(store, cid, first, "4")
+    second = begin(store, "And 3+3?", cid=cid)[1]
+    make_done(store, cid, second, "6")
+    at = app(cid)
+    at.run()
+    at.button(key=f"regenerate-0-{first}").click().run()
+    assert_no_exception(at)
+    state = store.read(cid)
+    assert state["siblings"] == [first, state["turn_id"]] and state["parent_turn_id"] is None
+    assert state["history"] == [{"role": "user", "content": "What is 2+2?"}]
+    tree = {t["turn_id"]: t for t in store.branches(cid)["turns"]}
+    assert tree[second]["parent_turn_id"] == first  # the old branch, whole
+    queue.empty()
