@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
 
 from agent.demo import tokens
 from agent.runtime.loopback_server import Action, LoopbackServer, Request, delayed, reply, stream
@@ -44,11 +46,15 @@ class TokenModel(LoopbackServer):
     """The server; `counted` lists what each request counted."""
 
     def __init__(self, replies: list[dict], *, shape: str = "openai", usage: str = "always",
-                 interval_s: float = 0.0, delay_s: float = 0.0, plain: bool = False):
+                 interval_s: float = 0.0, delay_s: float = 0.0, plain: bool = False,
+                 on_request: Callable[[int], None] | None = None, on_reply: Callable[[int], None] | None = None):
         assert shape in ("openai", "anthropic") and usage in USAGES
         self.replies, self.shape, self.usage, self.interval_s = list(replies), shape, usage, interval_s
         self.delay_s = delay_s  # seconds before each reply: a call a test can kill its worker in
         self.plain = plain  # answer plain JSON even to a request for a stream (the clients read it as plain)
+        # Called with the request's number (0, 1, ...): once it is counted, and just before its reply's last byte
+        # (where a test kills the worker that asked).
+        self.on_request, self.on_reply = on_request, on_reply
         self._lock = threading.Lock()
         self.counted: list[Counted] = []
         self.bodies: list[dict] = []
@@ -73,10 +79,14 @@ class TokenModel(LoopbackServer):
             streamed = body.get("stream") is True and not self.plain
             self.counted.append(Counted(input_tokens, output_tokens, limit, streamed))
             self.bodies.append(body)
+        if self.on_request is not None:
+            self.on_request(index)
         if self.shape == "anthropic":
             action = self._anthropic(message, input_tokens, output_tokens, streamed)
         else:
             action = self._openai(body, message, input_tokens, output_tokens, streamed)
+        if self.on_reply is not None:
+            action = replace(action, on_last_byte=partial(self.on_reply, index))
         return delayed(self.delay_s, action) if self.delay_s else action
 
     def _openai(self, body: dict, message: dict, input_tokens: int, output_tokens: int, streamed: bool) -> Action:

@@ -535,7 +535,7 @@ def test_deleting_a_conversation_in_flight_from_another_tab_ends_its_turn_and_th
         two.goto(one.url)
         two.get_by_text("This conversation").first.click()  # the sidebar's expander for the open conversation
         two.get_by_role("button", name="Delete…").click()
-        two.get_by_text("Its reply in flight is stopped.").first.wait_for(timeout=10000)
+        two.get_by_text("Its reply in flight is stopped.").first.wait_for(timeout=20000)
         click_until(two.get_by_role("button", name="Delete", exact=True),
                     two.get_by_text("The conversation was deleted. This is a new chat.").first)
 

@@ -354,6 +354,30 @@ def test_no_call_starts_uncharged_while_redis_is_away(private_redis, workers):  
     assert state["spend"]["tokens"] >= sum(c.input_tokens + c.output_tokens for c in model.counted)
 
 
+def test_the_jobs_own_ending_charges_a_call_that_never_came_back(store):
+    """The queue's alarm or a cold stop cuts a call inside the provider's client, not as a provider error: the
+    ending the job writes then charges it at its worst case, as an ending written from outside does."""
+    from agent.conversation.endings import Ending
+    from agent.turn.writer import StateWriter
+
+    cid, turn_id = new_id(), new_id()
+    store.begin_turn(cid, turn_id, {"role": "user", "content": "hi"},
+                     {"status": "queued", "error": None, "config": FAST.to_dict(), "job_id": "a-test-job",
+                      "enqueued_at": time.time(), "deadline_at": None, "job_timeout_at": None, "started_at": None,
+                      "current_step": None})
+    spend = Spend(budget_tokens=10_000)
+    spend.charge(spend.plan(1_000, last_call=False), 900, 40)
+    spend.start(spend.plan(1_500, last_call=False))
+    worst = spend.in_flight.worst_tokens
+    writer = StateWriter(store, cid, turn_id, {"status": "running", "spend": spend.to_doc()}, persisted_len=1,
+                         clock=time.time)
+    assert writer.write_ending(Ending.app_stopped("its worker stopped with it"), time.time() + 30)
+    state = store.read(cid)
+    assert state["spend"]["tokens"] == 940 + worst and state["spend"]["in_flight_tokens"] == 0
+    [summary] = [t for t in state["turns"] if t["turn_id"] == turn_id]
+    assert summary["spend"]["tokens"] == 940 + worst
+
+
 @pytestmark_pool
 def test_a_persons_daily_budget_holds_across_two_tabs_sending_at_once(store, queue):
     person = f"p{uuid.uuid4().hex[:20]}"

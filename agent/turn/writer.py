@@ -25,7 +25,7 @@ import redis
 
 from agent.contract import CurrentStep, LiveStatus, Message, Step, TurnDoc, make_step, turn_summary
 from agent.conversation import daily
-from agent.conversation.endings import Ending
+from agent.conversation.endings import Ending, charged_in_flight
 from agent.conversation.errors import StoreError
 from agent.conversation.store import Store
 from agent.conversation.writes import LiveHead
@@ -269,6 +269,8 @@ class StateWriter:
         self.set_current(None)
         now = self.clock()
         self.doc.update(status=ending.status, error=ending.error, ended_at=now)
+        # A call the provider never answered (the queue's alarm or a cold stop cut it): billed, perhaps.
+        self.doc["spend"] = charged_in_flight(self.doc.get("spend"))
         summary = turn_summary(self.turn_id, self.doc, now)
         give_up_at = job_timeout_at - FINAL_WRITE_RESERVE_S
         delay = FINAL_RETRY_FIRST_S
