@@ -21,6 +21,8 @@ import random
 import re
 import signal
 
+import pytest
+
 from agent.conversation import export, tree
 from agent.queue import new_id, submit_turn
 from agent.runtime.loopback_server import delayed
@@ -218,3 +220,47 @@ def test_random_branch_operations_with_real_workers_agree_with_a_plain_model(pri
         run_seed(3900 + seed, private_redis, scripted, recorder, seen)
     print(f"operations: {seen}")
     assert set(seen) == {"send", "regenerate", "edit", "switch", "stop", "kill", "delete"}, seen
+
+
+@pytest.mark.parametrize("point", ["claimed", "published", "tool", "final"])
+def test_a_branch_turn_whose_worker_is_lost_at_any_point_goes_on_on_its_own_branch(private_redis, tmp_path, point):
+    """Every turn's first job in the conversation dies at `point` (SIGKILL, seen by its supervisor): before its first
+    write (claimed), just after it (published), as its tool starts (tool), or as it writes its ending (final). A
+    regenerate and an edit are each handed over and end on their own branch; the other branches keep theirs."""
+    from harness import pools
+    from tests.conftest import CANARY_KEY
+    from tests.test_handover_seams import SEAMS
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {"OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY, "PYTHONPATH": str(SEAMS),
+           "SEAM_DIR": str(marks)}
+    handle = pools.start_pool(private_redis.url, 3, tmp_path / "pool.log", env=env,
+                              queue_connection=private_redis.queue_connection)
+    try:
+        pools.wait_for_workers(handle, private_redis.queue_connection, 3)
+        store, queue, config = private_redis.store, private_redis.queue, FAST.with_changes(**CLOCKS)
+        cid = f"seam-{point}-first-kill-{new_id()[:8]}"
+
+        def turn(text, branch_of=""):
+            turn_id = submit_turn(store, queue, cid, text, config, branch_of=branch_of)
+            final = wait_done(store, cid, TURN_S)
+            assert final["turn_id"] == turn_id and final["status"] == "done", (point, final["status"], final["error"])
+            assert (marks / f"turn-{turn_id}").exists(), f"its first job was not lost at {point}"
+            return turn_id, final
+
+        first, _ = turn("what is 1+1?")
+        second, answered = turn("what is 2+2?")
+        regenerated, final = turn("what is 2+2?", branch_of=second)
+        assert final["siblings"] == [second, regenerated] and final["parent_turn_id"] == first
+        assert [m["content"] for m in final["history"] if m["role"] == "user"] == ["what is 1+1?", "what is 2+2?"]
+        assert "4" in final["history"][-1]["content"]
+        edited, final = turn("what is 3*3?", branch_of=second)
+        assert final["siblings"] == [second, regenerated, edited] and final["parent_turn_id"] == first
+        assert [m["content"] for m in final["history"] if m["role"] == "user"] == ["what is 1+1?", "what is 3*3?"]
+        assert "9" in final["history"][-1]["content"]
+        tool_calls = [c["id"] for m in final["history"] for c in m.get("tool_calls") or []]
+        assert sorted(tool_calls) == sorted(m["tool_call_id"] for m in final["history"] if m["role"] == "tool")
+        assert store.switch(cid, second) == second and store.read(cid)["history"] == answered["history"]
+    finally:
+        pools.stop_pool(handle, private_redis.url)
