@@ -270,3 +270,22 @@ def test_a_persons_door_reads_and_switches_only_their_own_tree(store):
     with pytest.raises(ConversationGone):
         ask(bob, cid, "mine", branch_of=first)
     assert alice.switch(cid, first) == first and len(alice.branches(cid)["turns"]) == 2
+
+
+def test_a_turn_begun_again_after_it_ended_leaves_the_tree_as_it_was(store):
+    """A send submitted twice (the first long since answered) names a turn of the tree: nothing is written, the turn's
+    record keeps its answer, and it is not its parent's child twice."""
+    cid = new_id()
+    first = ask(store, cid, "a")
+    answer(store, cid, first, "A")
+    second = ask(store, cid, "b")
+    answer(store, cid, second, "B")
+    before = store.read(cid)
+    tree_before = store.redis.hgetall(Keys.of(cid).tree)
+    for tid in (first, second):
+        new, _ = store._begin(cid, tid, {"role": "user", "content": "again"}, DOC, ttl_s=600, must_exist=False)
+        assert new is False
+    assert store.redis.hgetall(Keys.of(cid).tree) == tree_before
+    after = store.read(cid)
+    assert texts(after) == ["a", "A", "b", "B"] and after["version"] == before["version"]
+    assert after["siblings"] == [second] and after["turns"][0]["siblings"] == [first]
