@@ -289,3 +289,19 @@ def test_a_turn_begun_again_after_it_ended_leaves_the_tree_as_it_was(store):
     after = store.read(cid)
     assert texts(after) == ["a", "A", "b", "B"] and after["version"] == before["version"]
     assert after["siblings"] == [second] and after["turns"][0]["siblings"] == [first]
+
+
+def test_a_persons_door_reads_the_path_to_any_turn_of_their_own_and_an_admin_reads_it_too(store):
+    """What `export --all-branches --owner` reads: each branch, through the person's door (an admin's: read-only)."""
+    from agent.conversation.person_store import PersonStore
+
+    alice, bob = PersonStore(store, "p" + "c" * 20), PersonStore(store, "p" + "d" * 20)
+    admin = PersonStore(store, "p" + "e" * 20, admin=True)
+    cid = new_id()
+    first = ask(alice, cid, "a")
+    answer(alice, cid, first, "A")
+    again = ask(alice, cid, "a", branch_of=first)
+    answer(alice, cid, again, "A2")
+    assert texts(alice.read(cid, tip=first)) == ["a", "A"] and texts(alice.read(cid)) == ["a", "A2"]
+    assert texts(admin.read(cid, tip=first)) == ["a", "A"]
+    assert bob.read(cid, tip=first) is None
