@@ -167,3 +167,14 @@ def test_a_write_by_another_job_to_a_flat_turn_in_flight_is_refused_as_in_the_tr
     with pytest.raises(StoreError) as info:  # in the tree now: the same refusal
         store.publish(cid, turn_id, doc, new_messages=late, writer="turn-someone-else")
     assert info.value.reason == "STALE"
+
+
+def test_the_pools_watch_sees_the_job_of_a_flat_turn_in_flight(private_redis):
+    """The watch finds a lost job by the writer the meta names: in a turn the release before left in flight, `owner`
+    (not taken for a parked turn, which names none)."""
+    store, cid = private_redis.store, "flatinflight0003"
+    store.redis.hset(Keys.of(cid).meta, mapping={"turn_id": "flatturn00000003", "done": "0", "version": "1",
+                                                 "attempt": "0", "owner": "turn-flatturn00000003"})
+    assert store.flags.writers([cid]) == [("flatturn00000003", "0", "turn-flatturn00000003", "0")]
+    store.redis.hset(Keys.of(cid).meta, "writer", "")  # in the tree, parked: no job
+    assert store.flags.writers([cid]) == [("flatturn00000003", "0", "", "0")]
