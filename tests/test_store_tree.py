@@ -87,7 +87,7 @@ def test_a_branch_copies_nothing_it_writes_what_a_second_turn_writes(store):
         return len(after) - len(before), sum(len(field) + len(value) for field, value in written.items())
 
     at_two, at_forty = regenerate_at(2), regenerate_at(40)
-    assert at_two[0] == at_forty[0] == 10  # its parent, depth, messages, steps, version, summary and small fields
+    assert at_two[0] == at_forty[0] == 11  # its parent, depth, root, messages, steps, version, summary, small fields
     assert abs(at_forty[1] - at_two[1]) <= 0.1 * at_two[1]
 
 

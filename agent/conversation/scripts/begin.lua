@@ -64,9 +64,15 @@ if person ~= '' then
   redis.call('HSETNX', meta, 'owned_by', person)
   redis.call('ZADD', person_index, updated_at, conversation_id)
 end
-local depth = parent == '' and 1 or (tonumber(redis.call('HGET', tree, parent .. ':d') or '0') + 1)
+local depth, root = 1, turn_id
+if parent ~= '' then
+  local above = redis.call('HMGET', tree, parent .. ':d', parent .. ':root')
+  depth = tonumber(above[1] or '0') + 1
+  root = above[2]
+end
 redis.call('HSET', tree, turn_id .. ':parent', parent, turn_id .. ':n', 1, turn_id .. ':m:0', message,
   turn_id .. ':s', 0, turn_id .. ':v', 1, turn_id .. ':d', depth)
+if root then redis.call('HSET', tree, turn_id .. ':root', root) end  -- (none: its parent predates roots; show walks)
 if parent == '' then redis.call('HSET', tree, turn_id .. ':title', title) end
 kids_add(tree, parent, turn_id)
 local version = redis.call('HINCRBY', meta, 'version', 1)
