@@ -180,15 +180,19 @@ def read_cost(store: Store, cid: str, last: str, meter: Meter, turns: int = TURN
 
 def branch_figures(store: Store, turns: int = TURNS) -> dict:
     """Both figures on one conversation of `turns` turns (a private Redis's store: it changes its AOF's config)."""
+    rewrite = store.redis.config_get("auto-aof-rewrite-percentage").get("auto-aof-rewrite-percentage", "100")
     store.redis.config_set("auto-aof-rewrite-percentage", 0)  # no rewrite shrinks the file mid-measure
-    cid, turn_ids = new_id(), []
-    for index in range(turns):
-        write_turn(store, cid, index)
-        turn_ids.append(store.read_meta(cid)["turn_id"])
-    meter = Meter(store.redis)
-    out = {"turns": turns, "write": write_cost(store, cid, turn_ids, meter)}
-    store.switch(cid, turn_ids[-1])
-    out["read"] = read_cost(store, cid, turn_ids[-1], meter, turns)
+    try:
+        cid, turn_ids = new_id(), []
+        for index in range(turns):
+            write_turn(store, cid, index)
+            turn_ids.append(store.read_meta(cid)["turn_id"])
+        meter = Meter(store.redis)
+        out = {"turns": turns, "write": write_cost(store, cid, turn_ids, meter)}
+        store.switch(cid, turn_ids[-1])
+        out["read"] = read_cost(store, cid, turn_ids[-1], meter, turns)
+    finally:
+        store.redis.config_set("auto-aof-rewrite-percentage", rewrite)
     return out
 
 
