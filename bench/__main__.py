@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     order = ("first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
              "queue_overhead_ratio_by_class", "tracing_overhead", "clamp_overhead", "conversations_list",
-             "memory_per_conversation", "worker_memory",
+             "memory_per_conversation", "branches", "worker_memory",
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "fleet_throughput",
