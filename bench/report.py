@@ -47,7 +47,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         for kind in ("regenerate", "edit"):
             small, large = tree["write"][f"{kind}_at_2"], tree["write"][f"{kind}_at_{n}"]
             ratio = tree["write"][f"{kind}_ratio"]["aof_bytes"]
-            out.append((f"a {kind}'s Redis writes (AOF), turn {n:,} / turn 2",
+            out.append((f"{'an' if kind == 'edit' else 'a'} {kind}'s Redis writes (AOF), turn {n:,} / turn 2",
                         f"{ratio:.3f} ({large['aof_bytes']:,} / {small['aof_bytes']:,} B)", "within 10%",
                         _check(goals.get(f"branch_write_{kind}_flat"))))
         for name, row in tree["read"].items():
