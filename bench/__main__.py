@@ -26,6 +26,7 @@ from agent.hosting.worker_process import DEFAULT_WORKER_CLASS
 from bench import (
     approvals,
     approve_click,
+    branches,
     branches_page,
     budget_cost,
     conversations,
@@ -68,6 +69,15 @@ METHOD = {
     "write) with 20, 1,000 and 10,000 conversations stored (calculator turns written through the store's own "
     "scripts); median of 50 listings, and the Redis commands one listing sends. memory_per_conversation: "
     "MEMORY USAGE of a conversation's keys by its number of turns.",
+    "branches": "One conversation of {branch_turns} calculator turns written through the store's scripts. write: "
+    "a regenerate and an edit of turn 2 and of turn {branch_turns} (begun beside it, then a worker's three writes "
+    "of a calculator turn): aof_bytes = what Redis appended to its append-only file (a script's effects, as "
+    "Redis 6.2 logs them), sent_bytes = INFO total_net_input_bytes, tree_bytes = the tree hash's new or changed "
+    "fields and values; ratio = at turn {branch_turns} / at turn 2 (goal: within 10%). read: a page showing the "
+    "branch at turn {branch_turns} in a process that read nothing yet (open), then each next read with what it "
+    "read before (Store.read_since): poll (nothing changed), switch (to the other answer of that turn), "
+    "switch_back, new_message; bytes = both directions (INFO total_net_input/output_bytes), commands = INFO "
+    "commandstats calls (a script's own included), round_trips = the client's calls.",
     "worker_memory": "RSS of one idle simple worker of the pool after one three-tool turn (demo@0~0), with no MCP "
     "server configured and with the project's mcp.json, beside a bare `rq worker --worker-class "
     "rq.worker.SimpleWorker` idle on the same Redis; ratio = ours / bare. Goal: at most 1.3 without MCP servers.",
@@ -229,6 +239,11 @@ def run(plan: Plan, seed: int, started: float, results: dict) -> dict:
         results["memory_per_conversation"] = conversations.memory_per_conversation(lab.store, plan.memory_turns)
         lab.client.flushdb()
 
+        progress(f"branches: a regenerate and an edit at turn 2 and turn {plan.branch_turns:,}, and what a page "
+                 "reads to show another branch", started)
+        results["branches"] = branches.branch_figures(lab.store, plan.branch_turns)
+        lab.client.flushdb()
+
         progress("a worker's memory beside a bare rq worker", started)
         results["worker_memory"] = worker_memory.worker_memory(
             lab, with_mcp_json=plan.worker_memory_with_mcp_json)
@@ -324,6 +339,8 @@ def judge(results: dict) -> dict:
             goals[name] = check(results)
     if results.get("resume"):
         goals |= resume.goals(results["resume"])
+    if results.get("branches"):
+        goals |= branches.goals(results["branches"])
     if results.get("approvals"):
         goals |= approvals.goals(results["approvals"])
     if results.get("signin"):
@@ -383,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                     signin_turns=plan.signin_turns, signin_call=f"{plan.signin_call_s:g}",
                     signin_conversations=f"{plan.signin_list_conversations:,}", signin_owners=plan.signin_list_owners,
                     signin_repeats=plan.signin_list_repeats, signin_pairs=plan.signin_page_pairs,
+                    branch_turns=f"{plan.branch_turns:,}",
                     fleet_turns=f"{plan.fleet_turns:,}", fleet_latency=f"{plan.fleet_latency_s:g}",
                     fleet_pools=plan.fleet_pools, fleet_workers=plan.fleet_workers,
                     branch_switches=plan.branch_switches, branch_pairs=plan.branch_pairs)
@@ -402,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     order = ("first_step_ratio", "first_step_ratio_write_at_end", "first_step_ratio_plain_poll", "queue_overhead_ratio",
              "queue_overhead_ratio_by_class", "tracing_overhead", "clamp_overhead", "conversations_list",
-             "memory_per_conversation", "worker_memory",
+             "memory_per_conversation", "branches", "worker_memory",
              "dispatch_latency_ms", "publish_to_observed_ms",
              "cost_vs_history",
              "publish_growth_1000_vs_10", "poll_growth_1000_vs_10", "throughput", "fleet_throughput",

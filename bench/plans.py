@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench import approve_click, branches_page, conversations, first_screen, load, page
+from bench import approve_click, branches, branches_page, conversations, first_screen, load, page
 from bench.lab import Lab
 
 
@@ -41,6 +41,7 @@ class Plan:
     first_screen_opens: int = first_screen.OPENS  # warm opens of each app per size
     list_sizes: tuple = conversations.LIST_SIZES  # conversations in the index when the sidebar's page is listed
     memory_turns: tuple = conversations.TURN_COUNTS  # (turns per conversation, conversations measured)
+    branch_turns: int = branches.TURNS  # turns of the conversation a branch is made in, at turn 2 and at its last
     worker_memory_with_mcp_json: bool = True  # also measure a worker holding the project's MCP server
     resume_call_kills: int = 10  # workers SIGKILLed mid-call, one at a time: kill to resumed write
     resume_other_rounds: int = 2  # rounds of a mid-stream and a mid-tool kill side by side
@@ -95,6 +96,7 @@ QUICK = Plan(
     overhead_pairs_other=1,
     list_sizes=(20, 200),
     memory_turns=((1, 5), (10, 2)),
+    branch_turns=20,
     worker_memory_with_mcp_json=False,
     first_step_repeats=1,
     throughput=(("simple", 1, 2), ("simple", 2, 4)),

@@ -41,6 +41,18 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         for row in listing["rows"]:
             out.append((f"listing 20 of {row['conversations']:,} conversations", f"{row['list_ms_p50']:g} ms, "
                         f"{row['redis_commands']} commands", "flat", ""))
+    tree = results.get("branches")
+    if tree:
+        n = tree["turns"]
+        for kind in ("regenerate", "edit"):
+            small, large = tree["write"][f"{kind}_at_2"], tree["write"][f"{kind}_at_{n}"]
+            ratio = tree["write"][f"{kind}_ratio"]["aof_bytes"]
+            out.append((f"{'an' if kind == 'edit' else 'a'} {kind}'s Redis writes (AOF), turn {n:,} / turn 2",
+                        f"{ratio:.3f} ({large['aof_bytes']:,} / {small['aof_bytes']:,} B)", "within 10%",
+                        _check(goals.get(f"branch_write_{kind}_flat"))))
+        for name, row in tree["read"].items():
+            out.append((f"  a page on the branch at turn {n:,}: {name.replace('_', ' ')}",
+                        f"{row['bytes']:,} B, {row['commands']} commands, {row['round_trips']} round trips", "", ""))
     memory = results.get("worker_memory")
     if memory:
         out.append(("worker memory / bare rq SimpleWorker (RSS, idle)",

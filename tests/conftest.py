@@ -219,6 +219,7 @@ LONGEST_FIRST = (
     "test_redis_stalls.py",
     "test_dashboard.py",
     "test_retention_restart.py",
+    "test_branch_property.py",
     "test_turn.py",
     "test_tracing.py",
     "test_browser_resume.py",

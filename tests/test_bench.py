@@ -26,6 +26,7 @@ KEYS = (
     "resume",
     "approvals",
     "signin",
+    "branches",
 )
 
 
@@ -48,6 +49,7 @@ def test_quick_benchmark_writes_results_table_and_plots(tmp_path):
     assert results["deadline_accuracy"]["turns_past_job_timeout"] == 0
     listing = results["conversations_list"]["rows"]
     assert listing[0]["redis_commands"] == listing[-1]["redis_commands"]  # the list does not scan keys
+    assert results["goals"]["branch_write_regenerate_flat"] and results["goals"]["branch_write_edit_flat"]
     memory = results["worker_memory"]
     assert 0 < memory["bare_rq_simple_worker_mib"] and memory["ratio"] == round(
         memory["worker_mib"] / memory["bare_rq_simple_worker_mib"], 2)

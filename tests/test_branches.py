@@ -162,6 +162,49 @@ def test_a_regenerate_that_parks_for_approval_goes_on_on_its_own_branch(store, q
     assert store.read(cid)["history"] == answered["history"]  # the first answer is kept as it was
 
 
+def test_a_parked_regenerate_and_edit_answered_from_the_cli_go_on_on_their_own_branch(store, queue, pool,
+                                                                                     base_env, redis_url):
+    import subprocess
+    import sys
+
+    from agent.contract import Status
+    from tests.conftest import ROOT
+    from tests.test_approvals import ASKS, parked, tool_results
+
+    def cli_answer(command, cid, request_id):
+        done = subprocess.run([sys.executable, "-m", "agent", command, cid, "--request", request_id], cwd=ROOT,
+                              env={**base_env, "REDIS_URL": redis_url}, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr
+
+    cid = new_id()
+    first = submit_turn(store, queue, cid, "hello", FAST)
+    wait_done(store, cid, TURN_TIMEOUT_S)
+    second = submit_turn(store, queue, cid, "what is 6*7?", FAST)
+    answered = wait_done(store, cid, TURN_TIMEOUT_S)
+    regenerated = submit_turn(store, queue, cid, "what is 6*7?", ASKS, branch_of=second)
+    state = parked(store, cid)
+    assert state["status"] == Status.AWAITING_APPROVAL and state["turn_id"] == regenerated
+    cli_answer("approve", cid, state["approval"]["id"])
+    final = wait_done(store, cid, TURN_TIMEOUT_S)
+    assert final["status"] == Status.DONE and tool_results(final).get(final["approval"]["call_id"]) == "42"
+    assert final["turn_id"] == regenerated and final["siblings"] == [second, regenerated]
+    assert final["parent_turn_id"] == first
+    assert [m["content"] for m in final["history"] if m["role"] == "user"] == ["hello", "what is 6*7?"]
+
+    edited = submit_turn(store, queue, cid, "what is 5*5?", ASKS, branch_of=second)  # an edit, parked: denied
+    state = parked(store, cid)
+    assert state["turn_id"] == edited and state["siblings"] == [second, regenerated, edited]
+    cli_answer("deny", cid, state["approval"]["id"])
+    final = wait_done(store, cid, TURN_TIMEOUT_S)
+    assert final["turn_id"] == edited and final["parent_turn_id"] == first
+    assert [m["content"] for m in final["history"] if m["role"] == "user"] == ["hello", "what is 5*5?"]
+    assert "42" not in [m["content"] for m in final["history"] if m["role"] == "tool"]
+    assert store.switch(cid, second) == second and store.read(cid)["history"] == answered["history"]
+    assert store.switch(cid, regenerated) == regenerated
+    assert tool_results(store.read(cid)).get(store.read(cid)["approval"]["call_id"]) == "42"
+
+
 def test_stop_ends_a_branch_turn_and_leaves_the_other_branch(store, queue, pool):
     from agent.ui.state import stop
     from harness.waiting import wait_for
@@ -206,7 +249,6 @@ def test_a_branch_turn_whose_worker_is_lost_resumes_on_its_branch(private_redis,
     assert final["turn_id"] == regenerated and final["siblings"] == [second, regenerated]
     assert [m["content"] for m in final["history"] if m["role"] == "user"] == ["hello", "what is 2+2?"]
     assert final["parent_turn_id"] == first
-
 
 
 def test_a_regenerate_and_an_edit_say_so_in_the_turn_and_its_trace(store, queue, pool):

@@ -137,3 +137,44 @@ def test_a_turn_queued_by_the_release_before_the_tree_is_run_by_a_worker_of_this
     assert final["status"] == "done" and "42" in final["history"][-1]["content"]
     assert [t["turn_id"] for t in final["turns"]] == [turn_id] and final["turns"][0]["parent_turn_id"] is None
     assert store.redis.hget(keys.meta, "owner") is None and store.redis.exists(keys.history) == 0
+
+
+def test_a_write_by_another_job_to_a_flat_turn_in_flight_is_refused_as_in_the_tree(private_redis):
+    """The release before named the job that writes a turn `owner`: a publish by any other job is refused (STALE), as
+    the same write is once the conversation is in the tree, and the job that owns it writes on."""
+    import pytest
+
+    from agent.contract import queued_doc
+    from agent.conversation.errors import StoreError
+    from agent.queue import job_id_for
+    from tests.conftest import FAST
+
+    store, cid, turn_id = private_redis.store, "flatinflight0002", "flatturn00000002"
+    doc = queued_doc(FAST.to_dict(), job_id_for(turn_id), time.time())
+    keys = Keys.of(cid)
+    store.redis.hset(keys.meta, mapping={"turn_id": turn_id, "done": "0", "version": "1", "attempt": "0",
+                                         "doc": json.dumps(doc), "owner": job_id_for(turn_id), "turns": "1",
+                                         "title": "What is 6*7?"})
+    store.redis.rpush(keys.history, json.dumps({"role": "user", "content": "What is 6*7?"}))
+    late = [{"role": "assistant", "content": "from a job that does not own the turn"}]
+    with pytest.raises(StoreError) as info:
+        store.publish(cid, turn_id, doc, new_messages=late, writer="turn-someone-else")
+    assert info.value.reason == "STALE"
+    assert "from a job" not in json.dumps(store.read(cid)["history"])
+    store.publish(cid, turn_id, doc, new_messages=[{"role": "assistant", "content": "42"}],
+                  writer=job_id_for(turn_id))
+    assert [m["content"] for m in store.read(cid)["history"]] == ["What is 6*7?", "42"]
+    with pytest.raises(StoreError) as info:  # in the tree now: the same refusal
+        store.publish(cid, turn_id, doc, new_messages=late, writer="turn-someone-else")
+    assert info.value.reason == "STALE"
+
+
+def test_the_pools_watch_sees_the_job_of_a_flat_turn_in_flight(private_redis):
+    """The watch finds a lost job by the writer the meta names: in a turn the release before left in flight, `owner`
+    (not taken for a parked turn, which names none)."""
+    store, cid = private_redis.store, "flatinflight0003"
+    store.redis.hset(Keys.of(cid).meta, mapping={"turn_id": "flatturn00000003", "done": "0", "version": "1",
+                                                 "attempt": "0", "owner": "turn-flatturn00000003"})
+    assert store.flags.writers([cid]) == [("flatturn00000003", "0", "turn-flatturn00000003", "0")]
+    store.redis.hset(Keys.of(cid).meta, "writer", "")  # in the tree, parked: no job
+    assert store.flags.writers([cid]) == [("flatturn00000003", "0", "", "0")]

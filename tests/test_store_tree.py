@@ -87,7 +87,7 @@ def test_a_branch_copies_nothing_it_writes_what_a_second_turn_writes(store):
         return len(after) - len(before), sum(len(field) + len(value) for field, value in written.items())
 
     at_two, at_forty = regenerate_at(2), regenerate_at(40)
-    assert at_two[0] == at_forty[0] == 10  # its parent, depth, messages, steps, version, summary and small fields
+    assert at_two[0] == at_forty[0] == 11  # its parent, depth, root, messages, steps, version, summary, small fields
     assert abs(at_forty[1] - at_two[1]) <= 0.1 * at_two[1]
 
 
@@ -270,3 +270,38 @@ def test_a_persons_door_reads_and_switches_only_their_own_tree(store):
     with pytest.raises(ConversationGone):
         ask(bob, cid, "mine", branch_of=first)
     assert alice.switch(cid, first) == first and len(alice.branches(cid)["turns"]) == 2
+
+
+def test_a_turn_begun_again_after_it_ended_leaves_the_tree_as_it_was(store):
+    """A send submitted twice (the first long since answered) names a turn of the tree: nothing is written, the turn's
+    record keeps its answer, and it is not its parent's child twice."""
+    cid = new_id()
+    first = ask(store, cid, "a")
+    answer(store, cid, first, "A")
+    second = ask(store, cid, "b")
+    answer(store, cid, second, "B")
+    before = store.read(cid)
+    tree_before = store.redis.hgetall(Keys.of(cid).tree)
+    for tid in (first, second):
+        new, _ = store._begin(cid, tid, {"role": "user", "content": "again"}, DOC, ttl_s=600, must_exist=False)
+        assert new is False
+    assert store.redis.hgetall(Keys.of(cid).tree) == tree_before
+    after = store.read(cid)
+    assert texts(after) == ["a", "A", "b", "B"] and after["version"] == before["version"]
+    assert after["siblings"] == [second] and after["turns"][0]["siblings"] == [first]
+
+
+def test_a_persons_door_reads_the_path_to_any_turn_of_their_own_and_an_admin_reads_it_too(store):
+    """What `export --all-branches --owner` reads: each branch, through the person's door (an admin's: read-only)."""
+    from agent.conversation.person_store import PersonStore
+
+    alice, bob = PersonStore(store, "p" + "c" * 20), PersonStore(store, "p" + "d" * 20)
+    admin = PersonStore(store, "p" + "e" * 20, admin=True)
+    cid = new_id()
+    first = ask(alice, cid, "a")
+    answer(alice, cid, first, "A")
+    again = ask(alice, cid, "a", branch_of=first)
+    answer(alice, cid, again, "A2")
+    assert texts(alice.read(cid, tip=first)) == ["a", "A"] and texts(alice.read(cid)) == ["a", "A2"]
+    assert texts(admin.read(cid, tip=first)) == ["a", "A"]
+    assert bob.read(cid, tip=first) is None

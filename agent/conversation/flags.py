@@ -101,11 +101,14 @@ class Flags:
 
     def writers(self, conversation_ids: list[str]) -> list[tuple]:
         """Per conversation: (turn_id, done, writer, attempt) from its meta (the writer: the job that writes its
-        turn), in one round trip."""
+        turn), in one round trip. (A conversation the release before the tree left in flight names it `owner`,
+        until its first write moves it into the tree: scripts/included/tree.lua.)"""
         with self.client.pipeline(transaction=False) as pipe:
             for conversation_id in conversation_ids:
-                pipe.hmget(Keys.of(conversation_id).meta, "turn_id", "done", "writer", "attempt")
-            return [tuple(_text(value) for value in row) for row in pipe.execute()]
+                pipe.hmget(Keys.of(conversation_id).meta, "turn_id", "done", "writer", "attempt", "owner")
+            rows = pipe.execute()
+        return [(_text(turn_id), _text(done), _text(writer if writer is not None else owner), _text(attempt))
+                for turn_id, done, writer, attempt, owner in rows]
 
     def alive(self, turn_ids: list[str]) -> list[bool]:
         """Whether each turn's heartbeat mark is there, in one round trip."""

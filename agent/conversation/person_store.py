@@ -54,8 +54,8 @@ class PersonStore(Store):
         version = super().wait_version(conversation_id, seen, timeout_ms)
         return version if self.sees_all else self.version(conversation_id)
 
-    def read(self, conversation_id: str) -> State | None:
-        return self.visible(super().read(conversation_id))
+    def read(self, conversation_id: str, *, tip: str = "") -> State | None:
+        return self.visible(super().read(conversation_id, tip=tip))
 
     def read_since(self, conversation_id: str, known: State | None) -> State | None:
         return self.visible(super().read_since(conversation_id, known))

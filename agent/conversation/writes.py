@@ -2,9 +2,10 @@
 shown; a conversation renamed or deleted. Mixed into Store (store.py), which adds what happens before a script.
 
 Every write is one Lua script (scripts/*.lua) that refuses it when the turn is not the current one,
-when the turn has already ended (done never reverts), or when the history moved underneath. The same
-scripts keep the index and the meta hash's summary for the list: `title` (its first message, cut;
-renamable), `turns` (turns begun) and `bytes` (what its lists hold, for the size cap).
+when the turn has already ended (done never reverts), when the turn's messages moved underneath, or when
+another job writes the turn now. The same scripts keep the index and the meta hash's summary for the
+list: `title` (the shown path's first message, cut; renamable), `turns` (the turns shown) and `bytes`
+(what the tree holds, for the size cap).
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ import signal
 import time
 
 POINTS = ("dequeued", "execution", "rqstarted", "claimed", "published")
+# Later in a turn (tests/test_branch_property.py sweeps them on branch turns, with `first`): as a tool starts to
+# run, and at the turn's final write (its ending about to be written).
+LATER_POINTS = ("tool", "final")
 SEAM_DIR = os.environ.get("SEAM_DIR")
 FIRST_JOB = re.compile(r"turn-[0-9a-f]+")
 
@@ -53,6 +56,7 @@ def current_job():
 
 def patch_agent() -> None:
     """The product's own points, patched once the worker (or work horse) has the product imported."""
+    from agent import tools
     from agent.conversation.flags import Flags
     from agent.turn.loop import Turn
 
@@ -77,6 +81,17 @@ def patch_agent() -> None:
         return model
 
     Turn.start = starting
+    finish, run_tool = Turn.finish, tools.run_tool
+
+    def finishing(self, ending):
+        hit("final", *current_job())
+        return finish(self, ending)
+
+    def running_tool(*args, **kwargs):
+        hit("tool", *current_job())
+        return run_tool(*args, **kwargs)
+
+    Turn.finish, tools.run_tool = finishing, running_tool
 
 
 def install() -> None:

@@ -11,8 +11,9 @@
 -- person's turns in flight that have ended since (the caller looked: a turn that ended never comes back)
 -- Returns {outcome, value}, and writes nothing unless the outcome is 'ok' (value: the version) but the move of a
 -- conversation of the flat shape into the tree, which changes nothing it means:
--- 'same' (this turn began already: a double submit), 'busy' (value: the turn in flight), 'full' (value: the
--- conversation's bytes), 'gone' (must_exist, and it expired or was deleted), 'unreadable' (a version not a number),
+-- 'same' (this turn began already: a double submit, also one of a turn that has ended since), 'busy' (value: the
+-- turn in flight), 'full' (value: the conversation's bytes), 'gone' (must_exist, and it expired or was deleted),
+-- 'unreadable' (a version not a number),
 -- 'theirs' (it belongs to someone else, or to nobody signed in: told as not found), 'many' (value: the cap),
 -- 'room' (value: the turns holding a reservation; this one's would not fit beside theirs), 'no turn' (branch_of is
 -- no turn of the conversation).
@@ -41,6 +42,9 @@ if reserve_room >= 0 then
   if (holding + 1) * reserve_bytes > reserve_room then return {'room', tostring(holding)} end
 end
 migrate(meta, base)
+-- A turn of the tree begun again (a send submitted twice, the first long since answered, or another branch's turn
+-- id): it began already, and its record is left as it is.
+if redis.call('HEXISTS', tree, turn_id .. ':parent') == 1 then return {'same', current[3] or '0'} end
 local parent = redis.call('HGET', meta, 'tip') or ''
 if branch_of ~= '' then
   parent = redis.call('HGET', tree, branch_of .. ':parent')
@@ -60,9 +64,15 @@ if person ~= '' then
   redis.call('HSETNX', meta, 'owned_by', person)
   redis.call('ZADD', person_index, updated_at, conversation_id)
 end
-local depth = parent == '' and 1 or (tonumber(redis.call('HGET', tree, parent .. ':d') or '0') + 1)
+local depth, root = 1, turn_id
+if parent ~= '' then
+  local above = redis.call('HMGET', tree, parent .. ':d', parent .. ':root')
+  depth = tonumber(above[1] or '0') + 1
+  root = above[2]
+end
 redis.call('HSET', tree, turn_id .. ':parent', parent, turn_id .. ':n', 1, turn_id .. ':m:0', message,
   turn_id .. ':s', 0, turn_id .. ':v', 1, turn_id .. ':d', depth)
+if root then redis.call('HSET', tree, turn_id .. ':root', root) end  -- (none: its parent predates roots; show walks)
 if parent == '' then redis.call('HSET', tree, turn_id .. ':title', title) end
 kids_add(tree, parent, turn_id)
 local version = redis.call('HINCRBY', meta, 'version', 1)

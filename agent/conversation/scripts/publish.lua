@@ -19,16 +19,18 @@ local turn_id, expected_len, doc, done, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3
 local n_messages, n_steps = tonumber(ARGV[6]), tonumber(ARGV[7])
 local summary, conversation_id, updated_at, end_live = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
 local writer, person, base = ARGV[12], ARGV[13], ARGV[14]
-local current = redis.call('HMGET', meta, 'turn_id', 'done', 'writer', 'owned_by')
-if not current[1] or (person ~= '' and current[4] ~= person) then
+local current = redis.call('HMGET', meta, 'turn_id', 'done', 'owned_by')
+if not current[1] or (person ~= '' and current[3] ~= person) then
   return redis.error_reply('GONE the conversation has expired or was deleted')
 end
+-- Moved into the tree before the writer is read: a conversation of the flat shape names it `owner`.
+migrate(meta, base)
 if current[1] ~= turn_id then return redis.error_reply('STALE another turn is current') end
 if current[2] == '1' then return redis.error_reply('CLOSED the turn has already ended') end
-if writer ~= '' and current[3] and current[3] ~= writer then
+local current_writer = redis.call('HGET', meta, 'writer')
+if writer ~= '' and current_writer and current_writer ~= writer then
   return redis.error_reply('STALE the turn was resumed by another job')
 end
-migrate(meta, base)
 local have = tonumber(redis.call('HGET', tree, turn_id .. ':n') or '0')
 if expected_len >= 0 and have ~= expected_len then
   return redis.error_reply('CONFLICT the turn\'s messages moved')

@@ -5,6 +5,7 @@
 --   T:s, T:s:0 .. T:s:{s-1}  its steps                      T:v  its version: +1 on every write of the turn
 --   T:sum  its summary, once ended                          T:doc  its small fields, as its ending wrote them
 --   T:d    its depth (1 for a first turn): meta's `turns`, the turns shown   T:title  a first turn's title
+--   T:root the first turn of its path (itself for a first turn): whose title the list shows, read in one step
 -- A first turn's siblings are the kids of '' (field ':kids'). Its keys are built here from the conversation's
 -- key prefix: a standalone Redis (RQ supports no cluster) runs a script whatever keys it touches.
 
@@ -13,11 +14,14 @@
 local function show(meta, tree, tip)
   redis.call('HSET', meta, 'tip', tip, 'turns', redis.call('HGET', tree, tip .. ':d') or 0)
   if redis.call('HEXISTS', meta, 'renamed') == 1 then return end
-  local first = tip
-  for _ = 1, 100000 do
-    local parent = redis.call('HGET', tree, first .. ':parent')
-    if not parent or parent == '' then break end
-    first = parent
+  local first = redis.call('HGET', tree, tip .. ':root')
+  if not first then  -- a turn written before turns named their root: walk up
+    first = tip
+    for _ = 1, 100000 do
+      local parent = redis.call('HGET', tree, first .. ':parent')
+      if not parent or parent == '' then break end
+      first = parent
+    end
   end
   local title = redis.call('HGET', tree, first .. ':title')
   if title then redis.call('HSET', meta, 'title', title) end
@@ -62,7 +66,8 @@ local function migrate(meta, base)
   local parent = ''
   for i, segment in ipairs(segments) do
     local id = ids[i]
-    redis.call('HSET', tree, id .. ':parent', parent, id .. ':n', #segment, id .. ':s', 0, id .. ':v', 1, id .. ':d', i)
+    redis.call('HSET', tree, id .. ':parent', parent, id .. ':n', #segment, id .. ':s', 0, id .. ':v', 1, id .. ':d', i,
+      id .. ':root', ids[1])
     for j, raw in ipairs(segment) do redis.call('HSET', tree, id .. ':m:' .. (j - 1), raw) end
     if summaries[i] then redis.call('HSET', tree, id .. ':sum', summaries[i]) end
     kids_add(tree, parent, id)
