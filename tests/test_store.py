@@ -82,15 +82,17 @@ def test_wait_version_wakes_as_soon_as_a_write_lands(store, redis_url, monkeypat
     from agent.conversation.store import Store
 
     monkeypatch.setattr(reads, "MAX_BLOCK_MS", 30_000)
+    cid, tid = begin(store)
     client = redis.Redis.from_url(redis_url, socket_timeout=60)
+    writer = threading.Timer(0.2, lambda: store.publish(cid, tid, DOC))
     try:
         waiter = Store(client, ttl_s=600)
-        cid, tid = begin(store)
-        threading.Timer(0.2, lambda: store.publish(cid, tid, DOC)).start()
+        writer.start()
         started = time.monotonic()
         assert waiter.wait_version(cid, 1, timeout_ms=30_000) == 2
         assert time.monotonic() - started < 15
     finally:
+        writer.join(10)  # its reply read before the store's client closes with the test
         client.close()
 
 

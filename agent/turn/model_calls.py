@@ -143,17 +143,12 @@ class ModelCalls:
             self.skip_for_budget(ask)
         spend = self.context.spend
         writer.set_current(Kind.MODEL, self.name, timeout.total_s)
-        if spend.limited:
-            if self.charge_saved(plan):  # it waited for Redis: less time is left now
-                remaining = budget.remaining_s()
-                if (timeout := budget.call_timeout()) is None:
-                    self.uncharged()
-                    self.skip(remaining)
-                writer.set_current(Kind.MODEL, self.name, timeout.total_s)
-        else:
-            spend.start(plan)
-            writer.doc["spend"] = spend.to_doc()  # published with the call's start: a lost worker's call is charged
-            publishing.publish(writer)
+        if self.charge_saved(plan):  # it waited for Redis: less time is left now
+            remaining = budget.remaining_s()
+            if (timeout := budget.call_timeout()) is None:
+                self.uncharged()
+                self.skip(remaining)
+            writer.set_current(Kind.MODEL, self.name, timeout.total_s)
         started = budget.now()
         on_text = publishing.live_text(writer, attempt)
         fields = {"attempt": attempt, "last_call": ask.last_call, **ask.step_fields,
@@ -201,17 +196,21 @@ class ModelCalls:
         return completion
 
     def charge_saved(self, plan: CallPlan) -> bool:
-        """Under a budget, a call starts only once its worst case is in Redis as in flight, so that whoever
-        ends or resumes the turn after a lost worker charges it: a write that did not land (Redis away) is
-        tried again every REDIS_WAIT_S while the deadline lets a call start; a turn given to another attempt
-        meanwhile ends here (the write is refused). Returns whether it waited."""
-        spend, writer = self.context.spend, self.context.writer
+        """The call's start, with its worst case as in flight, published (a lost worker's call is charged).
+        Under a budget it starts only once that write has landed, so that whoever ends or resumes the turn after
+        a lost worker charges it: a write that did not land (Redis away) is tried again every REDIS_WAIT_S while
+        the deadline lets a call start; a turn given to another attempt meanwhile ends here (the write is
+        refused). Returns whether it waited."""
+        spend, writer, publishing = self.context.spend, self.context.writer, self.context.publishing
         waited = False
         while True:
             spend.start(plan)
             writer.doc["spend"] = spend.to_doc()
+            if not spend.limited:
+                publishing.publish(writer)
+                return False
             try:
-                self.context.publishing.before_charged_call(writer)
+                publishing.before_charged_call(writer)
                 return waited
             except redis.RedisError as exc:
                 self.uncharged()
