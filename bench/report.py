@@ -156,6 +156,18 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         out.append((f"  the first page after the start, {row['conversations']:,} conversations: page / minimal app",
                     f"{after_start['page']:g} / {after_start['minimal']:g} ms ({row['first_after_start_ratio']}x)",
                     "<= 1.5x", _check(goals.get(f"first_screen_after_start_{row['conversations']}"))))
+    for key, row in (results.get("branches_page") or {}).items():
+        hogs = row["cpu_hogs"]
+        condition = "idle" if not hogs else f"beside {hogs} CPU hogs"
+        out.append((f"‹ or › clicked to the other branch on screen, p50 / p95 ({condition}, {row['switches']})",
+                    f"{row['switch_ms']['p50']:g} / {row['switch_ms']['p95']:g} ms",
+                    f"p95 <= {row['switch_goal_p95_ms']:g} ms" if row["switch_goal_p95_ms"] else "",
+                    _check(goals.get(f"branch_switch_p95_{key}"))))
+        words = row["first_word_ms"]
+        out.append((f"  Regenerate / a new message, click to first word, p50 ({condition}, {row['pairs']} pairs)",
+                    f"{row['regenerate_over_message']}x ({words['regenerate']['p50']:g} / "
+                    f"{words['message']['p50']:g} ms)", f"<= {row['ratio_goal']:g}x",
+                    _check(row["ratio_met"])))
     deadline = results.get("deadline_accuracy")
     if deadline:
         d = deadline["final_write_minus_deadline_ms"]

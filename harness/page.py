@@ -430,6 +430,13 @@ def watch_stale(page, question: str) -> None:
     page.evaluate("(q) => { window.__staleWatch.question = q; }", question)
 
 
+# The longest an element may stay faded on screen. Every run marks the elements it will draw again stale until it
+# has drawn them (a click marks them all at once): on this shared two-core machine, a full run reached the last of
+# them (the sidebar's) up to 2.2 s later. What a run left behind it stayed stale for as long as a run held: 30 s and
+# more (the frozen copy of a turn), or 4.2-4.5 s (what a full run left while it followed the turn it had drawn).
+STALE_MS = 2500.0
+
+
 def stale_report(page) -> dict:
     """What STALE_WATCH_JS saw: the longest time an element on screen was marked stale (ms, and its text), the
     longest time the question or the status panel showed twice or more (ms, and the page then), and the most of

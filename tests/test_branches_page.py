@@ -28,6 +28,12 @@ def branch(store, cid: str, of: str, text: str, answer: str | None = None) -> st
     return turn_id
 
 
+def asked(state) -> list[str]:
+    """The person's messages on the shown path. The turn a click queued may already be answered: a session's pool of
+    workers (another test's, in this process) takes whatever reaches the queue."""
+    return [m["content"] for m in state["history"] if m["role"] == "user"]
+
+
 def three_branches(store) -> tuple[str, list[str]]:
     cid, first = begin(store, "What is 2+2?")
     make_done(store, cid, first, "answer one")
@@ -69,7 +75,7 @@ def test_regenerate_starts_a_new_turn_with_the_same_message_beside_the_old_one(s
     assert_no_exception(at)
     state = store.read(cid)
     assert state["turn_id"] != first and state["siblings"] == [first, state["turn_id"]]
-    assert state["history"][-1] == {"role": "user", "content": "What is 17*23?"}
+    assert asked(state) == ["What is 17*23?"]
     assert state["branch"] == {"of": first, "kind": "regenerate"}
     queue.empty()
 
@@ -89,7 +95,7 @@ def test_edit_opens_an_editor_with_the_message_and_sends_a_new_branch_cancel_cha
     assert_no_exception(at)
     state = store.read(cid)
     assert state["siblings"] == [first, state["turn_id"]] and state["parent_turn_id"] is None
-    assert state["history"] == [{"role": "user", "content": "What is 17*24?"}]
+    assert asked(state) == ["What is 17*24?"]
     assert state["branch"] == {"of": first, "kind": "edit"}
     assert not at.text_area  # the editor closed with the send
     queue.empty()
@@ -160,7 +166,25 @@ def test_regenerate_an_earlier_answer_starts_its_branch_there_and_the_later_turn
     assert_no_exception(at)
     state = store.read(cid)
     assert state["siblings"] == [first, state["turn_id"]] and state["parent_turn_id"] is None
-    assert state["history"] == [{"role": "user", "content": "What is 2+2?"}]
+    assert asked(state) == ["What is 2+2?"]
     tree = {t["turn_id"]: t for t in store.branches(cid)["turns"]}
     assert tree[second]["parent_turn_id"] == first  # the old branch, whole
     queue.empty()
+
+
+def test_a_turn_in_flight_beside_its_siblings_says_where_it_sits_without_arrows(store):
+    """"‹ 2 / 2 ›" from the first moment of a regenerate, its arrows only once it ends: the shown branch cannot
+    change under a turn being written."""
+    cid, first = begin(store, "What is 2+2?")
+    make_done(store, cid, first, "4")
+    second = branch(store, cid, first, "What is 2+2?")  # a regenerate, in flight
+    keep_alive(store, cid)
+    at = app(cid)
+    at.run()
+    assert_no_exception(at)
+    assert "‹ **2 / 2** ›" in [c.value for c in at.caption]
+    assert not [b.key for b in at.button if (b.key or "").startswith("branch-")]
+    make_done(store, cid, second, "four")
+    at.run()
+    assert_no_exception(at)
+    assert "2 / 2" in texts(at) and not at.button(key=key_of(at, "branch-before-")).disabled

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from harness.page import (
+    STALE_MS,
     STALE_WATCH_JS,
     chromium,
     chromium_available,
@@ -36,7 +37,6 @@ EDITED = "What is 6*7?"
 EDITED_ANSWER = "42"
 TURN_S = 60.0  # seconds for a turn to be answered and the page settled (a cold page on a busy machine included)
 FOLLOW_S = 15.0  # seconds for the page (or another tab) to show what it was asked to: a loose bound
-STALE_MS = 1500  # the longest an element may stay faded on screen after a switch (a run's end drops them)
 SCREENSHOT = ROOT / "docs" / "screenshots" / "branches.png"
 
 

@@ -19,6 +19,7 @@ from harness import approvals
 from harness.page import (
     BUSY_TEXTS,
     SETTLED_JS,
+    STALE_MS,
     STALE_WATCH_JS,
     chromium,
     chromium_available,
@@ -41,11 +42,6 @@ PAGE_ENV = {**approvals.PAGE_ENV, "AGENT_WORKERS": "3", "AGENT_POLL_INTERVAL_MS"
 HANG_URL = "?scenario=hang&job_timeout=80&margin=5"  # the call cap's 60 s, then a retry until the deadline, 75 s
 SLOW_TOOL = f"Please be slow {LONG_S:g} seconds, then tell me the time in Paris."
 PARKED = approvals.QUESTION  # the calculator asks first (approvals.PAGE_ENV)
-# Every run marks the elements it will draw again stale until it has drawn them (a click marks them all at once):
-# on this shared two-core machine, a full run reached the last of them (the sidebar's) up to 2 s later. What a run
-# left behind it stayed stale for as long as a run held: 30 s and more (the frozen copy of the turn), or 4.2-4.5 s
-# (what a full run left while it followed the turn it had drawn), as measured here before the fix.
-STALE_MS = 2500.0
 # A full run that moves the turn between two places (the chat, the follower's frame) empties one and fills the
 # other one after the other: up to 0.15 s apart, seen here. A copy left over lasted seconds.
 TWICE_MS = 1000.0

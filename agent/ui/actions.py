@@ -178,10 +178,28 @@ class MessageActions:
                           on_click=action.on_click, args=(self.place, turn))
 
     def _picker(self, turn: TurnView, siblings: list[str]) -> None:
-        at, count, before, after = picker(siblings, turn_id(turn))
-        off = self.read_only
-        st.button("‹", key=f"branch-before-{turn.key}", type="tertiary", disabled=off or before is None,
-                  help="The branch before this one", on_click=switch_to, args=(self.place, before))
-        st.markdown(f"**{at} / {count}**")
-        st.button("›", key=f"branch-after-{turn.key}", type="tertiary", disabled=off or after is None,
-                  help="The branch after this one", on_click=switch_to, args=(self.place, after))
+        draw_picker(turn, siblings, self.place if not self.read_only else None)
+
+
+def draw_picker(turn: TurnView, siblings: list[str], place: Place | None,
+                off_help: str = "Only the conversation's owner switches its branches") -> None:
+    """"‹ 2 / 3 ›": its arrows switch branches, or are drawn off (`place` None) with `off_help` saying why."""
+    at, count, before, after = picker(siblings, turn_id(turn))
+    on = place is not None
+    st.button("‹", key=f"branch-before-{turn.key}", type="tertiary", disabled=not on or before is None,
+              help="The branch before this one" if on else off_help, on_click=switch_to, args=(place, before))
+    st.markdown(f"**{at} / {count}**")
+    st.button("›", key=f"branch-after-{turn.key}", type="tertiary", disabled=not on or after is None,
+              help="The branch after this one" if on else off_help, on_click=switch_to, args=(place, after))
+
+
+def in_flight_picker(turn: TurnView, state: dict) -> Callable[[], None] | None:
+    """Where the turn in flight (a regenerate or an edit beside its siblings) sits, "‹ 2 / 3 ›" in text: the branch
+    shown cannot change under a turn being written, so its arrows come when it ends (or is stopped). Text, not
+    buttons: the follower draws the turn again within one run, and a widget may be drawn once a run."""
+    siblings = siblings_of(turn, state)
+    if len(siblings) < 2:
+        return None
+    at, count, _before, _after = picker(siblings, turn_id(turn))
+    return lambda: st.caption(f"‹ **{at} / {count}** ›",
+                              help="Other branches can be shown once this turn ends (or is stopped)")

@@ -39,7 +39,7 @@ from agent.conversation.well_formed import UnreadableState, number
 from agent.conversation.words import STATUS_LABELS
 from agent.settings import Settings
 from agent.turn.heartbeat import HEARTBEAT_S, HEARTBEAT_TTL_S
-from agent.ui import approval, render
+from agent.ui import actions, approval, render
 from agent.ui import state as ui
 from agent.ui.callbacks import on_stop
 from agent.ui.guard import redis_down
@@ -338,7 +338,8 @@ def _give_way() -> bool:
 
 def _draw_turn(live: Live, state: dict) -> None:
     with live.body.container():
-        live.text = render.render_turn(current_turn(state), latest=True)
+        turn = current_turn(state)
+        live.text = render.render_turn(turn, latest=True, branch=actions.in_flight_picker(turn, state))
 
 
 def _draw_status(settings: Settings, be: ui.Backend, live: Live, state: dict) -> float | None:

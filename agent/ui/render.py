@@ -190,7 +190,8 @@ def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
     return "Tokens: " + ", ".join(parts)
 
 
-def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | None = None, actions=None):
+def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | None = None, actions=None,
+                branch: Callable[[], None] | None = None):
     """One turn: the user's message, then the assistant's steps as they landed, then the ending.
 
     The latest turn (and the one in flight) is drawn in full. An earlier one is drawn compact: its
@@ -199,12 +200,15 @@ def render_turn(turn: TurnView, *, latest: bool, request: Callable[[], None] | N
     the text being written, in a placeholder that is returned so the page can grow it alone. A parked
     turn's request for approval (`request` draws it) goes inside the turn, after the call that asked.
     `actions` (agent/ui/actions.py's MessageActions, for a finished turn a full run draws) draws each message's
-    actions under it, the branch picker beside the person's, and the editor in place of a message being edited."""
+    actions under it, the branch picker beside the person's, and the editor in place of a message being edited.
+    Without it, `branch` (the turn in flight's picker, its arrows off) is drawn under the person's message."""
     messages = turn.messages
     if messages and messages[0].get("role") == Role.USER:
         with st.chat_message(Role.USER):
             if actions is None:
                 st.markdown(safe_markdown(messages[0].get("content")))
+                if branch is not None:
+                    branch()
             else:
                 actions.user_message(turn)
         messages = messages[1:]
