@@ -14,8 +14,8 @@ worker makes: bench/conversations.py's `write_turn`). Then, on that one conversa
 - **read**: a page showing the branch at turn 1,000 (the regenerate), in a process that has read nothing yet,
   then each next read of that page (Store.read_since with what it read before, as the page and `ask` follow):
   `open` (the whole branch: every turn once), `poll` (nothing changed: the version, one HGET), `switch` (to the
-  other answer of turn 1,000: its one turn fetched, the path's ids and counts read again), `switch_back` (every
-  turn already read: only the path's ids and counts), `new_message` (a message published to the turn shown:
+  other answer of turn 1,000: the path below the fork, the fork's turn and that answer, read), `switch_back` (every
+  turn already read: the same two rows, no turn fetched), `new_message` (a message published to the turn shown:
   only it). Bytes are both directions on the wire (INFO's total_net_input/output_bytes); commands are every
   command Redis ran (INFO commandstats, those a script runs included; INFO's own left out); round_trips are the
   client's calls.
@@ -66,11 +66,24 @@ def write_branch_turn(store: Store, cid: str, of: str, message: str) -> str:
     return tid
 
 
+def _aof_written(client) -> int:
+    """The AOF's size once Redis has written what it holds: with `appendfsync everysec`, a write waits (up to 2 s)
+    while the last second's fsync still runs, and the size counts only what was written (a measure once read 0
+    bytes for a branch)."""
+    for _ in range(100):
+        persistence = client.info("persistence")
+        if not int(persistence.get("aof_buffer_length", 0)) and not int(persistence.get("aof_pending_bio_fsync", 0)):
+            break
+        time.sleep(0.05)
+    return int(persistence.get("aof_current_size", 0))
+
+
 def _counters(client) -> tuple[int, int, int, int, int]:
-    """(AOF bytes, bytes received, bytes sent, commands run, INFO calls) as Redis counts them."""
-    persistence, stats, commands = client.info("persistence"), client.info("stats"), client.info("commandstats")
+    """(AOF bytes, bytes received, bytes sent, commands run, INFO calls) as Redis counts them. The network's and the
+    commands' first, the AOF's last: its wait (more INFO calls) then falls outside the window measured."""
+    stats, commands = client.info("stats"), client.info("commandstats")
     run = sum(v["calls"] for k, v in commands.items() if k not in ("cmdstat_info",))
-    return (int(persistence.get("aof_current_size", 0)), int(stats["total_net_input_bytes"]),
+    return (_aof_written(client), int(stats["total_net_input_bytes"]),
             int(stats["total_net_output_bytes"]), run, int(commands.get("cmdstat_info", {}).get("calls", 0)))
 
 
@@ -84,6 +97,7 @@ class Meter:
         self.empty = [b - a for a, b in zip(first, second, strict=True)]
 
     def measure(self, operation, *, round_trips=None) -> tuple[object, dict]:
+        _aof_written(self.client)  # what an earlier write left in Redis's buffer is not this operation's
         before = _counters(self.client)
         result = operation()
         after = _counters(self.client)

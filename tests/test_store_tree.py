@@ -87,7 +87,8 @@ def test_a_branch_copies_nothing_it_writes_what_a_second_turn_writes(store):
         return len(after) - len(before), sum(len(field) + len(value) for field, value in written.items())
 
     at_two, at_forty = regenerate_at(2), regenerate_at(40)
-    assert at_two[0] == at_forty[0] == 11  # its parent, depth, root, messages, steps, version, summary, small fields
+    # its parent, depth, root, messages, steps, version, summary, small fields, and the log of added turns
+    assert at_two[0] == at_forty[0] == 12
     assert abs(at_forty[1] - at_two[1]) <= 0.1 * at_two[1]
 
 
@@ -159,6 +160,34 @@ def test_a_reader_fetches_a_turn_once_then_only_what_is_new(store):
         reads._fetch_turns = real
 
 
+def test_a_reader_that_holds_a_path_is_sent_only_where_the_new_one_leaves_it(store, monkeypatch):
+    """A switch at turn 30: the reader keeps the 29 turns above the fork and is sent the fork's turn and the one
+    below it; a reader more than MAX_LOG tree versions behind reads the whole path again. Both agree with a read
+    from nothing."""
+    cid, turns = new_id(), []
+    for n in range(30):
+        turns.append(ask(store, cid, f"q{n}"))
+        answer(store, cid, turns[-1], f"a{n}")
+    regenerated = ask(store, cid, "q29", branch_of=turns[-1])
+    answer(store, cid, regenerated, "a29 again")
+    known = store.read(cid)
+    forks = []
+    real = reads._forked
+    monkeypatch.setattr(reads, "_forked", lambda held, kept, below, changes: (
+        forks.append((len(held), kept, [row[0] for row in below])), real(held, kept, below, changes))[1])
+    store.switch(cid, turns[-1])
+    known = store.read_since(cid, known)
+    assert forks == [(30, 28, [turns[-2], turns[-1]])]  # the fork (turn 29, it may have changed) and turn 30
+    assert known == store.read(cid) and texts(known)[-1] == "a29"
+    far = known
+    for _ in range(40):  # 80 tree versions: past MAX_LOG
+        store.switch(cid, regenerated)
+        store.switch(cid, turns[-1])
+    forks.clear()
+    again = store.read_since(cid, far)
+    assert forks == [] and again == store.read(cid)
+
+
 def test_delete_deletes_every_branch(store):
     cid = new_id()
     first = ask(store, cid, "a")
@@ -221,7 +250,7 @@ def test_random_sends_edits_regenerates_switches_and_deletes_read_back_as_a_plai
 
     rng = random.Random(3907)
     for _ in range(4):
-        cid, model, known = new_id(), TreeModel(), None
+        cid, model, known, earlier = new_id(), TreeModel(), None, []
         for step in range(60):
             op = rng.choice(["send", "send", "regenerate", "edit", "switch", "read"] if model.parent else ["send"])
             if op == "send":
@@ -238,9 +267,13 @@ def test_random_sends_edits_regenerates_switches_and_deletes_read_back_as_a_plai
                 of = rng.choice(list(model.parent))
                 model.switch(of)
                 assert store.switch(cid, of) == model.tip
+            # A reader that read a few changes ago (another tab, a page that slept): the path is read again only
+            # below where it left the one held (read.lua's 'fork'), and agrees with a whole read.
+            older = store.read_since(cid, rng.choice(earlier)) if earlier else None
             known = store.read_since(cid, known) if rng.random() < 0.7 else store.read(cid)
+            earlier = [*earlier[-8:], known]
             path = model.path()
-            for state in (known, store.read(cid)):
+            for state in (known, store.read(cid), *([older] if older else [])):
                 assert [m["content"] for m in state["history"]] == [
                     text for turn in path for text in (model.message[turn], model.answer[turn])]
                 assert [t["turn_id"] for t in state["turns"]] == path and state["turn_id"] == path[-1]

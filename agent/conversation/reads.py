@@ -23,6 +23,8 @@ from agent.conversation.keys import Keys, gone_events
 MAX_BLOCK_MS = 1500  # a blocking read stays under the state client's 2 s socket timeout
 TURN_CACHE_SIZE = 20_000  # turns (their messages, steps and summary, parsed) kept by a process's readers
 TURN_CACHE_BYTES = 64 * 1024 * 1024  # ... and roughly the most bytes of text they hold
+PATH_CACHE_SIZE = 1000  # paths (each turn's id, parent, siblings, counts) kept by a process's readers
+PATH_CACHE_ROWS = 500_000  # ... and the most turns in them all
 
 
 def version(client: redis.Redis, conversation_id: str, *, owned_by: str | None = None) -> int | None:
@@ -68,11 +70,13 @@ def read_since(client: redis.Redis, conversation_id: str, known: State | None, *
     and version) are fetched: a reader fetches a turn once."""
     keys = Keys.of(conversation_id)
     args = [tip]
+    held = None
     if known and known.get("conversation_id") == conversation_id and known.get("tree_version") and not tip:
         known_live = known.get("live")
         have_bytes = len(known_live["text"].encode()) if known_live else 0
         messages, steps = _tip_counts(known)
-        args += [str(known["tree_version"]), known["turn_id"], messages, steps, have_bytes]
+        held = PATH_CACHE.get((conversation_id, known["tree_version"], known["turn_id"]))
+        args += [str(known["tree_version"]), known["turn_id"], messages, steps, have_bytes, "1" if held else "0"]
     else:
         known, have_bytes = None, 0
     with readable(conversation_id):
@@ -86,7 +90,11 @@ def read_since(client: redis.Redis, conversation_id: str, known: State | None, *
         return _flat_state(conversation_id, meta, reply[3], reply[4], reply[5], reply[2])
     if kind == "since":
         return _since_state(client, conversation_id, meta, reply, known, have_bytes)
-    return _path_state(client, conversation_id, meta, reply[2], reply[3])
+    if kind == "fork":
+        rows = _forked(held, int(reply[3]), _rows(reply[4]), reply[5])
+    else:
+        rows = _rows(reply[3])
+    return _path_state(client, conversation_id, meta, reply[2], rows)
 
 
 def _pairs(flat: list) -> dict:
@@ -195,9 +203,52 @@ def _record(turn_id: str, summary, doc, messages: list, steps: list) -> TurnReco
                       well_formed.summary(summary) if summary else None, doc or None)
 
 
-def _path_state(client: redis.Redis, conversation_id: str, meta: dict, live_text, path: list) -> State:
-    rows = [(well_formed.decoded(r[0]), well_formed.decoded(r[1]), well_formed.decoded(r[2]).split(),
+class _Paths:
+    """The paths read, by (conversation, tree version, tip): per turn from the first to the tip, its id, parent,
+    siblings, version and counts. A reader that holds one is sent only where the tree's path now leaves it (read.lua's
+    'fork'): a switch at turn 1,000 reads the turns below the fork, not the 1,000 above it. Shared by every reader of
+    the process; the least recently used go first."""
+
+    def __init__(self, size: int, max_rows: int):
+        self.size, self.max_rows = size, max_rows
+        self.items: OrderedDict = OrderedDict()
+        self.rows = 0
+        self.lock = threading.Lock()
+
+    def get(self, key) -> tuple | None:
+        with self.lock:
+            found = self.items.get(key)
+            if found is not None:
+                self.items.move_to_end(key)
+            return found
+
+    def put(self, key, rows: tuple) -> None:
+        if len(rows) > self.max_rows:
+            return
+        with self.lock:
+            old = self.items.pop(key, None)
+            self.rows += len(rows) - (len(old) if old else 0)
+            self.items[key] = rows
+            while len(self.items) > self.size or self.rows > self.max_rows:
+                self.rows -= len(self.items.popitem(last=False)[1])
+
+
+PATH_CACHE = _Paths(PATH_CACHE_SIZE, PATH_CACHE_ROWS)
+
+
+def _rows(path: list) -> list[tuple]:
+    return [(well_formed.decoded(r[0]), well_formed.decoded(r[1]), well_formed.decoded(r[2]).split(),
              int(r[3] or 0), int(r[4] or 0), int(r[5] or 0)) for r in path]
+
+
+def _forked(held: tuple, kept: int, below: list[tuple], changes: list) -> list[tuple]:
+    """The path now: the first `kept` turns of the one held, their siblings as `changes` left them (a turn added
+    beside one of them since), then the turns `below` the fork."""
+    kids = {well_formed.decoded(parent): well_formed.decoded(now).split() for parent, now in changes}
+    return [(t, parent, kids.get(parent, siblings), v, n, s) for t, parent, siblings, v, n, s in held[:kept]] + below
+
+
+def _path_state(client: redis.Redis, conversation_id: str, meta: dict, live_text, rows: list[tuple]) -> State:
     missing = [(turn_id, v, n, s) for turn_id, _p, _k, v, n, s in rows
                if TURN_CACHE.get((conversation_id, turn_id, v)) is None]
     _fetch_turns(client, conversation_id, missing)
@@ -208,7 +259,10 @@ def _path_state(client: redis.Redis, conversation_id: str, meta: dict, live_text
             _fetch_turns(client, conversation_id, [(turn_id, v, n, s)])
             record = TURN_CACHE.get((conversation_id, turn_id, v)) or TurnRecord(turn_id, [], [], None, None)
         records.append((record, parent, siblings))
-    return _tree_state(conversation_id, meta, records, live_text)
+    state = _tree_state(conversation_id, meta, records, live_text)
+    if rows and not rows[0][1]:  # a whole path, from a first turn (a reader that holds it is sent only the fork)
+        PATH_CACHE.put((conversation_id, state["tree_version"], rows[-1][0]), tuple(rows))
+    return state
 
 
 def _since_state(client, conversation_id: str, meta: dict, reply: list, known: State, have_bytes: int) -> State:

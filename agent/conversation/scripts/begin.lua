@@ -79,7 +79,9 @@ local version = redis.call('HINCRBY', meta, 'version', 1)
 redis.call('HSET', meta, 'turn_id', turn_id, 'done', '0', 'doc', doc, 'writer', writer, 'attempt', '0',
   'shape', 'tree')
 show(meta, tree, turn_id)
-redis.call('HINCRBY', meta, 'tree_v', 1)
+-- The tree's log of added turns (added:{tree_v}): a reader that holds the path of an earlier tree_v learns which
+-- turns' siblings changed since from it alone (read.lua).
+redis.call('HSET', tree, 'added:' .. redis.call('HINCRBY', meta, 'tree_v', 1), turn_id)
 redis.call('HDEL', meta, 'live', 'live_seq', 'live_ended')
 redis.call('DEL', live)
 redis.call('HINCRBY', meta, 'bytes', #message)

@@ -6,6 +6,7 @@
 --   T:sum  its summary, once ended                          T:doc  its small fields, as its ending wrote them
 --   T:d    its depth (1 for a first turn): meta's `turns`, the turns shown   T:title  a first turn's title
 --   T:root the first turn of its path (itself for a first turn): whose title the list shows, read in one step
+--   added:{v}  the turn added when the meta's tree_v became v (a switch adds none): read.lua's log of changes
 -- A first turn's siblings are the kids of '' (field ':kids'). Its keys are built here from the conversation's
 -- key prefix: a standalone Redis (RQ supports no cluster) runs a script whatever keys it touches.
 
