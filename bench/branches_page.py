@@ -20,12 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agent.ui.render import RECENT_TURNS
 from harness.page import chromium, chromium_available, cpu_hogs, open_chat, page_server, send, wait_settled
 from harness.stats import summary
 from harness.stream_model import StreamModel, page_env, stream_model_server, word
 
 SWITCHES = 20  # clicks on ‹ or ›, per condition
-PAIRS = 5  # (a new message, a regenerate) pairs
+PAIRS = 8  # (a new message, a regenerate) pairs: 5 gave 0.84x and 1.26x beside two hogs in two runs; at most
+# RECENT_TURNS - 2, so the first turn (whose branches the switches flip) is still drawn
 WORDS = 8  # words per reply
 WORD_GAP_S = 0.1
 SWITCH_GOAL_P95_MS = {0: 300, 2: 1000}
@@ -70,6 +72,9 @@ def _settle(page, model: StreamModel, first: int) -> None:
 
 
 def measure(switches: int, pairs: int, hogs: int, workdir: Path) -> dict:
+    if pairs > RECENT_TURNS - 2:
+        raise ValueError(f"at most {RECENT_TURNS - 2} pairs: past them the page draws the first turn, whose branches "
+                         "the switches flip, behind its 'Show earlier turns' button")
     model = StreamModel(words=WORDS, gap_s=WORD_GAP_S)
     model_server = stream_model_server(model)
     try:
