@@ -30,6 +30,7 @@ from harness.waiting import wait_for
 from tests.conftest import FAST, wait_done
 from tests.scripted_server import chat_reply, respond
 from tests.test_resume import running_jobs, workers  # noqa: F401 - workers is a fixture
+from tests.tree_model import Model
 
 SEEDS = int(os.environ.get("BRANCH_PROPERTY_SEEDS", "3"))
 OPS = int(os.environ.get("BRANCH_PROPERTY_OPS", "15"))
@@ -37,58 +38,6 @@ SLOW_S = 1.5  # seconds a reply waits, for a Stop or a kill to land inside the c
 TURN_S = 45.0
 CLOCKS = dict(job_timeout_s=20, deadline_margin_s=3.0, call_timeout_cap_s=10.0, min_call_s=0.5)
 STOPPED = "Stopped at your request"
-
-
-class Model:
-    """A plain model of one conversation's tree: each turn's parent, its person's message and its answer."""
-
-    def __init__(self):
-        self.parent, self.message, self.answer, self.kids, self.tip = {}, {}, {}, {"": []}, ""
-
-    def add(self, turn_id, parent, message, answer):
-        self.parent[turn_id], self.message[turn_id], self.answer[turn_id] = parent, message, answer
-        self.kids.setdefault(parent, []).append(turn_id)
-        self.kids[turn_id] = []
-        self.tip = turn_id
-
-    def switch(self, turn_id):
-        while self.kids[turn_id]:
-            turn_id = self.kids[turn_id][-1]
-        self.tip = turn_id
-        return turn_id
-
-    def path(self, tip=None):
-        path, turn = [], self.tip if tip is None else tip
-        while turn:
-            path.insert(0, turn)
-            turn = self.parent[turn]
-        return path
-
-    def texts(self, path):
-        return [text for turn in path for text in (self.message[turn], self.answer[turn])]
-
-    def leaves(self):
-        order = []
-
-        def walk(parent):
-            for kid in self.kids[parent]:
-                if not self.kids[kid]:
-                    order.append(kid)
-                walk(kid)
-
-        walk("")
-        return order
-
-    def depth_first(self):
-        order = []
-
-        def walk(parent):
-            for kid in self.kids[parent]:
-                order.append(kid)
-                walk(kid)
-
-        walk("")
-        return order
 
 
 class Recorder:

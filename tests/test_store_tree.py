@@ -12,6 +12,7 @@ from agent.conversation import reads
 from agent.conversation.errors import NoSuchTurn, StoreError, TurnInFlight
 from agent.conversation.keys import Keys
 from agent.queue import new_id
+from tests.tree_model import Model
 
 DOC = {"status": "queued", "error": None, "job_id": "j", "enqueued_at": 0.0}
 
@@ -220,37 +221,12 @@ def test_the_lists_row_follows_the_branch_shown_unless_renamed(store):
     assert row.title == "Mine" and row.turns == 1
 
 
-class TreeModel:
-    """A plain model of one conversation's tree: what the store must read back."""
-
-    def __init__(self):
-        self.parent, self.message, self.answer, self.kids, self.tip = {}, {}, {}, {"": []}, ""
-
-    def add(self, turn_id, parent, message, answer_text):
-        self.parent[turn_id], self.message[turn_id], self.answer[turn_id] = parent, message, answer_text
-        self.kids.setdefault(parent, []).append(turn_id)
-        self.kids[turn_id] = []
-        self.tip = turn_id
-
-    def switch(self, turn_id):
-        while self.kids[turn_id]:
-            turn_id = self.kids[turn_id][-1]
-        self.tip = turn_id
-
-    def path(self):
-        path, turn = [], self.tip
-        while turn:
-            path.insert(0, turn)
-            turn = self.parent[turn]
-        return path
-
-
 def test_random_sends_edits_regenerates_switches_and_deletes_read_back_as_a_plain_model_says(store):
     import random
 
     rng = random.Random(3907)
     for _ in range(4):
-        cid, model, known, earlier = new_id(), TreeModel(), None, []
+        cid, model, known, earlier = new_id(), Model(), None, []
         for step in range(60):
             op = rng.choice(["send", "send", "regenerate", "edit", "switch", "read"] if model.parent else ["send"])
             if op == "send":
