@@ -258,7 +258,7 @@ def _path_state(client: redis.Redis, conversation_id: str, meta: dict, live_text
         if record is None:  # pushed out meanwhile by other readers: read it again, alone
             _fetch_turns(client, conversation_id, [(turn_id, v, n, s)])
             record = TURN_CACHE.get((conversation_id, turn_id, v)) or TurnRecord(turn_id, [], [], None, None)
-        records.append((record, parent, siblings))
+        records.append((record, parent, list(siblings)))  # the state's own: the path held (PATH_CACHE) stays as read
     state = _tree_state(conversation_id, meta, records, live_text)
     if rows and not rows[0][1]:  # a whole path, from a first turn (a reader that holds it is sent only the fork)
         PATH_CACHE.put((conversation_id, state["tree_version"], rows[-1][0]), tuple(rows))
