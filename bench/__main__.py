@@ -379,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception:
         partial = args.out.with_suffix(".partial.json")
+        partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(results, indent=2) + "\n")
         print(f"a section failed; what was measured before it is in {partial}", file=sys.stderr)
         raise

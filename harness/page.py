@@ -183,6 +183,7 @@ class PageServer:
         full_env.update(AGENT_DATA_DIR=str(data_dir), AGENT_WORKERS="2", AGENT_TEST_MARKER=self.marker,
                         AGENT_MCP_CONFIG="off")
         full_env.update(env or {})
+        log_path.parent.mkdir(parents=True, exist_ok=True)  # a bench's work folder, made here for each server in it
         self.log = open(log_path, "ab")
         # The page as `make run` starts it (agent/ui/launch.py: its services and imports ready before the
         # server answers); another script as `streamlit run` does.
