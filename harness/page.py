@@ -436,6 +436,10 @@ def watch_stale(page, question: str) -> None:
 # them (the sidebar's) up to 2.2 s later. What a run left behind it stayed stale for as long as a run held: 30 s and
 # more (the frozen copy of a turn), or 4.2-4.5 s (what a full run left while it followed the turn it had drawn).
 STALE_MS = 2500.0
+# The longest the question or the status panel may show twice. A full run that moves the turn between two places
+# (the chat, the follower's frame) empties one and fills the other one after the other: up to 0.15 s apart, seen
+# here. A copy left over lasted seconds.
+TWICE_MS = 1000.0
 
 
 def stale_report(page) -> dict:

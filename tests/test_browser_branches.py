@@ -7,12 +7,15 @@ Set AGENT_SCREENSHOTS=1 to also refresh docs/screenshots/branches.png. Tests wai
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
+from agent.ui import follower
 from harness.page import (
     STALE_MS,
     STALE_WATCH_JS,
+    TWICE_MS,
     chromium,
     chromium_available,
     conversation_id,
@@ -21,6 +24,7 @@ from harness.page import (
     send,
     stale_report,
     wait_settled,
+    watch_stale,
 )
 from tests.conftest import ROOT
 
@@ -165,3 +169,22 @@ def test_an_edit_while_a_turn_runs_is_refused_with_stop_first_and_the_text_stays
     assert "1 / 2" not in main_text(page)  # nothing was sent
     button(page, "⏹️ Stop").click()
     wait_text(page, "Stop", TURN_S)
+
+
+def test_a_regenerate_that_outlives_a_followers_run_is_drawn_once_and_never_left_faded(server, context):
+    """A regenerate whose model hangs until its deadline (36 s: past the follower's 30 s run, where a long turn once
+    grew a frozen copy): its question once, its place "2 / 2" from the start, nothing left faded, its ending."""
+    page = context.new_page()
+    cid = ask_first(page, server.url)
+    open_chat(page, f"{server.url}?c={cid}&scenario=hang&job_timeout=40&margin=4")  # the next message's clocks
+    wait_settled(page, ANSWER, TURN_S)
+    started = time.monotonic()
+    button(page, "🔄 Regenerate").click()
+    watch_stale(page, QUESTION)
+    wait_text(page, "2 / 2")  # while it runs: the turn in flight says where it sits
+    wait_settled(page, "Ran out of time", TURN_S + 40)
+    assert time.monotonic() - started > follower.HOLD_S
+    report = stale_report(page)
+    assert report["staleMs"] < STALE_MS, report
+    assert report["twiceMs"] < TWICE_MS and report["mostQuestions"] == 1, report
+    assert "2 / 2" in main_text(page) and not button(page, "‹").is_disabled()  # its arrows, once it ended

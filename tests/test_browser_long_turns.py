@@ -21,6 +21,7 @@ from harness.page import (
     SETTLED_JS,
     STALE_MS,
     STALE_WATCH_JS,
+    TWICE_MS,
     chromium,
     chromium_available,
     cpu_hogs,
@@ -42,9 +43,6 @@ PAGE_ENV = {**approvals.PAGE_ENV, "AGENT_WORKERS": "3", "AGENT_POLL_INTERVAL_MS"
 HANG_URL = "?scenario=hang&job_timeout=80&margin=5"  # the call cap's 60 s, then a retry until the deadline, 75 s
 SLOW_TOOL = f"Please be slow {LONG_S:g} seconds, then tell me the time in Paris."
 PARKED = approvals.QUESTION  # the calculator asks first (approvals.PAGE_ENV)
-# A full run that moves the turn between two places (the chat, the follower's frame) empties one and fills the
-# other one after the other: up to 0.15 s apart, seen here. A copy left over lasted seconds.
-TWICE_MS = 1000.0
 SEND_APART_S = 1.5  # seconds between the three tabs' messages: three clicks at once make three full runs at once
 END_S = 60.0  # seconds for a turn to end and its page to settle once it should (a loose bound, on a busy machine)
 SCREENSHOT = "/tmp/test_browser_long_turns_{}.png"
