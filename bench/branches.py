@@ -165,7 +165,8 @@ def read_cost(store: Store, cid: str, last: str, meter: Meter, turns: int = TURN
     """What a page reads to show the branch at turn TURNS: open it, poll, switch to the other answer and back, and
     follow a new message."""
     regenerated = write_branch_turn(store, cid, last, (reads.turn_message(store.redis, cid, last) or {})["content"])
-    reads.TURN_CACHE = reads._Cache(reads.TURN_CACHE_SIZE, reads.TURN_CACHE_BYTES)  # a process that read nothing
+    # A process that read nothing yet.
+    reads.TURN_CACHE = reads._Cache(reads.TURN_CACHE_SIZE, reads.TURN_CACHE_BYTES, reads._size)
     reader = Store(store.redis.__class__(connection_pool=store.redis.connection_pool), ttl_s=store.ttl_s)
     calls = Calls(reader.redis)
     rows = {}

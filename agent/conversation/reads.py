@@ -126,17 +126,17 @@ class TurnRecord:
 
 
 class _Cache:
-    """The turns read, by (conversation, turn, version): a turn's record changes only with its version, so it is
-    fetched once. Shared by every reader of the process, bounded by turns and by (roughly) the bytes they hold;
-    the least recently used go first."""
+    """What a process's readers read, least recently used first out, bounded by items and by a weight (`weigh`):
+    the turns by (conversation, turn, version), weighed in rough bytes (a turn's record changes only with its
+    version, so it is fetched once), and the paths by (conversation, tree version, tip), weighed in turns."""
 
-    def __init__(self, size: int, max_bytes: int):
-        self.size, self.max_bytes = size, max_bytes
-        self.items: OrderedDict = OrderedDict()  # key -> (record, bytes)
-        self.bytes = 0
+    def __init__(self, size: int, max_weight: int, weigh):
+        self.size, self.max_weight, self.weigh = size, max_weight, weigh
+        self.items: OrderedDict = OrderedDict()  # key -> (value, weight)
+        self.weight = 0
         self.lock = threading.Lock()
 
-    def get(self, key) -> TurnRecord | None:
+    def get(self, key):
         with self.lock:
             found = self.items.get(key)
             if found is None:
@@ -144,16 +144,16 @@ class _Cache:
             self.items.move_to_end(key)
             return found[0]
 
-    def put(self, key, record: TurnRecord) -> None:
-        size = _size(record)
-        if size > self.max_bytes:
+    def put(self, key, value) -> None:
+        weight = self.weigh(value)
+        if weight > self.max_weight:
             return
         with self.lock:
             old = self.items.pop(key, None)
-            self.bytes += size - (old[1] if old else 0)
-            self.items[key] = (record, size)
-            while len(self.items) > self.size or self.bytes > self.max_bytes:
-                self.bytes -= self.items.popitem(last=False)[1][1]
+            self.weight += weight - (old[1] if old else 0)
+            self.items[key] = (value, weight)
+            while len(self.items) > self.size or self.weight > self.max_weight:
+                self.weight -= self.items.popitem(last=False)[1][1]
 
 
 def _size(record: TurnRecord) -> int:
@@ -163,7 +163,7 @@ def _size(record: TurnRecord) -> int:
         for s in record.steps) + 1000
 
 
-TURN_CACHE = _Cache(TURN_CACHE_SIZE, TURN_CACHE_BYTES)
+TURN_CACHE = _Cache(TURN_CACHE_SIZE, TURN_CACHE_BYTES, _size)
 
 
 def _fetch_turns(client: redis.Redis, conversation_id: str, wanted: list[tuple[str, int, int, int]]) -> None:
@@ -203,37 +203,10 @@ def _record(turn_id: str, summary, doc, messages: list, steps: list) -> TurnReco
                       well_formed.summary(summary) if summary else None, doc or None)
 
 
-class _Paths:
-    """The paths read, by (conversation, tree version, tip): per turn from the first to the tip, its id, parent,
-    siblings, version and counts. A reader that holds one is sent only where the tree's path now leaves it (read.lua's
-    'fork'): a switch at turn 1,000 reads the turns below the fork, not the 1,000 above it. Shared by every reader of
-    the process; the least recently used go first."""
-
-    def __init__(self, size: int, max_rows: int):
-        self.size, self.max_rows = size, max_rows
-        self.items: OrderedDict = OrderedDict()
-        self.rows = 0
-        self.lock = threading.Lock()
-
-    def get(self, key) -> tuple | None:
-        with self.lock:
-            found = self.items.get(key)
-            if found is not None:
-                self.items.move_to_end(key)
-            return found
-
-    def put(self, key, rows: tuple) -> None:
-        if len(rows) > self.max_rows:
-            return
-        with self.lock:
-            old = self.items.pop(key, None)
-            self.rows += len(rows) - (len(old) if old else 0)
-            self.items[key] = rows
-            while len(self.items) > self.size or self.rows > self.max_rows:
-                self.rows -= len(self.items.popitem(last=False)[1])
-
-
-PATH_CACHE = _Paths(PATH_CACHE_SIZE, PATH_CACHE_ROWS)
+# The paths read: per turn from the first to the tip, its id, parent, siblings, version and counts. A reader that
+# holds one is sent only where the tree's path now leaves it (read.lua's 'fork'): a switch at turn 1,000 reads the
+# turns below the fork, not the 1,000 above it.
+PATH_CACHE = _Cache(PATH_CACHE_SIZE, PATH_CACHE_ROWS, len)
 
 
 def _rows(path: list) -> list[tuple]:
